@@ -1,0 +1,467 @@
+//! The `Engine` facade: every operation on machines is one method here. No HTTP, no FFI.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::machine::{MachineHandle, lock};
+use crate::sandbox::SandboxBackend;
+use crate::sandbox::process::{ProcessBackend, ProcessBackendConfig};
+use crate::store::{MachineRecord, Store};
+use crate::types::{
+    Account, CreateMachine, ExecAccepted, ExecEvent, ExecRequest, ExecResult, MAX_MEMORY_MB,
+    MIN_MEMORY_MB, MachineInfo, MachineName, MachineState, Tags, validate_tags,
+};
+
+/// Which sandbox backend machines run on.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum BackendChoice {
+    /// The best one available on this host.
+    #[default]
+    Auto,
+    /// A backend by name (`process`).
+    Named(String),
+}
+
+impl BackendChoice {
+    pub fn parse(name: &str) -> Self {
+        if name.is_empty() || name == "auto" {
+            BackendChoice::Auto
+        } else {
+            BackendChoice::Named(name.to_owned())
+        }
+    }
+}
+
+/// Engine settings.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Where the database, images and machines live.
+    pub home: PathBuf,
+    pub backend: BackendChoice,
+    /// `memory_mb` of machines created without one.
+    pub default_memory_mb: u32,
+    /// How long a new sandbox may take to report ready.
+    pub ready_timeout: Duration,
+    /// How long past its timeout (or an interrupt) an instruction may take to stop before its
+    /// sandbox is stopped.
+    pub timeout_grace: Duration,
+}
+
+impl EngineConfig {
+    pub fn new(home: impl Into<PathBuf>) -> Self {
+        Self {
+            home: home.into(),
+            backend: BackendChoice::Auto,
+            default_memory_mb: 512,
+            ready_timeout: Duration::from_secs(30),
+            timeout_grace: Duration::from_secs(5),
+        }
+    }
+
+    /// `$EVERVM_HOME`, else `$XDG_DATA_HOME/evervm`, else `~/.local/share/evervm`.
+    pub fn default_home() -> PathBuf {
+        if let Some(home) = std::env::var_os("EVERVM_HOME").filter(|h| !h.is_empty()) {
+            return PathBuf::from(home);
+        }
+        if let Some(data) = std::env::var_os("XDG_DATA_HOME").filter(|h| !h.is_empty()) {
+            return PathBuf::from(data).join("evervm");
+        }
+        let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/"), PathBuf::from);
+        home.join(".local/share/evervm")
+    }
+}
+
+pub(crate) struct EngineInner {
+    pub(crate) config: EngineConfig,
+    pub(crate) store: Mutex<Store>,
+    pub(crate) backend: Box<dyn SandboxBackend>,
+    machines: Mutex<HashMap<String, Arc<MachineHandle>>>,
+    _lock: File,
+}
+
+impl EngineInner {
+    pub(crate) fn record_machine_error(&self, name: &MachineName, text: &str) {
+        if let Err(e) = lock(&self.store).set_last_error(name.as_str(), Some(text)) {
+            tracing::error!(machine = %name, "storing a machine error failed: {e}");
+        }
+    }
+
+    /// What a crash costs on this backend, for error texts.
+    pub(crate) fn state_loss_note(&self) -> String {
+        if self.backend.capabilities().snapshots {
+            "the machine will restart from its last snapshot".to_owned()
+        } else {
+            format!(
+                "its interpreter state was lost (the {} backend cannot snapshot) and the next \
+                 instruction starts a fresh one",
+                self.backend.name()
+            )
+        }
+    }
+}
+
+/// The evervm engine. Cheap to clone; all clones share one engine.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<EngineInner>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("home", &self.inner.config.home)
+            .field("backend", &self.inner.backend.name())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Takes the home's lock file, or says which process holds it.
+fn lock_home(home: &Path) -> Result<File> {
+    let path = home.join("evervm.lock");
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| Error::internal(format!("cannot open {}: {e}", path.display())))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = holder.trim();
+            let holder = if holder.is_empty() {
+                "another process".to_owned()
+            } else {
+                format!("process {holder}")
+            };
+            return Err(Error::new(
+                ErrorKind::Conflict,
+                format!(
+                    "the evervm home {} is in use by {holder}: stop that engine or use another \
+                     home (--home or EVERVM_HOME)",
+                    home.display()
+                ),
+            ));
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(Error::internal(format!(
+                "cannot lock {}: {e}",
+                path.display()
+            )));
+        }
+    }
+    file.set_len(0)?;
+    file.rewind()?;
+    write!(file, "{}", std::process::id())?;
+    file.flush()?;
+    Ok(file)
+}
+
+fn choose_backend(config: &EngineConfig) -> Result<Box<dyn SandboxBackend>> {
+    let name = match &config.backend {
+        BackendChoice::Auto => "process",
+        BackendChoice::Named(name) => name.as_str(),
+    };
+    match name {
+        "process" => {
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            let as_root = unsafe { libc::geteuid() } == 0;
+            // Machines run as `nobody` under root and must reach their working directory, which
+            // a home below /root would not allow.
+            let work_root = if as_root {
+                let digest = {
+                    use sha2::Digest;
+                    hex::encode(sha2::Sha256::digest(
+                        config.home.as_os_str().as_encoded_bytes(),
+                    ))
+                };
+                std::env::temp_dir().join(format!("evervm-process-{}", &digest[..12]))
+            } else {
+                config.home.join("work")
+            };
+            let backend_config = ProcessBackendConfig::detect(work_root)?;
+            Ok(Box::new(ProcessBackend::new(backend_config)?))
+        }
+        other => Err(Error::invalid(format!(
+            "unknown backend {other:?}: this build has `process` (and `auto`)"
+        ))),
+    }
+}
+
+impl Engine {
+    /// Opens the engine on its home, creating the home on first use. Must be called inside a
+    /// tokio runtime, which then runs the machines.
+    pub fn open(config: EngineConfig) -> Result<Self> {
+        std::fs::create_dir_all(&config.home).map_err(|e| {
+            Error::internal(format!(
+                "cannot create the evervm home {}: {e}",
+                config.home.display()
+            ))
+        })?;
+        let lock_file = lock_home(&config.home)?;
+        let mut store = Store::open(&config.home.join("evervm.db"))?;
+        let backend = choose_backend(&config)?;
+        let unfinished = store.fail_unfinished(
+            "MachineCrashed: the engine stopped before this instruction finished",
+        )?;
+        if unfinished > 0 {
+            tracing::warn!("{unfinished} instructions were left unfinished by the last engine");
+        }
+        Ok(Self {
+            inner: Arc::new(EngineInner {
+                config,
+                store: Mutex::new(store),
+                backend,
+                machines: Mutex::new(HashMap::new()),
+                _lock: lock_file,
+            }),
+        })
+    }
+
+    pub fn home(&self) -> &Path {
+        &self.inner.config.home
+    }
+
+    /// The sandbox backend in use (`process`, `gvisor`).
+    pub fn backend_name(&self) -> &'static str {
+        self.inner.backend.name()
+    }
+
+    // --- accounts -------------------------------------------------------------------------
+
+    /// The account with this name, created if needed.
+    pub fn ensure_account(&self, name: &str) -> Result<Account> {
+        validate_account_name(name)?;
+        lock(&self.inner.store).ensure_account(name)
+    }
+
+    /// Creates a token (`id.secret`) for the named account, creating the account if needed.
+    pub fn create_token(&self, account_name: &str) -> Result<String> {
+        validate_account_name(account_name)?;
+        let mut store = lock(&self.inner.store);
+        let account = store.ensure_account(account_name)?;
+        store.create_token(&account)
+    }
+
+    /// How many tokens exist (a fresh home has none).
+    pub fn token_count(&self) -> Result<i64> {
+        lock(&self.inner.store).count_tokens()
+    }
+
+    /// The account a token belongs to.
+    pub fn authenticate(&self, token: &str) -> Result<Account> {
+        lock(&self.inner.store).authenticate(token)
+    }
+
+    // --- machines -------------------------------------------------------------------------
+
+    pub fn create_machine(&self, account: &Account, request: CreateMachine) -> Result<MachineInfo> {
+        validate_tags(&request.tags)?;
+        let memory_mb = request
+            .memory_mb
+            .unwrap_or(self.inner.config.default_memory_mb);
+        if !(MIN_MEMORY_MB..=MAX_MEMORY_MB).contains(&memory_mb) {
+            return Err(Error::invalid(format!(
+                "memory_mb must be between {MIN_MEMORY_MB} and {MAX_MEMORY_MB}, not {memory_mb}"
+            )));
+        }
+        let record = MachineRecord {
+            name: MachineName::generate(),
+            account_id: account.id,
+            created_at: Utc::now(),
+            tags: request.tags,
+            memory_mb,
+            backend: self.inner.backend.name().to_owned(),
+            next_seq: 0,
+            last_used_at: None,
+            last_error: None,
+        };
+        lock(&self.inner.store).insert_machine(&record)?;
+        let handle = self.spawn_handle(&record);
+        Ok(self.info_of(&record, Some(&handle)))
+    }
+
+    fn spawn_handle(&self, record: &MachineRecord) -> Arc<MachineHandle> {
+        let mut machines = lock(&self.inner.machines);
+        Arc::clone(machines.entry(record.name.to_string()).or_insert_with(|| {
+            MachineHandle::spawn(
+                Arc::clone(&self.inner),
+                record.name.clone(),
+                record.account_id,
+                record.memory_mb,
+            )
+        }))
+    }
+
+    fn record(&self, account: &Account, name: &str) -> Result<MachineRecord> {
+        let parsed = MachineName::parse(name)?;
+        match lock(&self.inner.store).machine(parsed.as_str())? {
+            Some(record) if record.account_id == account.id => Ok(record),
+            _ => Err(Error::machine_not_found(name)),
+        }
+    }
+
+    fn handle(&self, account: &Account, name: &str) -> Result<Arc<MachineHandle>> {
+        if let Some(handle) = lock(&self.inner.machines).get(name) {
+            if handle.account_id == account.id {
+                return Ok(Arc::clone(handle));
+            }
+            return Err(Error::machine_not_found(name));
+        }
+        let record = self.record(account, name)?;
+        Ok(self.spawn_handle(&record))
+    }
+
+    fn info_of(&self, record: &MachineRecord, handle: Option<&Arc<MachineHandle>>) -> MachineInfo {
+        let (resident, pending) = handle.map_or((false, false), |h| {
+            (h.resident(), h.has_pending_instruction())
+        });
+        MachineInfo {
+            name: record.name.clone(),
+            created_at: record.created_at,
+            tags: record.tags.clone(),
+            memory_mb: record.memory_mb,
+            backend: record.backend.clone(),
+            state: if resident {
+                MachineState::Resident
+            } else {
+                MachineState::Stopped
+            },
+            has_pending_instruction: pending,
+            instruction_count: record.next_seq,
+            last_used_at: record.last_used_at,
+            last_error: record.last_error.clone(),
+        }
+    }
+
+    /// The account's machines that carry every given tag, newest first.
+    pub fn list_machines(&self, account: &Account, filter: &Tags) -> Result<Vec<MachineInfo>> {
+        let records = lock(&self.inner.store).machines(account.id)?;
+        let machines = lock(&self.inner.machines);
+        Ok(records
+            .iter()
+            .filter(|r| filter.iter().all(|(k, v)| r.tags.get(k) == Some(v)))
+            .map(|r| self.info_of(r, machines.get(r.name.as_str())))
+            .collect())
+    }
+
+    pub fn machine_info(&self, account: &Account, name: &str) -> Result<MachineInfo> {
+        let record = self.record(account, name)?;
+        let handle = lock(&self.inner.machines).get(name).cloned();
+        Ok(self.info_of(&record, handle.as_ref()))
+    }
+
+    /// Queues an instruction and returns at once with its seq.
+    pub fn exec(
+        &self,
+        account: &Account,
+        name: &str,
+        request: ExecRequest,
+    ) -> Result<ExecAccepted> {
+        request.validate()?;
+        let handle = self.handle(account, name)?;
+        let interrupted = request.interrupt && handle.interrupt();
+        let timeout_ms = request.timeout.as_millis() as u64;
+        let seq = handle.enqueue(request.code.clone(), request.timeout, || {
+            lock(&self.inner.store).insert_instruction(name, &request.code, timeout_ms)
+        })?;
+        Ok(ExecAccepted { seq, interrupted })
+    }
+
+    /// Interrupts the running instruction and cancels queued ones. True if there was any.
+    pub fn interrupt(&self, account: &Account, name: &str) -> Result<bool> {
+        Ok(self.handle(account, name)?.interrupt())
+    }
+
+    /// Waits for an instruction's result (at once if it already finished).
+    pub async fn result(&self, account: &Account, name: &str, seq: i64) -> Result<ExecResult> {
+        let handle = self.handle(account, name)?;
+        let found = handle.live_or(seq, || {
+            lock(&self.inner.store).instruction_result(name, seq)
+        })?;
+        match found {
+            Ok(live) => Ok(live.wait_result().await),
+            Err(Some(Some(result))) => Ok(result),
+            Err(Some(None)) => Err(Error::internal(format!(
+                "instruction {seq} of {name} has no result and is not running"
+            ))),
+            Err(None) => Err(Error::instruction_not_found(name, seq)),
+        }
+    }
+
+    /// An instruction's output, then its result: live while it runs, replayed from the store
+    /// after it finished.
+    pub fn events(
+        &self,
+        account: &Account,
+        name: &str,
+        seq: i64,
+    ) -> Result<BoxStream<'static, ExecEvent>> {
+        let handle = self.handle(account, name)?;
+        let found = handle.live_or(seq, || {
+            let store = lock(&self.inner.store);
+            match store.instruction_result(name, seq)? {
+                Some(Some(result)) => Ok(Some((store.instruction_output(name, seq)?, result))),
+                Some(None) => Err(Error::internal(format!(
+                    "instruction {seq} of {name} has no result and is not running"
+                ))),
+                None => Ok(None),
+            }
+        })?;
+        match found {
+            Ok(live) => Ok(live.events().boxed()),
+            Err(Some((chunks, result))) => Ok(futures::stream::iter(
+                chunks
+                    .into_iter()
+                    .map(ExecEvent::Output)
+                    .chain(std::iter::once(ExecEvent::Result(result))),
+            )
+            .boxed()),
+            Err(None) => Err(Error::instruction_not_found(name, seq)),
+        }
+    }
+
+    /// Deletes a machine: its sandbox, its files, its instructions and their output.
+    pub async fn delete_machine(&self, account: &Account, name: &str) -> Result<()> {
+        let handle = self.handle(account, name)?;
+        handle.stop().await;
+        lock(&self.inner.store).delete_machine(name)?;
+        lock(&self.inner.machines).remove(name);
+        self.inner.backend.remove(&handle.name).await
+    }
+
+    /// Stops every machine's sandbox. The engine stays usable; machines start again on their
+    /// next instruction.
+    pub async fn shutdown(&self) {
+        let handles: Vec<_> = lock(&self.inner.machines).drain().map(|(_, h)| h).collect();
+        for handle in handles {
+            handle.stop().await;
+        }
+    }
+}
+
+fn validate_account_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "account name {name:?} must be 1 to 64 letters, digits, '_' or '-'"
+        )))
+    }
+}

@@ -1,0 +1,346 @@
+"""evervm guest agent: a persistent Python REPL driven over a framed channel.
+
+Runs inside every sandbox, standard library only. The channel is the process's original
+stdin/stdout, moved to private descriptors at start; file descriptors 1 and 2 then become pipes
+whose contents are sent to the host as output, so nothing the user's code, a C extension or a
+subprocess writes can corrupt the channel.
+
+Frames, both directions: a 4-byte big-endian length, then that many bytes of UTF-8 JSON.
+
+Host -> agent:
+  {"op": "exec", "id": N, "code": "...", "timeout_ms": T}
+  {"op": "interrupt", "id": N}
+Agent -> host:
+  {"ev": "ready", "python": "3.11.2", "pid": P}
+  {"ev": "output", "id": N, "stream": "stdout" | "stderr", "data": "..."}
+  {"ev": "result", "id": N, "value": "..." | null, "data": {...} | null, "runtime_ms": R}
+  {"ev": "result", "id": N, "error": "...", "cause": "exception" | "timeout" | "interrupted",
+   "runtime_ms": R}
+"""
+
+import ast
+import base64
+import io
+import json
+import linecache
+import os
+import queue
+import select
+import signal
+import struct
+import sys
+import threading
+import time
+import traceback
+import types
+
+MAX_FRAME = 64 * 1024 * 1024
+MAX_TEXT = 1024 * 1024
+PIPE_READ = 64 * 1024
+AGENT_FILE = sys._getframe().f_code.co_filename
+
+# --- the channel -------------------------------------------------------------------------------
+
+CHAN_IN = os.dup(0)
+CHAN_OUT = os.dup(1)
+_devnull = os.open(os.devnull, os.O_RDONLY)
+os.dup2(_devnull, 0)
+os.close(_devnull)
+
+_out_lock = threading.Lock()
+
+
+def send(event):
+    payload = json.dumps(event, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    frame = struct.pack(">I", len(payload)) + payload
+    with _out_lock:
+        view = memoryview(frame)
+        while view:
+            written = os.write(CHAN_OUT, view)
+            view = view[written:]
+
+
+def _read_exact(n):
+    chunks = []
+    while n:
+        chunk = os.read(CHAN_IN, n)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def receive():
+    header = _read_exact(4)
+    if header is None:
+        return None
+    (length,) = struct.unpack(">I", header)
+    if length > MAX_FRAME:
+        raise ValueError("frame of %d bytes is over the limit" % length)
+    payload = _read_exact(length)
+    if payload is None:
+        return None
+    return json.loads(payload.decode("utf-8"))
+
+
+# --- output capture ----------------------------------------------------------------------------
+
+
+class Capture:
+    """Reads one pipe that stands in for fd 1 or 2 and forwards what arrives as output events."""
+
+    def __init__(self, fd, stream):
+        import codecs
+
+        self.stream = stream
+        read_end, write_end = os.pipe()
+        os.dup2(write_end, fd)
+        os.close(write_end)
+        os.set_blocking(read_end, False)
+        self.read_end = read_end
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.lock = threading.Lock()
+        thread = threading.Thread(target=self._pump, name="evervm-" + stream, daemon=True)
+        thread.start()
+
+    def _forward(self, data, final=False):
+        text = self.decoder.decode(data, final)
+        if text:
+            send({"ev": "output", "id": STATE.current, "stream": self.stream, "data": text})
+
+    def _read_available(self):
+        """Reads whatever the pipe holds now; returns False when it was empty."""
+        try:
+            data = os.read(self.read_end, PIPE_READ)
+        except BlockingIOError:
+            return False
+        if data:
+            self._forward(data)
+            return True
+        return False
+
+    def _pump(self):
+        while True:
+            select.select([self.read_end], [], [])
+            with self.lock:
+                self._read_available()
+
+    def drain(self):
+        """Sends everything written to the pipe so far. Called at the end of an instruction."""
+        with self.lock:
+            while self._read_available():
+                pass
+            self._forward(b"", final=True)
+
+
+# --- interrupts and timeouts -------------------------------------------------------------------
+
+
+class State:
+    def __init__(self):
+        self.current = None
+        self.executing = False
+        self.reason = None
+        self.main_thread = threading.main_thread().ident
+
+
+STATE = State()
+
+
+def _on_sigint(signum, frame):
+    if STATE.executing:
+        raise KeyboardInterrupt()
+
+
+def interrupt(reason):
+    if STATE.executing and STATE.reason is None:
+        STATE.reason = reason
+    if STATE.executing:
+        signal.pthread_kill(STATE.main_thread, signal.SIGINT)
+
+
+def _watchdog(instruction_id, timeout_s, done):
+    """Interrupts the instruction at its timeout, and again every second while it resists."""
+    if done.wait(timeout_s):
+        return
+    while STATE.current == instruction_id and STATE.executing and not done.is_set():
+        interrupt("timeout")
+        if done.wait(1.0):
+            return
+
+
+# --- running code ------------------------------------------------------------------------------
+
+
+def _truncate(text):
+    if len(text) > MAX_TEXT:
+        return text[:MAX_TEXT] + "... [%d more characters]" % (len(text) - MAX_TEXT)
+    return text
+
+
+def _user_traceback(exc):
+    """The traceback as the REPL prints it, without the agent's own frames."""
+    summary = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+    summary.stack = traceback.StackSummary.from_list(
+        [frame for frame in summary.stack if frame.filename != AGENT_FILE]
+    )
+    return "".join(summary.format())
+
+
+def _rich_output():
+    """A matplotlib figure left open becomes {"png": base64}; the figures are then closed."""
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is None:
+        return None
+    try:
+        numbers = pyplot.get_fignums()
+        if not numbers:
+            return None
+        buffer = io.BytesIO()
+        pyplot.figure(numbers[-1]).savefig(buffer, format="png", bbox_inches="tight")
+        pyplot.close("all")
+        return {"png": base64.b64encode(buffer.getvalue()).decode("ascii")}
+    except Exception:
+        return None
+
+
+class Machine:
+    def __init__(self):
+        self.globals = {"__name__": "__main__", "__builtins__": __builtins__, "__doc__": None}
+        self.loop = None
+
+    def _await(self, value):
+        if self.loop is None:
+            import asyncio
+
+            self.loop = asyncio.new_event_loop()
+        return self.loop.run_until_complete(value)
+
+    def _run(self, compiled):
+        result = eval(compiled, self.globals)
+        if compiled.co_flags & 0x80 and isinstance(result, types.CoroutineType):
+            result = self._await(result)
+        return result
+
+    def execute(self, instruction_id, code):
+        filename = "<instruction %d>" % instruction_id
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        tree = ast.parse(code, filename, "exec")
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+        if tree.body:
+            self._run(compile(tree, filename, "exec", flags=flags))
+        if last is None:
+            return None
+        value = self._run(compile(last, filename, "eval", flags=flags))
+        if value is not None:
+            self.globals["_"] = value
+        return value
+
+
+def run_instruction(machine, captures, request):
+    instruction_id = request["id"]
+    timeout_s = max(0.001, request.get("timeout_ms", 15000) / 1000.0)
+    done = threading.Event()
+    STATE.current = instruction_id
+    STATE.reason = None
+    watchdog = threading.Thread(
+        target=_watchdog, args=(instruction_id, timeout_s, done), daemon=True
+    )
+    started = time.monotonic()
+    event = {"ev": "result", "id": instruction_id}
+    try:
+        watchdog.start()
+        try:
+            STATE.executing = True
+            value = machine.execute(instruction_id, request["code"])
+        finally:
+            STATE.executing = False
+            done.set()
+        event["value"] = None if value is None else _truncate(repr(value))
+        event["data"] = _rich_output()
+    except KeyboardInterrupt as exc:
+        if STATE.reason == "timeout":
+            event["error"] = "Timed out: the instruction ran longer than %g s and was " \
+                "interrupted (the machine's state is kept)\n%s" % (timeout_s, _user_traceback(exc))
+            event["cause"] = "timeout"
+        elif STATE.reason == "interrupt":
+            event["error"] = _truncate(_user_traceback(exc))
+            event["cause"] = "interrupted"
+        else:
+            event["error"] = _truncate(_user_traceback(exc))
+            event["cause"] = "exception"
+    except BaseException as exc:  # SystemExit included: the REPL outlives exit()
+        try:
+            text = _user_traceback(exc)
+        except BaseException:
+            text = "%s: <traceback unavailable>" % type(exc).__name__
+        event["error"] = _truncate(text)
+        event["cause"] = "exception"
+    event["runtime_ms"] = int((time.monotonic() - started) * 1000)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    for capture in captures:
+        capture.drain()
+    STATE.current = None
+    send(event)
+
+
+def _reader(requests):
+    """Reads requests from the host; interrupts act at once, the rest queue for the main thread."""
+    while True:
+        try:
+            request = receive()
+        except Exception:
+            request = None
+        if request is None:
+            requests.put(None)
+            return
+        if request.get("op") == "interrupt":
+            if request.get("id") == STATE.current:
+                interrupt("interrupt")
+        else:
+            requests.put(request)
+
+
+def main():
+    threading.stack_size(512 * 1024)
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    signal.signal(signal.SIGINT, _on_sigint)
+    captures = [Capture(1, "stdout"), Capture(2, "stderr")]
+    sys.stdout = io.TextIOWrapper(
+        os.fdopen(1, "wb", closefd=False), encoding="utf-8", errors="backslashreplace",
+        line_buffering=True,
+    )
+    sys.stderr = io.TextIOWrapper(
+        os.fdopen(2, "wb", closefd=False), encoding="utf-8", errors="backslashreplace",
+        line_buffering=True,
+    )
+    sys.stdin = io.TextIOWrapper(os.fdopen(0, "rb", closefd=False), encoding="utf-8")
+    sys.argv = [""]
+    if sys.path and sys.path[0] in ("", os.path.dirname(AGENT_FILE)):
+        sys.path[0] = os.getcwd()
+    machine = Machine()
+    requests = queue.Queue()
+    threading.Thread(target=_reader, args=(requests,), name="evervm-channel", daemon=True).start()
+    send({"ev": "ready", "python": sys.version.split()[0], "pid": os.getpid()})
+    while True:
+        try:
+            request = requests.get()
+            if request is None:
+                break
+            if request.get("op") == "exec":
+                run_instruction(machine, captures, request)
+        except KeyboardInterrupt:
+            continue
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

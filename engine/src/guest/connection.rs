@@ -1,0 +1,140 @@
+//! The host side of the agent channel: a task that decodes frames from the sandbox and a writer
+//! for requests. A garbage or oversized frame ends the connection with an error for that
+//! machine only.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use super::channel::{AgentEvent, AgentRequest, FrameDecoder, decode_event};
+use crate::error::{Error, Result};
+
+/// Boxed halves of a channel, as a sandbox hands them out.
+pub type ChannelReader = Box<dyn AsyncRead + Send + Unpin>;
+pub type ChannelWriter = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// How many decoded events may wait for the machine's task before the reader stops reading
+/// (and so the agent blocks writing): back-pressure for large outputs.
+const EVENT_QUEUE: usize = 256;
+
+/// A live connection to one agent.
+pub struct AgentConnection {
+    writer: ChannelWriter,
+    events: mpsc::Receiver<Result<AgentEvent>>,
+    reader_task: tokio::task::JoinHandle<()>,
+    python: String,
+}
+
+impl AgentConnection {
+    /// Starts reading from the agent and waits for its `ready` event.
+    pub async fn establish(
+        reader: ChannelReader,
+        writer: ChannelWriter,
+        ready_timeout: Duration,
+    ) -> Result<Self> {
+        let (tx, mut events) = mpsc::channel(EVENT_QUEUE);
+        let reader_task = tokio::spawn(read_events(reader, tx));
+        let first = tokio::time::timeout(ready_timeout, events.recv()).await;
+        let python = match first {
+            Ok(Some(Ok(AgentEvent::Ready { python }))) => python,
+            Ok(Some(Ok(other))) => {
+                reader_task.abort();
+                return Err(Error::crashed(format!(
+                    "the agent's first event was not `ready` but {other:?}"
+                )));
+            }
+            Ok(Some(Err(e))) => {
+                reader_task.abort();
+                return Err(e.context("the agent did not start"));
+            }
+            Ok(None) => {
+                reader_task.abort();
+                return Err(Error::crashed("the agent exited before it was ready"));
+            }
+            Err(_) => {
+                reader_task.abort();
+                return Err(Error::crashed(format!(
+                    "the agent was not ready within {} s",
+                    ready_timeout.as_secs_f32()
+                )));
+            }
+        };
+        Ok(Self {
+            writer,
+            events,
+            reader_task,
+            python,
+        })
+    }
+
+    /// The Python version the agent reported.
+    pub fn python_version(&self) -> &str {
+        &self.python
+    }
+
+    pub async fn send(&mut self, request: &AgentRequest) -> Result<()> {
+        let frame = request
+            .encode()
+            .map_err(|e| Error::invalid(e.to_string()))?;
+        self.writer
+            .write_all(&frame)
+            .await
+            .map_err(|e| Error::crashed(format!("the agent channel is closed: {e}")))?;
+        self.writer
+            .flush()
+            .await
+            .map_err(|e| Error::crashed(format!("the agent channel is closed: {e}")))
+    }
+
+    /// The next event; `Err` when the channel broke or the agent misbehaved.
+    pub async fn next_event(&mut self) -> Result<AgentEvent> {
+        match self.events.recv().await {
+            Some(event) => event,
+            None => Err(Error::crashed("the agent channel is closed")),
+        }
+    }
+}
+
+impl Drop for AgentConnection {
+    fn drop(&mut self) {
+        self.reader_task.abort();
+    }
+}
+
+async fn read_events(mut reader: ChannelReader, tx: mpsc::Sender<Result<AgentEvent>>) {
+    let mut decoder = FrameDecoder::new();
+    let mut buffer = vec![0u8; 256 * 1024];
+    loop {
+        let read = match reader.read(&mut buffer).await {
+            Ok(0) => {
+                let _ = tx
+                    .send(Err(Error::crashed("the sandbox closed the agent channel")))
+                    .await;
+                return;
+            }
+            Ok(n) => n,
+            Err(e) => {
+                let _ = tx
+                    .send(Err(Error::crashed(format!(
+                        "reading the agent channel failed: {e}"
+                    ))))
+                    .await;
+                return;
+            }
+        };
+        decoder.feed(&buffer[..read]);
+        loop {
+            let event = match decoder.next_frame() {
+                Ok(None) => break,
+                Ok(Some(payload)) => decode_event(&payload),
+                Err(e) => Err(e),
+            };
+            let failed = event.is_err();
+            let event = event.map_err(|e| Error::crashed(e.to_string()));
+            if tx.send(event).await.is_err() || failed {
+                return;
+            }
+        }
+    }
+}

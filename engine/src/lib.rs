@@ -1,0 +1,16 @@
+//! The evervm engine: persistent Python machines, each in its own sandbox, with their
+//! instructions, output and results kept in a store.
+//!
+//! Everything is reached through [`Engine`]; nothing here knows about HTTP or any binding.
+
+mod engine;
+mod error;
+pub mod guest;
+mod machine;
+pub mod sandbox;
+pub mod store;
+mod types;
+
+pub use engine::{BackendChoice, Engine, EngineConfig};
+pub use error::{Error, ErrorKind, Result};
+pub use types::*;

@@ -1,0 +1,515 @@
+//! One machine's life in the engine: a task that owns its sandbox and runs its instructions one
+//! at a time, in the order they were accepted, and the live state that streams read.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::time::Instant;
+
+use crate::engine::EngineInner;
+use crate::error::{Error, Result};
+use crate::guest::channel::{AgentEvent, AgentOutcome, AgentRequest};
+use crate::guest::connection::AgentConnection;
+use crate::sandbox::{Sandbox, SandboxSpec};
+use crate::types::{
+    ExecEvent, ExecResult, FailureCause, MachineName, Outcome, OutputChunk, OutputStream,
+};
+
+/// Locks a mutex, recovering the data if a holder panicked (the data is always left consistent).
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A partial line longer than this is sent as a chunk of its own.
+const MAX_LINE_BYTES: usize = 1024 * 1024;
+
+/// An instruction that is queued, running, or finished but not yet only in the store.
+pub(crate) struct LiveInstruction {
+    data: Mutex<LiveData>,
+    version: watch::Sender<u64>,
+}
+
+#[derive(Default)]
+struct LiveData {
+    chunks: Vec<OutputChunk>,
+    result: Option<ExecResult>,
+}
+
+impl LiveInstruction {
+    fn new() -> Self {
+        Self {
+            data: Mutex::new(LiveData::default()),
+            version: watch::channel(0).0,
+        }
+    }
+
+    fn push_chunk(&self, stream: OutputStream, data: String) {
+        let mut live = lock(&self.data);
+        let seq = live.chunks.len() as i64;
+        live.chunks.push(OutputChunk { seq, stream, data });
+        drop(live);
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    /// Sets the result once; later calls are ignored.
+    fn finish(&self, result: ExecResult) -> bool {
+        let mut live = lock(&self.data);
+        if live.result.is_some() {
+            return false;
+        }
+        live.result = Some(result);
+        drop(live);
+        self.version.send_modify(|v| *v += 1);
+        true
+    }
+
+    fn snapshot(&self) -> (Vec<OutputChunk>, Option<ExecResult>) {
+        let live = lock(&self.data);
+        (live.chunks.clone(), live.result.clone())
+    }
+
+    pub(crate) async fn wait_result(self: Arc<Self>) -> ExecResult {
+        let mut changes = self.version.subscribe();
+        loop {
+            changes.borrow_and_update();
+            if let Some(result) = lock(&self.data).result.clone() {
+                return result;
+            }
+            if changes.changed().await.is_err() {
+                return ExecResult::failure(FailureCause::MachineCrashed, "the machine stopped");
+            }
+        }
+    }
+
+    /// Output chunks from the first, then the result; ends after the result.
+    pub(crate) fn events(self: Arc<Self>) -> impl futures::Stream<Item = ExecEvent> + Send {
+        let changes = self.version.subscribe();
+        futures::stream::unfold(
+            (self, changes, 0usize, false),
+            |(live, mut changes, next, done)| async move {
+                if done {
+                    return None;
+                }
+                loop {
+                    changes.borrow_and_update();
+                    {
+                        let data = lock(&live.data);
+                        if let Some(chunk) = data.chunks.get(next) {
+                            let event = ExecEvent::Output(chunk.clone());
+                            drop(data);
+                            return Some((event, (live, changes, next + 1, false)));
+                        }
+                        if let Some(result) = data.result.clone() {
+                            drop(data);
+                            return Some((ExecEvent::Result(result), (live, changes, next, true)));
+                        }
+                    }
+                    if changes.changed().await.is_err() {
+                        return None;
+                    }
+                }
+            },
+        )
+    }
+}
+
+struct Job {
+    seq: i64,
+    code: String,
+    timeout: Duration,
+    live: Arc<LiveInstruction>,
+}
+
+#[derive(Default)]
+struct MachineState {
+    queued: HashSet<i64>,
+    cancelled: HashSet<i64>,
+    running: Option<i64>,
+    resident: bool,
+    live: HashMap<i64, Arc<LiveInstruction>>,
+}
+
+/// The engine's handle on one machine.
+pub(crate) struct MachineHandle {
+    pub name: MachineName,
+    pub account_id: i64,
+    pub memory_mb: u32,
+    state: Mutex<MachineState>,
+    jobs: mpsc::UnboundedSender<Job>,
+    /// Wakes the machine's task to look at `interrupt_requested` and `deleted`.
+    wake: Notify,
+    interrupt_requested: AtomicBool,
+    deleted: AtomicBool,
+    stopped: watch::Sender<bool>,
+}
+
+impl MachineHandle {
+    /// Creates the handle and starts the machine's task.
+    pub(crate) fn spawn(
+        engine: Arc<EngineInner>,
+        name: MachineName,
+        account_id: i64,
+        memory_mb: u32,
+    ) -> Arc<Self> {
+        let (jobs, queue) = mpsc::unbounded_channel();
+        let handle = Arc::new(Self {
+            name,
+            account_id,
+            memory_mb,
+            state: Mutex::new(MachineState::default()),
+            jobs,
+            wake: Notify::new(),
+            interrupt_requested: AtomicBool::new(false),
+            deleted: AtomicBool::new(false),
+            stopped: watch::channel(false).0,
+        });
+        tokio::spawn(run(engine, Arc::clone(&handle), queue));
+        handle
+    }
+
+    pub(crate) fn resident(&self) -> bool {
+        lock(&self.state).resident
+    }
+
+    pub(crate) fn has_pending_instruction(&self) -> bool {
+        let state = lock(&self.state);
+        state.running.is_some() || !state.queued.is_empty()
+    }
+
+    /// Accepts an instruction: `allocate` stores it and gives its seq, under the machine's lock so
+    /// that seqs and queue order agree.
+    pub(crate) fn enqueue(
+        &self,
+        code: String,
+        timeout: Duration,
+        allocate: impl FnOnce() -> Result<i64>,
+    ) -> Result<i64> {
+        if self.deleted.load(Ordering::SeqCst) {
+            return Err(Error::machine_not_found(self.name.as_str()));
+        }
+        let mut state = lock(&self.state);
+        let seq = allocate()?;
+        let live = Arc::new(LiveInstruction::new());
+        state.live.insert(seq, Arc::clone(&live));
+        state.queued.insert(seq);
+        drop(state);
+        let job = Job {
+            seq,
+            code,
+            timeout,
+            live,
+        };
+        if self.jobs.send(job).is_err() {
+            return Err(Error::internal(format!(
+                "machine {} is shutting down",
+                self.name
+            )));
+        }
+        Ok(seq)
+    }
+
+    /// The live state of an instruction, or what `fallback` finds (the store) while holding the
+    /// machine's lock, so that an instruction is always found in one or the other.
+    pub(crate) fn live_or<T>(
+        &self,
+        seq: i64,
+        fallback: impl FnOnce() -> Result<T>,
+    ) -> Result<std::result::Result<Arc<LiveInstruction>, T>> {
+        let state = lock(&self.state);
+        if let Some(live) = state.live.get(&seq) {
+            return Ok(Ok(Arc::clone(live)));
+        }
+        Ok(Err(fallback()?))
+    }
+
+    /// Cancels queued instructions and interrupts the running one. True if anything was.
+    pub(crate) fn interrupt(&self) -> bool {
+        let mut state = lock(&self.state);
+        let queued: Vec<i64> = state.queued.iter().copied().collect();
+        let mut any = !queued.is_empty();
+        for seq in queued {
+            state.cancelled.insert(seq);
+        }
+        if state.running.is_some() {
+            any = true;
+            self.interrupt_requested.store(true, Ordering::SeqCst);
+            self.wake.notify_one();
+        }
+        any
+    }
+
+    /// Stops the machine's task and its sandbox; pending instructions end as interrupted.
+    pub(crate) async fn stop(&self) {
+        self.deleted.store(true, Ordering::SeqCst);
+        self.interrupt();
+        self.wake.notify_one();
+        let mut stopped = self.stopped.subscribe();
+        let _ = stopped.wait_for(|s| *s).await;
+    }
+
+    fn finish_cancelled(&self, job: &Job) -> bool {
+        let mut state = lock(&self.state);
+        state.queued.remove(&job.seq);
+        let cancelled = state.cancelled.remove(&job.seq) || self.deleted.load(Ordering::SeqCst);
+        if !cancelled {
+            state.running = Some(job.seq);
+        }
+        cancelled
+    }
+}
+
+/// Splits output into lines, one chunk per line without its newline.
+#[derive(Default)]
+struct LineSplitter {
+    partial: [String; 2],
+}
+
+impl LineSplitter {
+    fn index(stream: OutputStream) -> usize {
+        match stream {
+            OutputStream::Stdout => 0,
+            OutputStream::Stderr => 1,
+        }
+    }
+
+    fn push(&mut self, live: &LiveInstruction, stream: OutputStream, data: &str) {
+        let partial = &mut self.partial[Self::index(stream)];
+        let mut rest = data;
+        while let Some(newline) = rest.find('\n') {
+            partial.push_str(&rest[..newline]);
+            live.push_chunk(stream, std::mem::take(partial));
+            rest = &rest[newline + 1..];
+        }
+        partial.push_str(rest);
+        if partial.len() > MAX_LINE_BYTES {
+            live.push_chunk(stream, std::mem::take(partial));
+        }
+    }
+
+    fn flush(&mut self, live: &LiveInstruction) {
+        for stream in [OutputStream::Stdout, OutputStream::Stderr] {
+            let partial = &mut self.partial[Self::index(stream)];
+            if !partial.is_empty() {
+                live.push_chunk(stream, std::mem::take(partial));
+            }
+        }
+    }
+}
+
+/// A running sandbox with its agent.
+struct Resident {
+    sandbox: Box<dyn Sandbox>,
+    agent: AgentConnection,
+}
+
+impl Resident {
+    async fn kill(mut self) -> Option<String> {
+        let _ = self.sandbox.kill().await;
+        self.sandbox.exit_reason()
+    }
+}
+
+async fn start_sandbox(engine: &EngineInner, machine: &MachineHandle) -> Result<Resident> {
+    let spec = SandboxSpec {
+        machine: machine.name.clone(),
+        memory_mb: machine.memory_mb,
+    };
+    let mut sandbox = engine.backend.start(&spec).await?;
+    let Some((reader, writer)) = sandbox.take_channel() else {
+        let _ = sandbox.kill().await;
+        return Err(Error::internal("the sandbox has no agent channel"));
+    };
+    match AgentConnection::establish(reader, writer, engine.config.ready_timeout).await {
+        Ok(agent) => Ok(Resident { sandbox, agent }),
+        Err(e) => {
+            let _ = sandbox.kill().await;
+            let reason = sandbox.exit_reason();
+            Err(match reason {
+                Some(reason) => e.context(reason),
+                None => e,
+            })
+        }
+    }
+}
+
+async fn run(
+    engine: Arc<EngineInner>,
+    machine: Arc<MachineHandle>,
+    mut queue: mpsc::UnboundedReceiver<Job>,
+) {
+    let mut resident: Option<Resident> = None;
+    loop {
+        let job = tokio::select! {
+            job = queue.recv() => job,
+            () = machine.wake.notified() => {
+                if machine.deleted.load(Ordering::SeqCst) { None } else { continue }
+            }
+        };
+        let Some(job) = job else { break };
+        let result = if machine.finish_cancelled(&job) {
+            let text = if machine.deleted.load(Ordering::SeqCst) {
+                "Instruction interrupted: the machine was deleted"
+            } else {
+                "Instruction interrupted before it started"
+            };
+            ExecResult::failure(FailureCause::Interrupted, text)
+        } else {
+            machine.interrupt_requested.store(false, Ordering::SeqCst);
+            run_job(&engine, &machine, &mut resident, &job).await
+        };
+        job.live.finish(result.clone());
+        let (chunks, _) = job.live.snapshot();
+        let persisted = {
+            let engine = Arc::clone(&engine);
+            let name = machine.name.to_string();
+            let seq = job.seq;
+            tokio::task::spawn_blocking(move || {
+                lock(&engine.store).finish_instruction(&name, seq, &chunks, &result)
+            })
+            .await
+        };
+        if let Ok(Err(e)) | Err(e) = persisted.map_err(|e| Error::internal(e.to_string())) {
+            tracing::error!(machine = %machine.name, seq = job.seq, "storing a result failed: {e}");
+        }
+        let mut state = lock(&machine.state);
+        state.running = None;
+        state.live.remove(&job.seq);
+        state.resident = resident.is_some();
+    }
+    if let Some(resident) = resident.take() {
+        resident.kill().await;
+    }
+    // Anything still queued (the machine was deleted) ends as interrupted.
+    queue.close();
+    while let Ok(job) = queue.try_recv() {
+        job.live.finish(ExecResult::failure(
+            FailureCause::Interrupted,
+            "Instruction interrupted: the machine was deleted",
+        ));
+    }
+    {
+        let mut state = lock(&machine.state);
+        state.resident = false;
+        state.running = None;
+    }
+    machine.stopped.send_replace(true);
+}
+
+async fn run_job(
+    engine: &EngineInner,
+    machine: &MachineHandle,
+    resident: &mut Option<Resident>,
+    job: &Job,
+) -> ExecResult {
+    let mut current = match resident.take() {
+        Some(r) => r,
+        None => match start_sandbox(engine, machine).await {
+            Ok(r) => {
+                lock(&machine.state).resident = true;
+                r
+            }
+            Err(e) => {
+                engine.record_machine_error(&machine.name, &e.to_string());
+                return ExecResult::failure(
+                    FailureCause::MachineCrashed,
+                    format!("the machine could not start: {e}"),
+                );
+            }
+        },
+    };
+    let request = AgentRequest::Exec {
+        id: job.seq,
+        code: job.code.clone(),
+        timeout_ms: job.timeout.as_millis() as u64,
+    };
+    let started = Instant::now();
+    if let Err(e) = current.agent.send(&request).await {
+        return crashed(engine, machine, current, e.to_string()).await;
+    }
+    let grace = engine.config.timeout_grace;
+    let mut deadline = started + job.timeout + grace;
+    let mut interrupted_by_request = false;
+    let mut lines = LineSplitter::default();
+    loop {
+        tokio::select! {
+            event = current.agent.next_event() => match event {
+                Ok(AgentEvent::Output { stream, data, .. }) => lines.push(&job.live, stream, &data),
+                Ok(AgentEvent::Result { id, outcome, data, runtime_ms }) if id == job.seq => {
+                    lines.flush(&job.live);
+                    *resident = Some(current);
+                    let outcome = match outcome {
+                        AgentOutcome::Value(value) => Outcome::Value(value),
+                        AgentOutcome::Error { text, cause } => Outcome::Error { text, cause },
+                    };
+                    return ExecResult { outcome, data, runtime_ms };
+                }
+                Ok(other) => {
+                    tracing::warn!(machine = %machine.name, "ignoring unexpected agent event {other:?}");
+                }
+                Err(e) => {
+                    lines.flush(&job.live);
+                    return crashed(engine, machine, current, e.to_string()).await;
+                }
+            },
+            () = machine.wake.notified() => {
+                if machine.deleted.load(Ordering::SeqCst) {
+                    current.kill().await;
+                    return ExecResult::failure(
+                        FailureCause::Interrupted,
+                        "Instruction interrupted: the machine was deleted",
+                    );
+                }
+                if machine.interrupt_requested.swap(false, Ordering::SeqCst) {
+                    interrupted_by_request = true;
+                    deadline = deadline.min(Instant::now() + grace);
+                    if let Err(e) = current.agent.send(&AgentRequest::Interrupt { id: job.seq }).await {
+                        return crashed(engine, machine, current, e.to_string()).await;
+                    }
+                }
+            }
+            () = tokio::time::sleep_until(deadline) => {
+                lines.flush(&job.live);
+                current.kill().await;
+                let what = if interrupted_by_request { "was interrupted" } else { "timed out" };
+                let text = format!(
+                    "Timed out: the instruction {what} and did not stop within {} s, so its sandbox \
+                     was stopped; {}",
+                    grace.as_secs(),
+                    engine.state_loss_note(),
+                );
+                engine.record_machine_error(&machine.name, &text);
+                let cause = if interrupted_by_request { FailureCause::Interrupted } else { FailureCause::Timeout };
+                let mut result = ExecResult::failure(cause, text);
+                result.runtime_ms = started.elapsed().as_millis() as u64;
+                return result;
+            }
+        }
+    }
+}
+
+async fn crashed(
+    engine: &EngineInner,
+    machine: &MachineHandle,
+    resident: Resident,
+    error: String,
+) -> ExecResult {
+    // Give the sandbox a moment to finish exiting so that its exit status can be read.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let reason = resident.kill().await;
+    let cause = match reason {
+        Some(reason) if reason.contains("signal 9") => {
+            format!("{reason} (most likely out of memory)")
+        }
+        Some(reason) => reason,
+        None => error,
+    };
+    let text = format!(
+        "MachineCrashed: the machine stopped unexpectedly ({cause}); {}",
+        engine.state_loss_note()
+    );
+    engine.record_machine_error(&machine.name, &text);
+    ExecResult::failure(FailureCause::MachineCrashed, text)
+}

@@ -1,0 +1,315 @@
+//! The engine's domain types. Wire formats live in `core`; nothing here knows about JSON field
+//! names kept for compatibility.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Tags: string keys and values set at creation. A list filter matches a machine when every
+/// given pair is present on it.
+pub type Tags = BTreeMap<String, String>;
+
+/// Largest instruction accepted, in bytes of source code.
+pub const MAX_CODE_BYTES: usize = 1024 * 1024;
+/// Default instruction timeout, as in every ForeverVM client.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(15);
+/// Longest timeout an instruction may ask for.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
+/// Smallest and largest `memory_mb` accepted.
+pub const MIN_MEMORY_MB: u32 = 64;
+pub const MAX_MEMORY_MB: u32 = 64 * 1024;
+/// Tag limits.
+pub const MAX_TAGS: usize = 64;
+pub const MAX_TAG_KEY_BYTES: usize = 128;
+pub const MAX_TAG_VALUE_BYTES: usize = 1024;
+
+/// Checks tags for the rules every surface shares: at most [`MAX_TAGS`] pairs; keys are 1 to
+/// [`MAX_TAG_KEY_BYTES`] bytes of ASCII letters, digits, `_`, `-`, `.`, `/` or `:`; values are at
+/// most [`MAX_TAG_VALUE_BYTES`] bytes with no control characters.
+pub fn validate_tags(tags: &Tags) -> Result<()> {
+    if tags.len() > MAX_TAGS {
+        return Err(Error::invalid(format!(
+            "too many tags: {} (at most {MAX_TAGS})",
+            tags.len()
+        )));
+    }
+    for (key, value) in tags {
+        validate_tag_key(key)?;
+        if value.len() > MAX_TAG_VALUE_BYTES {
+            return Err(Error::invalid(format!(
+                "tag {key:?}: value is {} bytes (at most {MAX_TAG_VALUE_BYTES})",
+                value.len()
+            )));
+        }
+        if value.chars().any(char::is_control) {
+            return Err(Error::invalid(format!(
+                "tag {key:?}: value contains a control character"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn validate_tag_key(key: &str) -> Result<()> {
+    if key.is_empty() {
+        return Err(Error::invalid("tag key is empty"));
+    }
+    if key.len() > MAX_TAG_KEY_BYTES {
+        return Err(Error::invalid(format!(
+            "tag key {key:?} is {} bytes (at most {MAX_TAG_KEY_BYTES})",
+            key.len()
+        )));
+    }
+    if let Some(bad) = key
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/' | ':')))
+    {
+        return Err(Error::invalid(format!(
+            "tag key {key:?} contains {bad:?}: keys use letters, digits, '_', '-', '.', '/', ':'"
+        )));
+    }
+    Ok(())
+}
+
+/// Parses `KEY=VALUE` (the CLI's `--tag` syntax).
+pub fn parse_tag(text: &str) -> Result<(String, String)> {
+    let Some((key, value)) = text.split_once('=') else {
+        return Err(Error::invalid(format!(
+            "tag {text:?} has no '=': write tags as KEY=VALUE"
+        )));
+    };
+    validate_tag_key(key)?;
+    Ok((key.to_owned(), value.to_owned()))
+}
+
+/// A machine's name: 1 to 64 characters of `[A-Za-z0-9_-]`, never the reserved word `new`.
+/// Generated names are 16 alphanumeric characters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct MachineName(String);
+
+impl MachineName {
+    pub fn parse(name: &str) -> Result<Self> {
+        let ok_chars = name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if name.is_empty() || name.len() > 64 || !ok_chars || name == "new" {
+            return Err(Error::machine_not_found(name));
+        }
+        Ok(Self(name.to_owned()))
+    }
+
+    pub(crate) fn generate() -> Self {
+        use rand::Rng;
+        const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+        let mut rng = rand::rng();
+        let name: String = (0..16)
+            .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
+            .collect();
+        Self(name)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for MachineName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// An account: machines belong to exactly one and are invisible to others.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Account {
+    pub id: i64,
+    pub name: String,
+}
+
+/// What a new machine should look like.
+#[derive(Debug, Clone, Default)]
+pub struct CreateMachine {
+    pub tags: Tags,
+    /// Memory limit in MiB; the engine's default when `None`.
+    pub memory_mb: Option<u32>,
+}
+
+/// Where a machine is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MachineState {
+    /// Its sandbox is running and holds the interpreter.
+    Resident,
+    /// No sandbox yet or any more; the next instruction starts one. On a backend without
+    /// snapshots a fresh interpreter is started and earlier state is gone.
+    Stopped,
+}
+
+impl MachineState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MachineState::Resident => "resident",
+            MachineState::Stopped => "stopped",
+        }
+    }
+}
+
+/// Everything the engine knows about a machine.
+#[derive(Debug, Clone)]
+pub struct MachineInfo {
+    pub name: MachineName,
+    pub created_at: DateTime<Utc>,
+    pub tags: Tags,
+    pub memory_mb: u32,
+    /// The sandbox backend the machine runs on (`process`, `gvisor`).
+    pub backend: String,
+    pub state: MachineState,
+    /// True while an instruction is queued or running.
+    pub has_pending_instruction: bool,
+    /// Instructions accepted so far (the next one gets this number as its seq).
+    pub instruction_count: i64,
+    pub last_used_at: Option<DateTime<Utc>>,
+    /// Why the last sandbox ended abnormally, if it did.
+    pub last_error: Option<String>,
+}
+
+/// One instruction to run.
+#[derive(Debug, Clone)]
+pub struct ExecRequest {
+    pub code: String,
+    pub timeout: Duration,
+    /// Interrupt whatever is queued or running on the machine before this one.
+    pub interrupt: bool,
+}
+
+impl ExecRequest {
+    pub fn new(code: impl Into<String>) -> Self {
+        Self {
+            code: code.into(),
+            timeout: DEFAULT_TIMEOUT,
+            interrupt: false,
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.code.len() > MAX_CODE_BYTES {
+            return Err(Error::invalid(format!(
+                "code is {} bytes, more than the limit of {MAX_CODE_BYTES} bytes",
+                self.code.len()
+            )));
+        }
+        if self.code.contains('\0') {
+            return Err(Error::invalid("code contains a NUL byte"));
+        }
+        if self.timeout.is_zero() || self.timeout > MAX_TIMEOUT {
+            return Err(Error::invalid(format!(
+                "timeout must be between 1 second and {} seconds",
+                MAX_TIMEOUT.as_secs()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What `exec` answers as soon as the instruction is queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExecAccepted {
+    /// The instruction's number on its machine, from 0.
+    pub seq: i64,
+    /// True if this request interrupted a queued or running instruction.
+    pub interrupted: bool,
+}
+
+/// Which stream an output chunk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+impl OutputStream {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputStream::Stdout => "stdout",
+            OutputStream::Stderr => "stderr",
+        }
+    }
+
+    pub(crate) fn from_str_opt(s: &str) -> Option<Self> {
+        match s {
+            "stdout" => Some(OutputStream::Stdout),
+            "stderr" => Some(OutputStream::Stderr),
+            _ => None,
+        }
+    }
+}
+
+/// One line of output (without its newline), numbered from 0 per instruction across both streams.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputChunk {
+    pub seq: i64,
+    pub stream: OutputStream,
+    pub data: String,
+}
+
+/// Why an instruction ended in an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureCause {
+    /// The code raised an exception; the text is its traceback.
+    Exception,
+    /// The instruction ran past its timeout and was interrupted.
+    Timeout,
+    /// The instruction was interrupted by a request (or cancelled before it ran).
+    Interrupted,
+    /// The sandbox died (out of memory, crash); the machine was restarted.
+    MachineCrashed,
+}
+
+/// How an instruction ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The `repr` of the final expression, or `None` for statements and `None` values.
+    Value(Option<String>),
+    Error {
+        text: String,
+        cause: FailureCause,
+    },
+}
+
+/// The result of one instruction.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecResult {
+    pub outcome: Outcome,
+    /// Rich output, such as `{"png": "<base64>"}` for a matplotlib figure.
+    pub data: Option<serde_json::Value>,
+    pub runtime_ms: u64,
+}
+
+impl ExecResult {
+    pub(crate) fn failure(cause: FailureCause, text: impl Into<String>) -> Self {
+        Self {
+            outcome: Outcome::Error {
+                text: text.into(),
+                cause,
+            },
+            data: None,
+            runtime_ms: 0,
+        }
+    }
+}
+
+/// What a stream of an instruction carries: output chunks in order, then exactly one result.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExecEvent {
+    Output(OutputChunk),
+    Result(ExecResult),
+}

@@ -1,0 +1,213 @@
+//! Engine behaviour on the process backend, without any server in between.
+
+use std::time::Duration;
+
+use evervm_engine::{
+    CreateMachine, Engine, EngineConfig, ErrorKind, ExecEvent, ExecRequest, FailureCause, Outcome,
+    Tags,
+};
+use futures::StreamExt;
+
+fn engine(dir: &tempfile::TempDir) -> Engine {
+    let mut config = EngineConfig::new(dir.path());
+    config.backend = evervm_engine::BackendChoice::parse("process");
+    Engine::open(config).unwrap()
+}
+
+fn value(result: &evervm_engine::ExecResult) -> Option<String> {
+    match &result.outcome {
+        Outcome::Value(v) => v.clone(),
+        Outcome::Error { text, .. } => panic!("unexpected error: {text}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn state_persists_and_output_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(&dir);
+    let account = engine.ensure_account("test").unwrap();
+    let machine = engine
+        .create_machine(&account, CreateMachine::default())
+        .unwrap();
+    let name = machine.name.as_str();
+
+    let a = engine
+        .exec(&account, name, ExecRequest::new("x = 40"))
+        .unwrap();
+    let b = engine
+        .exec(
+            &account,
+            name,
+            ExecRequest::new("for i in range(3): print(i)\nx + 2"),
+        )
+        .unwrap();
+    assert_eq!((a.seq, b.seq), (0, 1));
+    assert_eq!(
+        value(&engine.result(&account, name, 0).await.unwrap()),
+        None
+    );
+    let events: Vec<_> = engine.events(&account, name, 1).unwrap().collect().await;
+    let lines: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            ExecEvent::Output(c) => Some(c.data.as_str()),
+            ExecEvent::Result(_) => None,
+        })
+        .collect();
+    assert_eq!(lines, ["0", "1", "2"]);
+    match events.last().unwrap() {
+        ExecEvent::Result(r) => assert_eq!(value(r).as_deref(), Some("42")),
+        ExecEvent::Output(_) => panic!("stream did not end with a result"),
+    }
+    // Replayed from the store after the fact, identically.
+    let replay: Vec<_> = engine.events(&account, name, 1).unwrap().collect().await;
+    assert_eq!(replay, events);
+    let info = engine.machine_info(&account, name).unwrap();
+    assert_eq!(info.instruction_count, 2);
+    assert_eq!(info.backend, "process");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn timeout_keeps_state_and_interrupt_cancels() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(&dir);
+    let account = engine.ensure_account("test").unwrap();
+    let name = engine
+        .create_machine(&account, CreateMachine::default())
+        .unwrap()
+        .name
+        .to_string();
+    engine
+        .exec(
+            &account,
+            &name,
+            ExecRequest::new("from time import sleep\nkept = 7"),
+        )
+        .unwrap();
+    let mut slow = ExecRequest::new("sleep(30)");
+    slow.timeout = Duration::from_secs(1);
+    let seq = engine.exec(&account, &name, slow).unwrap().seq;
+    let result = engine.result(&account, &name, seq).await.unwrap();
+    match &result.outcome {
+        Outcome::Error { text, cause } => {
+            assert!(text.contains("Timed out"), "{text}");
+            assert_eq!(*cause, FailureCause::Timeout);
+        }
+        Outcome::Value(v) => panic!("expected a timeout, got {v:?}"),
+    }
+    let seq = engine
+        .exec(&account, &name, ExecRequest::new("kept"))
+        .unwrap()
+        .seq;
+    assert_eq!(
+        value(&engine.result(&account, &name, seq).await.unwrap()).as_deref(),
+        Some("7")
+    );
+
+    let running = engine
+        .exec(&account, &name, ExecRequest::new("sleep(30)"))
+        .unwrap()
+        .seq;
+    let queued = engine
+        .exec(&account, &name, ExecRequest::new("'never'"))
+        .unwrap()
+        .seq;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut interrupting = ExecRequest::new("kept * 2");
+    interrupting.interrupt = true;
+    let accepted = engine.exec(&account, &name, interrupting).unwrap();
+    assert!(accepted.interrupted);
+    for seq in [running, queued] {
+        let result = engine.result(&account, &name, seq).await.unwrap();
+        assert!(
+            matches!(
+                result.outcome,
+                Outcome::Error {
+                    cause: FailureCause::Interrupted,
+                    ..
+                }
+            ),
+            "{result:?}"
+        );
+    }
+    let result = engine.result(&account, &name, accepted.seq).await.unwrap();
+    assert_eq!(value(&result).as_deref(), Some("14"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tags_filter_and_accounts_are_separate() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(&dir);
+    let alice = engine.ensure_account("alice").unwrap();
+    let bob = engine.ensure_account("bob").unwrap();
+    let tags = |pairs: &[(&str, &str)]| -> Tags {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    let first = engine
+        .create_machine(
+            &alice,
+            CreateMachine {
+                tags: tags(&[("env", "a"), ("team", "x")]),
+                memory_mb: None,
+            },
+        )
+        .unwrap();
+    let second = engine
+        .create_machine(
+            &alice,
+            CreateMachine {
+                tags: tags(&[("env", "b"), ("team", "x")]),
+                memory_mb: None,
+            },
+        )
+        .unwrap();
+    let names = |filter: Tags| -> Vec<String> {
+        engine
+            .list_machines(&alice, &filter)
+            .unwrap()
+            .into_iter()
+            .map(|m| m.name.to_string())
+            .collect()
+    };
+    assert_eq!(
+        names(tags(&[("team", "x")])),
+        [second.name.to_string(), first.name.to_string()]
+    );
+    assert_eq!(
+        names(tags(&[("team", "x"), ("env", "a")])),
+        [first.name.to_string()]
+    );
+    assert!(names(tags(&[("env", "c")])).is_empty());
+    assert!(engine.list_machines(&bob, &Tags::new()).unwrap().is_empty());
+    let err = engine
+        .exec(&bob, first.name.as_str(), ExecRequest::new("1"))
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    let bad = engine
+        .create_machine(
+            &alice,
+            CreateMachine {
+                tags: tags(&[("bad key", "v")]),
+                memory_mb: None,
+            },
+        )
+        .unwrap_err();
+    assert_eq!(bad.kind(), ErrorKind::InvalidInput);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_engine_on_the_same_home_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let _engine = engine(&dir);
+    let mut config = EngineConfig::new(dir.path());
+    config.backend = evervm_engine::BackendChoice::parse("process");
+    let err = Engine::open(config).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict);
+    assert!(
+        err.to_string().contains(&std::process::id().to_string()),
+        "{err}"
+    );
+}
