@@ -5,6 +5,7 @@
 //! in-process (feature `local`). [`protocol`] has the wire types; [`server`] (feature `server`)
 //! exposes an engine over that wire.
 
+pub mod client;
 mod convert;
 mod error;
 pub mod protocol;
@@ -12,6 +13,9 @@ pub mod protocol;
 pub mod server;
 mod types;
 
+pub use client::{Client, EventStream, Machine, Session};
+#[cfg(feature = "local")]
+pub use client::LocalOptions;
 pub use error::{Error, ErrorKind, Result};
 pub use types::*;
 

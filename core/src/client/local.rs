@@ -1,0 +1,167 @@
+//! The in-process transport: the engine runs in this process, no server.
+
+use std::path::PathBuf;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+
+use super::{EventStream, SessionTransport, Transport};
+use crate::error::Result;
+use crate::types::{
+    Accepted, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult, MachineInfo, Tags,
+};
+use evervm_engine::{self as engine, Account, Engine, EngineConfig};
+
+/// Options of an in-process engine.
+#[derive(Debug, Clone, Default)]
+pub struct LocalOptions {
+    /// The engine's home (default: `$EVERVM_HOME` or `~/.local/share/evervm`).
+    pub home: Option<PathBuf>,
+    /// The sandbox backend (`auto`, `process`).
+    pub backend: Option<String>,
+    /// The account machines belong to (default `local`).
+    pub account: Option<String>,
+}
+
+pub(crate) struct LocalTransport {
+    engine: Engine,
+    account: Account,
+}
+
+impl LocalTransport {
+    pub(crate) fn open(options: LocalOptions) -> Result<Self> {
+        let mut config = EngineConfig::new(options.home.unwrap_or_else(EngineConfig::default_home));
+        if let Some(backend) = options.backend {
+            config.backend = engine::BackendChoice::parse(&backend);
+        }
+        let engine = Engine::open(config)?;
+        let account = engine.ensure_account(options.account.as_deref().unwrap_or("local"))?;
+        Ok(Self::new(engine, account))
+    }
+
+    pub(crate) fn new(engine: Engine, account: Account) -> Self {
+        Self { engine, account }
+    }
+
+    fn request(code: &str, options: &ExecOptions) -> engine::ExecRequest {
+        engine::ExecRequest {
+            code: code.to_owned(),
+            timeout: options.timeout,
+            interrupt: options.interrupt,
+        }
+    }
+}
+
+#[async_trait]
+impl Transport for LocalTransport {
+    fn describe(&self) -> String {
+        format!("local:{}", self.engine.home().display())
+    }
+
+    async fn whoami(&self) -> Result<String> {
+        Ok(self.account.name.clone())
+    }
+
+    async fn create_machine(&self, options: CreateMachineOptions) -> Result<String> {
+        let info = self.engine.create_machine(
+            &self.account,
+            engine::CreateMachine {
+                tags: options.tags,
+                memory_mb: options.memory_mb,
+            },
+        )?;
+        Ok(info.name.to_string())
+    }
+
+    async fn list_machines(&self, tags: &Tags) -> Result<Vec<MachineInfo>> {
+        Ok(self
+            .engine
+            .list_machines(&self.account, tags)?
+            .into_iter()
+            .map(Into::into)
+            .collect())
+    }
+
+    async fn machine_info(&self, name: &str) -> Result<MachineInfo> {
+        Ok(self.engine.machine_info(&self.account, name)?.into())
+    }
+
+    async fn exec(&self, name: &str, code: &str, options: &ExecOptions) -> Result<Accepted> {
+        let accepted = self
+            .engine
+            .exec(&self.account, name, Self::request(code, options))?;
+        Ok(Accepted {
+            seq: accepted.seq,
+            interrupted: accepted.interrupted,
+        })
+    }
+
+    async fn result(&self, name: &str, seq: i64) -> Result<ExecResult> {
+        Ok(self.engine.result(&self.account, name, seq).await?.into())
+    }
+
+    async fn events(&self, name: &str, seq: i64) -> Result<EventStream> {
+        let events = self.engine.events(&self.account, name, seq)?;
+        Ok(events.map(|e| Ok(ExecEvent::from(e))).boxed())
+    }
+
+    async fn interrupt(&self, name: &str) -> Result<bool> {
+        Ok(self.engine.interrupt(&self.account, name)?)
+    }
+
+    async fn delete_machine(&self, name: &str) -> Result<()> {
+        Ok(self.engine.delete_machine(&self.account, name).await?)
+    }
+
+    async fn connect(&self, name: Option<&str>) -> Result<Box<dyn SessionTransport>> {
+        let name = match name {
+            Some(name) => {
+                self.engine.machine_info(&self.account, name)?;
+                name.to_owned()
+            }
+            None => self.create_machine(CreateMachineOptions::default()).await?,
+        };
+        Ok(Box::new(LocalSession {
+            engine: self.engine.clone(),
+            account: self.account.clone(),
+            name,
+            events: None,
+        }))
+    }
+}
+
+struct LocalSession {
+    engine: Engine,
+    account: Account,
+    name: String,
+    events: Option<futures::stream::BoxStream<'static, engine::ExecEvent>>,
+}
+
+#[async_trait]
+impl SessionTransport for LocalSession {
+    fn machine_name(&self) -> &str {
+        &self.name
+    }
+
+    async fn send(&mut self, code: &str, options: &ExecOptions) -> Result<i64> {
+        let accepted = self.engine.exec(
+            &self.account,
+            &self.name,
+            LocalTransport::request(code, options),
+        )?;
+        self.events = Some(self.engine.events(&self.account, &self.name, accepted.seq)?);
+        Ok(accepted.seq)
+    }
+
+    async fn next_event(&mut self) -> Result<ExecEvent> {
+        let Some(events) = self.events.as_mut() else {
+            return Err(crate::Error::invalid("no instruction was sent on this session"));
+        };
+        match events.next().await {
+            Some(event) => Ok(event.into()),
+            None => Err(crate::Error::invalid(
+                "the instruction already finished: send another",
+            )),
+        }
+    }
+}

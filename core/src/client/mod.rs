@@ -1,0 +1,276 @@
+//! `Client`: one API over two transports, a remote server (HTTP + WebSocket) or the engine
+//! in-process. Every binding wraps exactly this type.
+
+#[cfg(feature = "local")]
+mod local;
+mod remote;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::types::{
+    Accepted, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult, Execution, MachineInfo,
+    OutputChunk, Tags,
+};
+
+#[cfg(feature = "local")]
+pub use local::LocalOptions;
+
+/// Output then the result of one instruction. Ends after the result.
+pub type EventStream = BoxStream<'static, Result<ExecEvent>>;
+
+/// What a transport must do. One method per operation; `Client` adds only conveniences.
+#[async_trait]
+pub(crate) trait Transport: Send + Sync + 'static {
+    fn describe(&self) -> String;
+    async fn whoami(&self) -> Result<String>;
+    async fn create_machine(&self, options: CreateMachineOptions) -> Result<String>;
+    async fn list_machines(&self, tags: &Tags) -> Result<Vec<MachineInfo>>;
+    async fn machine_info(&self, name: &str) -> Result<MachineInfo>;
+    async fn exec(&self, name: &str, code: &str, options: &ExecOptions) -> Result<Accepted>;
+    async fn result(&self, name: &str, seq: i64) -> Result<ExecResult>;
+    async fn events(&self, name: &str, seq: i64) -> Result<EventStream>;
+    async fn interrupt(&self, name: &str) -> Result<bool>;
+    async fn delete_machine(&self, name: &str) -> Result<()>;
+    /// A session on a machine (`None`: a new one): over WebSocket for a remote server.
+    async fn connect(&self, name: Option<&str>) -> Result<Box<dyn SessionTransport>>;
+}
+
+/// A connection-oriented session on one machine (a WebSocket REPL for a remote server).
+#[async_trait]
+pub(crate) trait SessionTransport: Send {
+    fn machine_name(&self) -> &str;
+    /// Sends an instruction; returns its seq once the server has accepted it.
+    async fn send(&mut self, code: &str, options: &ExecOptions) -> Result<i64>;
+    /// The next event of the instruction last sent.
+    async fn next_event(&mut self) -> Result<ExecEvent>;
+}
+
+/// An evervm client. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    transport: Arc<dyn Transport>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("transport", &self.transport.describe())
+            .finish()
+    }
+}
+
+impl Client {
+    /// A client of the server at `url` (`http://host:port`), authenticating with `token`.
+    pub fn remote(url: &str, token: &str) -> Result<Self> {
+        Ok(Self {
+            transport: Arc::new(remote::RemoteTransport::new(url, token)?),
+        })
+    }
+
+    /// A remote client from `EVERVM_URL` and `EVERVM_TOKEN`.
+    pub fn from_env() -> Result<Self> {
+        let url = std::env::var("EVERVM_URL").map_err(|_| {
+            Error::invalid("EVERVM_URL is not set: give the server's URL, e.g. http://127.0.0.1:8080")
+        })?;
+        let token = std::env::var("EVERVM_TOKEN").map_err(|_| {
+            Error::invalid("EVERVM_TOKEN is not set: create one with `evervm token create`")
+        })?;
+        Self::remote(&url, &token)
+    }
+
+    /// A client that runs the engine in this process (no server). Must be called inside a tokio
+    /// runtime, which then runs the machines.
+    #[cfg(feature = "local")]
+    pub fn local(options: LocalOptions) -> Result<Self> {
+        Ok(Self {
+            transport: Arc::new(local::LocalTransport::open(options)?),
+        })
+    }
+
+    /// A client of an engine already open in this process.
+    #[cfg(feature = "local")]
+    pub fn from_engine(engine: evervm_engine::Engine, account: evervm_engine::Account) -> Self {
+        Self {
+            transport: Arc::new(local::LocalTransport::new(engine, account)),
+        }
+    }
+
+    /// Where this client points: a URL, or `local:<home>`.
+    pub fn describe(&self) -> String {
+        self.transport.describe()
+    }
+
+    /// The account this client acts for.
+    pub async fn whoami(&self) -> Result<String> {
+        self.transport.whoami().await
+    }
+
+    pub async fn create_machine(&self, options: CreateMachineOptions) -> Result<Machine> {
+        let name = self.transport.create_machine(options).await?;
+        Ok(self.machine(&name))
+    }
+
+    /// Machines carrying every given tag (all machines for an empty filter), newest first.
+    pub async fn list_machines(&self, tags: &Tags) -> Result<Vec<MachineInfo>> {
+        self.transport.list_machines(tags).await
+    }
+
+    /// A handle on an existing machine. Nothing is checked until it is used.
+    pub fn machine(&self, name: &str) -> Machine {
+        Machine {
+            transport: Arc::clone(&self.transport),
+            name: name.to_owned(),
+        }
+    }
+
+    /// Opens a session (a WebSocket REPL on a remote server) on a new machine.
+    pub async fn connect_new(&self) -> Result<Session> {
+        Ok(Session {
+            inner: self.transport.connect(None).await?,
+        })
+    }
+}
+
+/// A machine: a persistent Python interpreter.
+#[derive(Clone)]
+pub struct Machine {
+    transport: Arc<dyn Transport>,
+    name: String,
+}
+
+impl std::fmt::Debug for Machine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Machine").field("name", &self.name).finish()
+    }
+}
+
+impl Machine {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub async fn info(&self) -> Result<MachineInfo> {
+        self.transport.machine_info(&self.name).await
+    }
+
+    /// Runs code and waits for its output and result.
+    pub async fn exec(&self, code: &str) -> Result<Execution> {
+        self.exec_with(code, &ExecOptions::default()).await
+    }
+
+    pub async fn exec_with(&self, code: &str, options: &ExecOptions) -> Result<Execution> {
+        let accepted = self.start(code, options).await?;
+        collect(accepted.seq, self.transport.events(&self.name, accepted.seq).await?).await
+    }
+
+    /// Queues code and returns at once with its seq.
+    pub async fn start(&self, code: &str, options: &ExecOptions) -> Result<Accepted> {
+        self.transport.exec(&self.name, code, options).await
+    }
+
+    /// Runs code and streams its output as it comes, then the result.
+    pub async fn stream(&self, code: &str, options: &ExecOptions) -> Result<(i64, EventStream)> {
+        let accepted = self.start(code, options).await?;
+        Ok((
+            accepted.seq,
+            self.transport.events(&self.name, accepted.seq).await?,
+        ))
+    }
+
+    /// Waits for the result of an instruction (at once if it finished).
+    pub async fn result(&self, seq: i64) -> Result<ExecResult> {
+        self.transport.result(&self.name, seq).await
+    }
+
+    /// The output and result of an instruction: live if it runs, replayed if it finished.
+    pub async fn events(&self, seq: i64) -> Result<EventStream> {
+        self.transport.events(&self.name, seq).await
+    }
+
+    /// Interrupts the running instruction and cancels queued ones. True if there were any.
+    pub async fn interrupt(&self) -> Result<bool> {
+        self.transport.interrupt(&self.name).await
+    }
+
+    pub async fn delete(&self) -> Result<()> {
+        self.transport.delete_machine(&self.name).await
+    }
+
+    /// Opens a session (a WebSocket REPL on a remote server) on this machine.
+    pub async fn connect(&self) -> Result<Session> {
+        Ok(Session {
+            inner: self.transport.connect(Some(&self.name)).await?,
+        })
+    }
+}
+
+/// Collects a stream into an `Execution`.
+async fn collect(seq: i64, mut events: EventStream) -> Result<Execution> {
+    let mut output = Vec::new();
+    while let Some(event) = events.next().await {
+        match event? {
+            ExecEvent::Output(chunk) => output.push(chunk),
+            ExecEvent::Result(result) => {
+                return Ok(Execution {
+                    seq,
+                    output,
+                    result,
+                });
+            }
+        }
+    }
+    Err(Error::new(
+        ErrorKind::Transport,
+        format!("the stream of instruction {seq} ended without a result"),
+    ))
+}
+
+/// A REPL session on one machine: instructions run one after another over one connection.
+pub struct Session {
+    inner: Box<dyn SessionTransport>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("machine", &self.inner.machine_name())
+            .finish()
+    }
+}
+
+impl Session {
+    pub fn machine_name(&self) -> &str {
+        self.inner.machine_name()
+    }
+
+    /// Runs code; `on_output` sees each line as it arrives. Returns everything collected.
+    pub async fn exec(
+        &mut self,
+        code: &str,
+        options: &ExecOptions,
+        mut on_output: impl FnMut(&OutputChunk) + Send,
+    ) -> Result<Execution> {
+        let seq = self.inner.send(code, options).await?;
+        let mut output = Vec::new();
+        loop {
+            match self.inner.next_event().await? {
+                ExecEvent::Output(chunk) => {
+                    on_output(&chunk);
+                    output.push(chunk);
+                }
+                ExecEvent::Result(result) => {
+                    return Ok(Execution {
+                        seq,
+                        output,
+                        result,
+                    });
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,499 @@
+//! The remote transport: an evervm (or ForeverVM-compatible) server over HTTP and WebSocket.
+
+use async_trait::async_trait;
+use futures::{SinkExt, StreamExt};
+use reqwest::{Method, StatusCode};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use url::Url;
+
+use super::{EventStream, SessionTransport, Transport};
+use crate::error::{Error, ErrorKind, Result};
+use crate::protocol::{
+    self, ApiError, CreateMachineRequest, CreateMachineResponse, DeleteMachineResponse,
+    ExecResponse, ExecResultResponse, InterruptResponse, ListMachinesRequest,
+    ListMachinesResponse, MessageFromServer, MessageToServer, WhoamiResponse, WireInstruction,
+};
+use crate::types::{
+    Accepted, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult, MachineInfo, Tags,
+};
+
+pub(crate) struct RemoteTransport {
+    base: Url,
+    token: String,
+    http: reqwest::Client,
+}
+
+/// Maps an error body and status to an error.
+fn api_error(status: StatusCode, body: &str) -> Error {
+    let parsed: Option<ApiError> = serde_json::from_str(body).ok();
+    let kind = match parsed.as_ref().map(|e| e.code.as_str()) {
+        Some("MachineNotFound" | "InstructionNotFound" | "NotFound") => ErrorKind::NotFound,
+        Some("Unauthorized") => ErrorKind::Unauthorized,
+        Some("BadRequest" | "PayloadTooLarge") => ErrorKind::InvalidInput,
+        Some("Unsupported") => ErrorKind::Unsupported,
+        Some("MachineCrashed") => ErrorKind::MachineCrashed,
+        Some("Conflict") => ErrorKind::Conflict,
+        _ => match status.as_u16() {
+            401 | 403 => ErrorKind::Unauthorized,
+            404 => ErrorKind::NotFound,
+            400 | 413 | 422 => ErrorKind::InvalidInput,
+            409 => ErrorKind::Conflict,
+            501 => ErrorKind::Unsupported,
+            _ => ErrorKind::Internal,
+        },
+    };
+    let message = match parsed {
+        Some(ApiError {
+            message: Some(message),
+            ..
+        }) => message,
+        Some(ApiError { code, .. }) => format!("the server answered {status} {code}"),
+        None => format!("the server answered {status}: {}", body.trim()),
+    };
+    Error::new(kind, message)
+}
+
+fn seconds(options: &ExecOptions) -> Result<i32> {
+    let secs = options.timeout.as_secs_f64().ceil();
+    if secs < 1.0 || secs > f64::from(i32::MAX) {
+        return Err(Error::invalid(format!(
+            "timeout must be at least 1 s, not {:?}",
+            options.timeout
+        )));
+    }
+    Ok(secs as i32)
+}
+
+impl RemoteTransport {
+    pub(crate) fn new(url: &str, token: &str) -> Result<Self> {
+        let base = Url::parse(url)
+            .map_err(|e| Error::invalid(format!("{url:?} is not a URL: {e}")))?;
+        if !matches!(base.scheme(), "http" | "https") {
+            return Err(Error::invalid(format!(
+                "{url:?}: the server URL must start with http:// or https://"
+            )));
+        }
+        let http = reqwest::Client::builder()
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| Error::transport(format!("cannot build an HTTP client: {e}")))?;
+        Ok(Self {
+            base,
+            token: token.to_owned(),
+            http,
+        })
+    }
+
+    fn url(&self, path: &str) -> Result<Url> {
+        self.base
+            .join(path)
+            .map_err(|e| Error::invalid(format!("cannot build a URL for {path}: {e}")))
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&dyn erased::Body>,
+    ) -> Result<reqwest::Response> {
+        let mut request = self
+            .http
+            .request(method, self.url(path)?)
+            .bearer_auth(&self.token)
+            .header("x-forevervm-sdk", "evervm-rust");
+        if let Some(body) = body {
+            request = request
+                .header("content-type", "application/json")
+                .body(body.to_json()?);
+        }
+        let response = request.send().await?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        Err(api_error(status, &text))
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&dyn erased::Body>,
+    ) -> Result<T> {
+        let response = self.send(method, path, body).await?;
+        let bytes = response.bytes().await?;
+        serde_json::from_slice(&bytes).map_err(|e| {
+            Error::transport(format!("the server's answer to {path} is not understood: {e}"))
+        })
+    }
+
+    fn websocket_url(&self, name: &str) -> Result<Url> {
+        let mut url = self.url(&format!("/v1/machine/{name}/repl"))?;
+        let scheme = if url.scheme() == "https" { "wss" } else { "ws" };
+        url.set_scheme(scheme)
+            .map_err(|()| Error::invalid("cannot derive the WebSocket URL"))?;
+        Ok(url)
+    }
+}
+
+/// Object-safe JSON bodies.
+mod erased {
+    pub(crate) trait Body: Send + Sync {
+        fn to_json(&self) -> crate::Result<Vec<u8>>;
+    }
+    impl<T: serde::Serialize + Send + Sync> Body for T {
+        fn to_json(&self) -> crate::Result<Vec<u8>> {
+            serde_json::to_vec(self)
+                .map_err(|e| crate::Error::invalid(format!("cannot encode the request: {e}")))
+        }
+    }
+}
+
+fn body<T: Serialize + Send + Sync>(value: &T) -> Option<&dyn erased::Body> {
+    Some(value)
+}
+
+#[async_trait]
+impl Transport for RemoteTransport {
+    fn describe(&self) -> String {
+        self.base.to_string()
+    }
+
+    async fn whoami(&self) -> Result<String> {
+        let answer: WhoamiResponse = self.call(Method::GET, "/v1/whoami", None).await?;
+        Ok(answer.account)
+    }
+
+    async fn create_machine(&self, options: CreateMachineOptions) -> Result<String> {
+        let request = CreateMachineRequest {
+            tags: (!options.tags.is_empty()).then_some(options.tags),
+            memory_mb: options.memory_mb,
+        };
+        let answer: CreateMachineResponse = self
+            .call(Method::POST, "/v1/machine/new", body(&request))
+            .await?;
+        Ok(answer.machine_name)
+    }
+
+    async fn list_machines(&self, tags: &Tags) -> Result<Vec<MachineInfo>> {
+        let request = ListMachinesRequest {
+            tags: (!tags.is_empty()).then(|| tags.clone()),
+        };
+        let answer: ListMachinesResponse = self
+            .call(Method::POST, "/v1/machine/list", body(&request))
+            .await?;
+        Ok(answer.machines.into_iter().map(Into::into).collect())
+    }
+
+    async fn machine_info(&self, name: &str) -> Result<MachineInfo> {
+        let answer: protocol::MachineInfoResponse = self
+            .call(Method::GET, &format!("/v1/machine/{}", segment(name)?), None)
+            .await?;
+        Ok(answer.into())
+    }
+
+    async fn exec(&self, name: &str, code: &str, options: &ExecOptions) -> Result<Accepted> {
+        let request = protocol::ExecRequest {
+            instruction: WireInstruction {
+                code: code.to_owned(),
+                timeout_seconds: seconds(options)?,
+            },
+            interrupt: options.interrupt,
+        };
+        let answer: ExecResponse = self
+            .call(
+                Method::POST,
+                &format!("/v1/machine/{}/exec", segment(name)?),
+                body(&request),
+            )
+            .await?;
+        let seq = answer
+            .instruction_seq
+            .ok_or_else(|| Error::transport("the server accepted the instruction without a seq"))?;
+        Ok(Accepted {
+            seq,
+            interrupted: answer.interrupted,
+        })
+    }
+
+    async fn result(&self, name: &str, seq: i64) -> Result<ExecResult> {
+        let answer: ExecResultResponse = self
+            .call(
+                Method::GET,
+                &format!("/v1/machine/{}/exec/{seq}/result", segment(name)?),
+                None,
+            )
+            .await?;
+        Ok(answer.result.into())
+    }
+
+    async fn events(&self, name: &str, seq: i64) -> Result<EventStream> {
+        let response = self
+            .send(
+                Method::GET,
+                &format!("/v1/machine/{}/exec/{seq}/stream-result", segment(name)?),
+                None,
+            )
+            .await?;
+        let bytes = response.bytes_stream();
+        let stream = futures::stream::unfold(
+            (bytes, Vec::<u8>::new(), false),
+            |(mut bytes, mut buffer, done)| async move {
+                if done {
+                    return None;
+                }
+                loop {
+                    if let Some(newline) = buffer.iter().position(|b| *b == b'\n') {
+                        let line: Vec<u8> = buffer.drain(..=newline).collect();
+                        let line = &line[..line.len() - 1];
+                        if line.iter().all(u8::is_ascii_whitespace) {
+                            continue;
+                        }
+                        let event = parse_stream_line(line);
+                        let finished = !matches!(event, Ok(ExecEvent::Output(_)));
+                        return Some((event, (bytes, buffer, finished)));
+                    }
+                    match bytes.next().await {
+                        Some(Ok(chunk)) => buffer.extend_from_slice(&chunk),
+                        Some(Err(e)) => {
+                            return Some((Err(Error::from(e)), (bytes, buffer, true)));
+                        }
+                        None => {
+                            let error = Error::transport(
+                                "the result stream ended before the result arrived",
+                            );
+                            return Some((Err(error), (bytes, buffer, true)));
+                        }
+                    }
+                }
+            },
+        );
+        Ok(stream.boxed())
+    }
+
+    async fn interrupt(&self, name: &str) -> Result<bool> {
+        let answer: InterruptResponse = self
+            .call(
+                Method::POST,
+                &format!("/v1/machine/{}/interrupt", segment(name)?),
+                None,
+            )
+            .await?;
+        Ok(answer.interrupted)
+    }
+
+    async fn delete_machine(&self, name: &str) -> Result<()> {
+        let _: DeleteMachineResponse = self
+            .call(Method::DELETE, &format!("/v1/machine/{}", segment(name)?), None)
+            .await?;
+        Ok(())
+    }
+
+    async fn connect(&self, name: Option<&str>) -> Result<Box<dyn SessionTransport>> {
+        let name = match name {
+            Some(name) => segment(name)?.to_owned(),
+            None => "new".to_owned(),
+        };
+        let mut request = self.websocket_url(&name)?.as_str().into_client_request()?;
+        let bearer = format!("Bearer {}", self.token)
+            .parse()
+            .map_err(|_| Error::invalid("the token contains characters not allowed in a header"))?;
+        request.headers_mut().insert("authorization", bearer);
+        let (socket, _) = tokio_tungstenite::connect_async(request)
+            .await
+            .map_err(|e| match e {
+                tokio_tungstenite::tungstenite::Error::Http(response) => {
+                    let body = response
+                        .body()
+                        .as_ref()
+                        .map(|b| String::from_utf8_lossy(b).into_owned())
+                        .unwrap_or_default();
+                    let status = StatusCode::from_u16(response.status().as_u16())
+                        .unwrap_or(StatusCode::BAD_GATEWAY);
+                    api_error(status, &body)
+                }
+                other => Error::from(other),
+            })?;
+        let mut session = WebSocketSession {
+            socket,
+            machine_name: String::new(),
+            next_request: 0,
+            current: None,
+        };
+        match session.receive().await? {
+            MessageFromServer::Connected { machine_name } => session.machine_name = machine_name,
+            other => {
+                return Err(Error::transport(format!(
+                    "the server's first WebSocket message was {other:?}, not `connected`"
+                )));
+            }
+        }
+        Ok(Box::new(session))
+    }
+}
+
+/// A machine name as one URL path segment.
+fn segment(name: &str) -> Result<&str> {
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return Err(Error::new(
+            ErrorKind::NotFound,
+            format!("no machine named {name:?}"),
+        ));
+    }
+    Ok(name)
+}
+
+fn parse_stream_line(line: &[u8]) -> Result<ExecEvent> {
+    let message: MessageFromServer = serde_json::from_slice(line).map_err(|e| {
+        Error::transport(format!("the result stream has a line that is not a message: {e}"))
+    })?;
+    match message {
+        MessageFromServer::Output { chunk, .. } => Ok(ExecEvent::Output(chunk.into())),
+        MessageFromServer::Result { result, .. } => Ok(ExecEvent::Result(result.into())),
+        MessageFromServer::Error { code, .. } => Err(api_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!(r#"{{"code":{code:?}}}"#),
+        )),
+        other => Err(Error::transport(format!(
+            "unexpected message in a result stream: {other:?}"
+        ))),
+    }
+}
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+struct WebSocketSession {
+    socket: Socket,
+    machine_name: String,
+    next_request: u32,
+    current: Option<i64>,
+}
+
+impl WebSocketSession {
+    async fn receive(&mut self) -> Result<MessageFromServer> {
+        loop {
+            let Some(frame) = self.socket.next().await else {
+                return Err(Error::transport("the server closed the WebSocket"));
+            };
+            match frame? {
+                Message::Text(text) => {
+                    return serde_json::from_str(text.as_str()).map_err(|e| {
+                        Error::transport(format!("the server sent a message not understood: {e}"))
+                    });
+                }
+                Message::Close(_) => {
+                    return Err(Error::transport("the server closed the WebSocket"));
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl SessionTransport for WebSocketSession {
+    fn machine_name(&self) -> &str {
+        &self.machine_name
+    }
+
+    async fn send(&mut self, code: &str, options: &ExecOptions) -> Result<i64> {
+        let request_id = self.next_request;
+        self.next_request = self.next_request.wrapping_add(1);
+        let message = MessageToServer::Exec {
+            instruction: WireInstruction {
+                code: code.to_owned(),
+                timeout_seconds: seconds(options)?,
+            },
+            request_id,
+        };
+        let text = serde_json::to_string(&message)
+            .map_err(|e| Error::invalid(format!("cannot encode the instruction: {e}")))?;
+        self.socket.send(Message::text(text)).await?;
+        loop {
+            match self.receive().await? {
+                MessageFromServer::ExecReceived {
+                    seq,
+                    request_id: id,
+                } if id == request_id => {
+                    self.current = Some(seq);
+                    return Ok(seq);
+                }
+                MessageFromServer::Error { code, .. } => {
+                    return Err(api_error(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        &format!(r#"{{"code":{code:?}}}"#),
+                    ));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    async fn next_event(&mut self) -> Result<ExecEvent> {
+        let Some(current) = self.current else {
+            return Err(Error::invalid("no instruction was sent on this session"));
+        };
+        loop {
+            match self.receive().await? {
+                MessageFromServer::Output {
+                    chunk,
+                    instruction_id,
+                } if instruction_id == current => return Ok(ExecEvent::Output(chunk.into())),
+                MessageFromServer::Result {
+                    result,
+                    instruction_id,
+                } if instruction_id == current => {
+                    self.current = None;
+                    return Ok(ExecEvent::Result(result.into()));
+                }
+                MessageFromServer::Error { code, .. } => {
+                    return Err(api_error(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        &format!(r#"{{"code":{code:?}}}"#),
+                    ));
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_bodies_map_to_kinds() {
+        let e = api_error(StatusCode::NOT_FOUND, r#"{"code":"MachineNotFound","id":null}"#);
+        assert_eq!(e.kind(), ErrorKind::NotFound);
+        let e = api_error(
+            StatusCode::BAD_REQUEST,
+            r#"{"code":"BadRequest","id":null,"message":"tag key is empty"}"#,
+        );
+        assert_eq!((e.kind(), e.message()), (ErrorKind::InvalidInput, "tag key is empty"));
+        let e = api_error(StatusCode::BAD_GATEWAY, "<html>proxy</html>");
+        assert_eq!(e.kind(), ErrorKind::Internal);
+        assert!(e.message().contains("proxy"));
+    }
+
+    #[test]
+    fn urls_drop_any_base_path_like_the_forevervm_sdk() {
+        let t = RemoteTransport::new("http://127.0.0.1:9/prefix/", "a.b").unwrap();
+        assert_eq!(t.url("/v1/whoami").unwrap().as_str(), "http://127.0.0.1:9/v1/whoami");
+        assert_eq!(
+            t.websocket_url("abc").unwrap().as_str(),
+            "ws://127.0.0.1:9/v1/machine/abc/repl"
+        );
+        assert!(RemoteTransport::new("ftp://x", "a.b").is_err());
+        assert_eq!(segment("../etc").unwrap_err().kind(), ErrorKind::NotFound);
+    }
+}
