@@ -465,3 +465,15 @@ fn validate_account_name(name: &str) -> Result<()> {
         )))
     }
 }
+
+/// Creates a token for an account directly in a home's database, without taking the engine's
+/// lock, so that it works while a server runs on that home.
+pub fn create_token_in_home(home: &Path, account_name: &str) -> Result<String> {
+    validate_account_name(account_name)?;
+    std::fs::create_dir_all(home).map_err(|e| {
+        Error::internal(format!("cannot create the evervm home {}: {e}", home.display()))
+    })?;
+    let mut store = Store::open(&home.join("evervm.db"))?;
+    let account = store.ensure_account(account_name)?;
+    store.create_token(&account)
+}

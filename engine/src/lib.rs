@@ -11,6 +11,6 @@ pub mod sandbox;
 pub mod store;
 mod types;
 
-pub use engine::{BackendChoice, Engine, EngineConfig};
+pub use engine::{BackendChoice, Engine, EngineConfig, create_token_in_home};
 pub use error::{Error, ErrorKind, Result};
 pub use types::*;

@@ -360,12 +360,13 @@ async fn run(
             machine.interrupt_requested.store(false, Ordering::SeqCst);
             run_job(&engine, &machine, &mut resident, &job).await
         };
-        job.live.finish(result.clone());
+        // Stored before it is reported: a result anyone has seen is never lost.
         let (chunks, _) = job.live.snapshot();
         let persisted = {
             let engine = Arc::clone(&engine);
             let name = machine.name.to_string();
             let seq = job.seq;
+            let result = result.clone();
             tokio::task::spawn_blocking(move || {
                 lock(&engine.store).finish_instruction(&name, seq, &chunks, &result)
             })
@@ -374,6 +375,7 @@ async fn run(
         if let Ok(Err(e)) | Err(e) = persisted.map_err(|e| Error::internal(e.to_string())) {
             tracing::error!(machine = %machine.name, seq = job.seq, "storing a result failed: {e}");
         }
+        job.live.finish(result);
         let mut state = lock(&machine.state);
         state.running = None;
         state.live.remove(&job.seq);

@@ -1,0 +1,403 @@
+//! `evervm`: run a server, manage machines, run Python in them.
+
+mod repl;
+
+use std::fmt::Write as _;
+use std::io::{IsTerminal, Read, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use evervm::engine::{self, Engine, EngineConfig};
+use evervm::{Client, CreateMachineOptions, ExecEvent, ExecOptions, LocalOptions, Tags};
+use futures::StreamExt;
+
+#[derive(Parser)]
+#[command(
+    name = "evervm",
+    version,
+    about = "Python REPLs that never die: persistent machines in sandboxes"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// Where machine commands go: a server, or an engine in this process.
+#[derive(Args, Clone)]
+struct Target {
+    /// The server's URL.
+    #[arg(long, env = "EVERVM_URL", global = true)]
+    url: Option<String>,
+    /// The token for the server (`evervm token create` makes one).
+    #[arg(long, env = "EVERVM_TOKEN", global = true, hide_env_values = true)]
+    token: Option<String>,
+    /// Run the engine in this process instead of talking to a server.
+    #[arg(long, global = true)]
+    local: bool,
+    /// The engine's home, for `serve`, `token` and --local (default: $EVERVM_HOME or
+    /// ~/.local/share/evervm).
+    #[arg(long, env = "EVERVM_HOME", global = true)]
+    home: Option<PathBuf>,
+    /// The sandbox backend, for `serve` and --local (`auto`, `process`).
+    #[arg(long, env = "EVERVM_BACKEND", global = true)]
+    backend: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the HTTP + WebSocket server (ForeverVM-compatible).
+    Serve {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+    },
+    /// Manage tokens.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+    /// Manage machines.
+    Machine {
+        #[command(subcommand)]
+        command: MachineCommand,
+    },
+    /// Run code on a machine and print its output and value.
+    Exec {
+        /// The code; `-` or nothing reads it from standard input.
+        code: Option<String>,
+        /// The machine (default: a new one, whose name is printed on stderr).
+        #[arg(long, short)]
+        machine: Option<String>,
+        /// Seconds before the code is interrupted.
+        #[arg(long, default_value_t = 15)]
+        timeout: u64,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// An interactive REPL on a machine (a new one when no name is given).
+    Repl {
+        machine: Option<String>,
+        /// Seconds before each instruction is interrupted.
+        #[arg(long, default_value_t = 15)]
+        timeout: u64,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Create a token and print only it on stdout.
+    Create {
+        /// The account the token acts for (created if new).
+        #[arg(long, default_value = "default")]
+        account: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum MachineCommand {
+    /// Create a machine and print its name.
+    New {
+        /// A tag, KEY=VALUE (repeatable).
+        #[arg(long = "tag", value_name = "KEY=VALUE")]
+        tags: Vec<String>,
+        /// Memory limit in MiB.
+        #[arg(long)]
+        memory_mb: Option<u32>,
+    },
+    /// List machines, newest first; with --tag only those carrying every tag.
+    List {
+        #[arg(long = "tag", value_name = "KEY=VALUE")]
+        tags: Vec<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show everything about a machine.
+    Info {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a machine, its state and its history.
+    Delete { name: String },
+}
+
+fn parse_tags(pairs: &[String]) -> Result<Tags> {
+    let mut tags = Tags::new();
+    for pair in pairs {
+        let (key, value) = engine::parse_tag(pair).map_err(|e| anyhow::anyhow!("{e}"))?;
+        tags.insert(key, value);
+    }
+    Ok(tags)
+}
+
+impl Target {
+    fn client(&self) -> Result<Client> {
+        if self.local {
+            return Ok(Client::local(LocalOptions {
+                home: self.home.clone(),
+                backend: self.backend.clone(),
+                account: None,
+            })?);
+        }
+        let Some(url) = &self.url else {
+            bail!(
+                "no server given: pass --url (or set EVERVM_URL) and --token, or use --local to \
+                 run the engine in this process"
+            );
+        };
+        let Some(token) = &self.token else {
+            bail!("no token given: pass --token or set EVERVM_TOKEN (`evervm token create` makes one)");
+        };
+        Ok(Client::remote(url, token)?)
+    }
+}
+
+fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("EVERVM_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let serving = matches!(cli.command, Command::Serve { .. });
+    init_logging(if serving { "info" } else { "warn" });
+    match run(cli.command, &cli.target).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command, target: &Target) -> Result<ExitCode> {
+    match command {
+        Command::Serve { listen } => {
+            serve(listen, target.home.clone(), target.backend.as_deref()).await
+        }
+        Command::Token {
+            command: TokenCommand::Create { account },
+        } => {
+            let home = target.home.clone().unwrap_or_else(EngineConfig::default_home);
+            let token = engine::create_token_in_home(&home, &account)?;
+            println!("{token}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Machine { command } => machine(command, &target.client()?).await,
+        Command::Exec {
+            code,
+            machine,
+            timeout,
+            json,
+        } => exec(&target.client()?, code, machine, timeout, json).await,
+        Command::Repl { machine, timeout } => {
+            repl::run(target.client()?, machine, Duration::from_secs(timeout)).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn serve(listen: SocketAddr, home: Option<PathBuf>, backend: Option<&str>) -> Result<ExitCode> {
+    let mut config = EngineConfig::new(home.unwrap_or_else(EngineConfig::default_home));
+    config.backend = engine::BackendChoice::parse(backend.unwrap_or("auto"));
+    let engine = Engine::open(config)?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    let address = listener.local_addr()?;
+    let url = format!("http://{address}");
+    // The banner is best effort: a closed stdout must not stop the server.
+    let mut banner = String::new();
+    let _ = writeln!(
+        banner,
+        "evervm {} listening on {url} (home {}, backend {})",
+        env!("CARGO_PKG_VERSION"),
+        engine.home().display(),
+        engine.backend_name()
+    );
+    if engine.token_count()? == 0 {
+        let token = engine.create_token("default")?;
+        let _ = writeln!(banner, "first start: created a token for account `default`:");
+        let _ = writeln!(banner, "  export EVERVM_URL={url}");
+        let _ = writeln!(banner, "  export EVERVM_TOKEN={token}");
+        let _ = writeln!(banner, "(more with `evervm token create`)");
+    }
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(banner.as_bytes());
+    let _ = out.flush();
+    drop(out);
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    evervm::server::serve_with_shutdown(engine.clone(), listener, shutdown).await?;
+    engine.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_machine(info: &evervm::MachineInfo) {
+    println!("{}", info.name);
+    println!("  created:      {}", info.created_at.to_rfc3339());
+    if let Some(state) = &info.state {
+        println!("  state:        {state}");
+    }
+    println!("  running:      {}", info.running);
+    println!(
+        "  status:       {}",
+        if info.has_pending_instruction {
+            "has_work"
+        } else {
+            "idle"
+        }
+    );
+    if let Some(backend) = &info.backend {
+        println!("  backend:      {backend}");
+    }
+    if let Some(memory) = info.memory_mb {
+        println!("  memory_mb:    {memory}");
+    }
+    if let Some(count) = info.instruction_count {
+        println!("  instructions: {count}");
+    }
+    if let Some(last) = info.last_used_at {
+        println!("  last used:    {}", last.to_rfc3339());
+    }
+    for (key, value) in &info.tags {
+        println!("  tag:          {key}={value}");
+    }
+    if let Some(error) = &info.last_error {
+        println!("  last error:   {error}");
+    }
+}
+
+async fn machine(command: MachineCommand, client: &Client) -> Result<ExitCode> {
+    match command {
+        MachineCommand::New { tags, memory_mb } => {
+            let machine = client
+                .create_machine(CreateMachineOptions {
+                    tags: parse_tags(&tags)?,
+                    memory_mb,
+                })
+                .await?;
+            println!("{}", machine.name());
+        }
+        MachineCommand::List { tags, json } => {
+            let machines = client.list_machines(&parse_tags(&tags)?).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&machines)?);
+            } else if machines.is_empty() {
+                eprintln!("no machines");
+            } else {
+                for info in &machines {
+                    print_machine(info);
+                }
+            }
+        }
+        MachineCommand::Info { name, json } => {
+            let info = client.machine(&name).info().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&info)?);
+            } else {
+                print_machine(&info);
+            }
+        }
+        MachineCommand::Delete { name } => {
+            client.machine(&name).delete().await?;
+            eprintln!("deleted {name}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn exec(
+    client: &Client,
+    code: Option<String>,
+    machine: Option<String>,
+    timeout: u64,
+    json: bool,
+) -> Result<ExitCode> {
+    let code = match code.as_deref() {
+        Some("-") | None => {
+            let mut code = String::new();
+            std::io::stdin()
+                .read_to_string(&mut code)
+                .context("cannot read code from standard input")?;
+            code
+        }
+        Some(code) => code.to_owned(),
+    };
+    let machine = match machine {
+        Some(name) => client.machine(&name),
+        None => {
+            let machine = client.create_machine(CreateMachineOptions::default()).await?;
+            eprintln!("machine: {}", machine.name());
+            machine
+        }
+    };
+    let options = ExecOptions {
+        timeout: Duration::from_secs(timeout),
+        interrupt: false,
+    };
+    let (seq, mut events) = machine.stream(&code, &options).await?;
+    let mut output = Vec::new();
+    while let Some(event) = events.next().await {
+        match event? {
+            ExecEvent::Output(chunk) => {
+                if json {
+                    output.push(chunk);
+                } else {
+                    print_chunk(&chunk);
+                }
+            }
+            ExecEvent::Result(result) => {
+                if json {
+                    let execution = serde_json::json!({
+                        "machine": machine.name(),
+                        "seq": seq,
+                        "output": output,
+                        "result": result,
+                    });
+                    println!("{}", serde_json::to_string_pretty(&execution)?);
+                } else if let Some(value) = &result.value {
+                    println!("{value}");
+                }
+                if let Some(error) = &result.error {
+                    if !json {
+                        eprint!("{error}");
+                        if !error.ends_with('\n') {
+                            eprintln!();
+                        }
+                    }
+                    return Ok(ExitCode::FAILURE);
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+    }
+    bail!("the output stream ended without a result")
+}
+
+pub(crate) fn print_chunk(chunk: &evervm::OutputChunk) {
+    match chunk.stream {
+        evervm::OutputStream::Stdout => {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{}", chunk.data);
+            if out.is_terminal() {
+                let _ = out.flush();
+            }
+        }
+        evervm::OutputStream::Stderr => eprintln!("{}", chunk.data),
+    }
+}

@@ -1,0 +1,273 @@
+//! The `evervm` command end to end, against a spawned `evervm serve` and in-process (`--local`),
+//! and the ForeverVM CLI (crate `forevervm` 0.1.35) against the same server.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+const EVERVM: &str = env!("CARGO_BIN_EXE_evervm");
+
+/// Backends to run on: `EVERVM_TEST_BACKENDS`, else `process`.
+fn backends() -> Vec<String> {
+    std::env::var("EVERVM_TEST_BACKENDS")
+        .unwrap_or_else(|_| "process".into())
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+struct Server {
+    child: Child,
+    url: String,
+    token: String,
+    home: tempfile::TempDir,
+}
+
+impl Server {
+    fn start(backend: &str) -> Self {
+        let home = tempfile::tempdir().unwrap();
+        let mut child = Command::new(EVERVM)
+            .args(["serve", "--listen", "127.0.0.1:0", "--backend", backend, "--home"])
+            .arg(home.path())
+            .env_remove("EVERVM_URL")
+            .env_remove("EVERVM_TOKEN")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut url = None;
+        let mut token = None;
+        while url.is_none() || token.is_none() {
+            let line = lines.next().expect("the server prints its URL and first token").unwrap();
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                url = rest.split_whitespace().next().map(str::to_owned);
+            }
+            if let Some(rest) = line.trim().strip_prefix("export EVERVM_TOKEN=") {
+                token = Some(rest.to_owned());
+            }
+        }
+        // Keep reading, so that the server never writes to a closed pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        Self {
+            child,
+            url: url.unwrap(),
+            token: token.unwrap(),
+            home,
+        }
+    }
+
+    fn evervm(&self, args: &[&str]) -> Output {
+        self.evervm_with_input(args, "")
+    }
+
+    fn evervm_with_input(&self, args: &[&str], input: &str) -> Output {
+        run_with_input(
+            Command::new(EVERVM)
+                .args(args)
+                .env("EVERVM_URL", &self.url)
+                .env("EVERVM_TOKEN", &self.token)
+                .env_remove("EVERVM_HOME"),
+            input,
+        )
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn run_with_input(command: &mut Command, input: &str) -> Output {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn ok(output: Output) -> String {
+    assert!(
+        output.status.success(),
+        "failed: {}\n{}",
+        stdout(&output),
+        stderr(&output)
+    );
+    stdout(&output)
+}
+
+/// Removes terminal colour codes.
+fn plain(text: &str) -> String {
+    let mut out = String::new();
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[test]
+fn machines_exec_and_errors_through_the_cli() {
+    for backend in backends() {
+        let server = Server::start(&backend);
+        let token = ok(run_with_input(
+            Command::new(EVERVM)
+                .args(["token", "create", "--account", "second", "--home"])
+                .arg(server.home.path()),
+            "",
+        ));
+        let token = token.trim();
+        assert_eq!(token.lines().count(), 1, "only the token is printed");
+        assert!(token.contains('.'), "{token}");
+
+        let name = ok(server.evervm(&["machine", "new", "--tag", "team=data", "--memory-mb", "256"]));
+        let name = name.trim();
+        ok(server.evervm(&["machine", "new", "--tag", "team=web"]));
+        let listed: serde_json::Value =
+            serde_json::from_str(&ok(server.evervm(&["machine", "list", "--tag", "team=data", "--json"])))
+                .unwrap();
+        assert_eq!(listed.as_array().unwrap().len(), 1);
+        assert_eq!(listed[0]["name"], name);
+        assert_eq!(listed[0]["memory_mb"], 256);
+
+        ok(server.evervm(&["exec", "--machine", name, "x = 2"]));
+        let out = ok(server.evervm(&["exec", "--machine", name, "print('hello')\nx * 3"]));
+        assert_eq!(out, "hello\n6\n");
+        let out = ok(server.evervm_with_input(&["exec", "--machine", name, "-"], "x + 1\n"));
+        assert_eq!(out, "3\n");
+
+        let failed = server.evervm(&["exec", "--machine", name, "1 / 0"]);
+        assert!(!failed.status.success());
+        assert!(stderr(&failed).contains("ZeroDivisionError"), "{}", stderr(&failed));
+        let slow = server.evervm(&["exec", "--machine", name, "--timeout", "1", "import time\ntime.sleep(20)"]);
+        assert!(!slow.status.success());
+        assert!(stderr(&slow).contains("Timed out"), "{}", stderr(&slow));
+        assert_eq!(ok(server.evervm(&["exec", "--machine", name, "x"])), "2\n");
+
+        let info: serde_json::Value =
+            serde_json::from_str(&ok(server.evervm(&["machine", "info", name, "--json"]))).unwrap();
+        assert_eq!(info["instruction_count"], 6);
+        assert_eq!(info["tags"]["team"], "data");
+
+        let repl = ok(server.evervm_with_input(&["repl", name], "y = 5\ndef f(n):\n    return n * y\n\nf(x)\n"));
+        assert!(repl.lines().any(|l| l.trim_start_matches(">>> ").trim() == "10"), "{repl}");
+
+        let bad = server.evervm(&["machine", "new", "--tag", "no-equals-sign"]);
+        assert!(!bad.status.success());
+        assert!(stderr(&bad).contains("KEY=VALUE"), "{}", stderr(&bad));
+
+        ok(server.evervm(&["machine", "delete", name]));
+        let gone = server.evervm(&["machine", "info", name]);
+        assert!(!gone.status.success());
+        assert!(stderr(&gone).contains("NotFound"), "{}", stderr(&gone));
+    }
+}
+
+#[test]
+fn local_mode_needs_no_server() {
+    for backend in backends() {
+        let home = tempfile::tempdir().unwrap();
+        let local = |args: &[&str]| {
+            run_with_input(
+                Command::new(EVERVM)
+                    .arg("--local")
+                    .args(["--backend", &backend, "--home"])
+                    .arg(home.path())
+                    .args(args)
+                    .env_remove("EVERVM_TOKEN")
+                    .env_remove("EVERVM_URL"),
+                "",
+            )
+        };
+        let name = ok(local(&["machine", "new", "--tag", "mode=local"]));
+        let name = name.trim();
+        let out = ok(local(&["exec", "-m", name, "import math\nr = 2\nprint(r)\nmath.pi > 3"]));
+        assert_eq!(out, "2\nTrue\n");
+        let listed = ok(local(&["machine", "list", "--tag", "mode=local"]));
+        assert!(listed.contains(name), "{listed}");
+        // The result was stored before the command printed it and exited.
+        let info: serde_json::Value =
+            serde_json::from_str(&ok(local(&["machine", "info", name, "--json"]))).unwrap();
+        assert_eq!(info["instruction_count"], 1);
+        assert!(info["last_error"].is_null(), "{info}");
+    }
+}
+
+fn forevervm_cli() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(Path::parent).unwrap();
+    profile_dir.join("examples").join("forevervm")
+}
+
+#[test]
+fn the_forevervm_cli_works_against_evervm() {
+    let program = forevervm_cli();
+    assert!(
+        program.is_file(),
+        "{} is missing: `cargo test` builds it from cli/examples",
+        program.display()
+    );
+    for backend in backends() {
+        let server = Server::start(&backend);
+        let home = tempfile::tempdir().unwrap();
+        let config_dir = home.path().join(".config/forevervm");
+        std::fs::create_dir_all(&config_dir).unwrap();
+        std::fs::write(
+            config_dir.join("config.json"),
+            serde_json::json!({"token": server.token, "server_url": format!("{}/", server.url)})
+                .to_string(),
+        )
+        .unwrap();
+        let forevervm = |args: &[&str], input: &str| {
+            run_with_input(
+                Command::new(&program)
+                    .args(args)
+                    .env("HOME", home.path())
+                    .env("NO_COLOR", "1"),
+                input,
+            )
+        };
+        let who = plain(&ok(forevervm(&["whoami"], "")));
+        assert!(who.contains("as default"), "{who}");
+        let created = plain(&ok(forevervm(&["machine", "new", "--tag", "cli=forevervm"], "")));
+        let name = created
+            .trim()
+            .strip_prefix("Created machine ")
+            .expect("the ForeverVM CLI's message")
+            .to_owned();
+        let listed = plain(&ok(forevervm(&["machine", "list", "--tag", "cli=forevervm"], "")));
+        assert!(listed.contains(&name), "{listed}");
+        assert!(listed.contains("Status:  idle"), "{listed}");
+        assert!(listed.contains("Tag: cli = forevervm"), "{listed}");
+        let repl = plain(&ok(forevervm(&["repl", &name], "x = 21\nprint('hi')\nx * 2\n")));
+        assert!(repl.contains(&format!("Connected to {name}")), "{repl}");
+        assert!(repl.lines().any(|l| l.trim_start_matches(">>> ") == "hi"), "{repl}");
+        assert!(repl.lines().any(|l| l.trim_start_matches(">>> ") == "42"), "{repl}");
+        // The state is the machine's: our own CLI sees what the ForeverVM REPL defined.
+        assert_eq!(ok(server.evervm(&["exec", "-m", &name, "x"])), "21\n");
+    }
+}

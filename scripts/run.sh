@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Builds evervm, starts the server on 127.0.0.1:8080 (home: $EVERVM_HOME or
+# ~/.local/share/evervm), runs a first instruction on a new machine, then keeps serving until
+# Ctrl-C.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/setup.sh
+[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+
+listen="${EVERVM_LISTEN:-127.0.0.1:8080}"
+echo "==> building evervm (release)"
+cargo build --release --locked -p evervm-cli
+evervm="$PWD/target/release/evervm"
+
+"$evervm" serve --listen "$listen" &
+server=$!
+trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT INT TERM
+
+export EVERVM_URL="http://$listen"
+export EVERVM_TOKEN="$("$evervm" token create --account default)"
+for _ in $(seq 50); do
+    curl -sf "$EVERVM_URL/healthz" >/dev/null 2>&1 && break
+    sleep 0.1
+done
+
+echo "==> a first instruction on a new machine"
+"$evervm" exec 'import sys, platform
+print("hello from evervm, Python", platform.python_version())
+sum(range(10))'
+
+cat <<EOT
+
+evervm is serving at $EVERVM_URL. In another shell:
+  export EVERVM_URL=$EVERVM_URL
+  export EVERVM_TOKEN=$EVERVM_TOKEN
+  $evervm repl
+Ctrl-C stops the server.
+EOT
+wait $server

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs what building and testing evervm needs on Debian (run as root or with sudo), and
+# checks the Rust toolchain. Safe to run again: it only installs what is missing.
+set -euo pipefail
+
+need_apt=()
+command -v cc >/dev/null || need_apt+=(build-essential)
+command -v pkg-config >/dev/null || need_apt+=(pkg-config)
+[ -x /usr/bin/python3 ] || need_apt+=(python3)
+command -v unshare >/dev/null || need_apt+=(util-linux)
+command -v curl >/dev/null || need_apt+=(curl ca-certificates)
+
+if [ ${#need_apt[@]} -gt 0 ]; then
+    echo "==> installing Debian packages: ${need_apt[*]}"
+    sudo_cmd=""
+    [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+    $sudo_cmd apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${need_apt[@]}"
+fi
+
+if ! command -v cargo >/dev/null; then
+    if [ -x "$HOME/.cargo/bin/cargo" ]; then
+        export PATH="$HOME/.cargo/bin:$PATH"
+    else
+        echo "==> installing Rust with rustup (evervm needs Rust 1.89 or newer)"
+        curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
+        export PATH="$HOME/.cargo/bin:$PATH"
+    fi
+fi
+
+rust_minor=$(rustc --version | sed -E 's/^rustc 1\.([0-9]+).*/\1/')
+if [ "$rust_minor" -lt 89 ]; then
+    echo "error: evervm needs Rust 1.89 or newer, found $(rustc --version); run 'rustup update'" >&2
+    exit 1
+fi

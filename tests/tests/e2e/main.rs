@@ -1,0 +1,6 @@
+//! End-to-end suites, one test binary. Every suite runs on every backend `backends()` lists.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod client;
+mod isolation;
+mod sdk;
