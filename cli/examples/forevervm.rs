@@ -27,13 +27,23 @@ async fn run(args: &[String]) -> anyhow::Result<()> {
     let words: Vec<&str> = args.iter().map(String::as_str).collect();
     match words.as_slice() {
         ["whoami"] => auth::whoami().await,
-        ["machine", "new", ..] => machine::machine_new(tags(&args[2..]).map_err(anyhow::Error::msg)?).await,
-        ["machine", "list", ..] => machine::machine_list(tags(&args[2..]).map_err(anyhow::Error::msg)?).await,
+        ["machine", "new", ..] => {
+            machine::machine_new(tags(&args[2..]).map_err(anyhow::Error::msg)?).await
+        }
+        ["machine", "list", ..] => {
+            machine::machine_list(tags(&args[2..]).map_err(anyhow::Error::msg)?).await
+        }
         ["repl"] => repl::machine_repl(None, Duration::from_secs(15)).await,
         ["repl", name] => {
-            repl::machine_repl(Some(MachineName((*name).to_owned())), Duration::from_secs(15)).await
+            repl::machine_repl(
+                Some(MachineName((*name).to_owned())),
+                Duration::from_secs(15),
+            )
+            .await
         }
-        _ => anyhow::bail!("usage: forevervm whoami | machine new|list [--tag K=V]... | repl [NAME]"),
+        _ => {
+            anyhow::bail!("usage: forevervm whoami | machine new|list [--tag K=V]... | repl [NAME]")
+        }
     }
 }
 

@@ -154,7 +154,9 @@ impl Target {
             );
         };
         let Some(token) = &self.token else {
-            bail!("no token given: pass --token or set EVERVM_TOKEN (`evervm token create` makes one)");
+            bail!(
+                "no token given: pass --token or set EVERVM_TOKEN (`evervm token create` makes one)"
+            );
         };
         Ok(Client::remote(url, token)?)
     }
@@ -191,7 +193,10 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
         Command::Token {
             command: TokenCommand::Create { account },
         } => {
-            let home = target.home.clone().unwrap_or_else(EngineConfig::default_home);
+            let home = target
+                .home
+                .clone()
+                .unwrap_or_else(EngineConfig::default_home);
             let token = engine::create_token_in_home(&home, &account)?;
             println!("{token}");
             Ok(ExitCode::SUCCESS)
@@ -210,7 +215,11 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
     }
 }
 
-async fn serve(listen: SocketAddr, home: Option<PathBuf>, backend: Option<&str>) -> Result<ExitCode> {
+async fn serve(
+    listen: SocketAddr,
+    home: Option<PathBuf>,
+    backend: Option<&str>,
+) -> Result<ExitCode> {
     let mut config = EngineConfig::new(home.unwrap_or_else(EngineConfig::default_home));
     config.backend = engine::BackendChoice::parse(backend.unwrap_or("auto"));
     let engine = Engine::open(config)?;
@@ -230,7 +239,10 @@ async fn serve(listen: SocketAddr, home: Option<PathBuf>, backend: Option<&str>)
     );
     if engine.token_count()? == 0 {
         let token = engine.create_token("default")?;
-        let _ = writeln!(banner, "first start: created a token for account `default`:");
+        let _ = writeln!(
+            banner,
+            "first start: created a token for account `default`:"
+        );
         let _ = writeln!(banner, "  export EVERVM_URL={url}");
         let _ = writeln!(banner, "  export EVERVM_TOKEN={token}");
         let _ = writeln!(banner, "(more with `evervm token create`)");
@@ -341,7 +353,9 @@ async fn exec(
     let machine = match machine {
         Some(name) => client.machine(&name),
         None => {
-            let machine = client.create_machine(CreateMachineOptions::default()).await?;
+            let machine = client
+                .create_machine(CreateMachineOptions::default())
+                .await?;
             eprintln!("machine: {}", machine.name());
             machine
         }

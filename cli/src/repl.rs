@@ -104,7 +104,8 @@ pub(crate) async fn run(client: Client, machine: Option<String>, timeout: Durati
                         source.push('\n');
                     }
                     source.push_str(&line);
-                    if !needs_more(&source) || (line.trim().is_empty() && source.trim().is_empty()) {
+                    if !needs_more(&source) || (line.trim().is_empty() && source.trim().is_empty())
+                    {
                         break;
                     }
                     prompt = "... ";

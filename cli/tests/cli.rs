@@ -30,7 +30,14 @@ impl Server {
     fn start(backend: &str) -> Self {
         let home = tempfile::tempdir().unwrap();
         let mut child = Command::new(EVERVM)
-            .args(["serve", "--listen", "127.0.0.1:0", "--backend", backend, "--home"])
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--backend",
+                backend,
+                "--home",
+            ])
             .arg(home.path())
             .env_remove("EVERVM_URL")
             .env_remove("EVERVM_TOKEN")
@@ -42,7 +49,10 @@ impl Server {
         let mut url = None;
         let mut token = None;
         while url.is_none() || token.is_none() {
-            let line = lines.next().expect("the server prints its URL and first token").unwrap();
+            let line = lines
+                .next()
+                .expect("the server prints its URL and first token")
+                .unwrap();
             if let Some(rest) = line.split("listening on ").nth(1) {
                 url = rest.split_whitespace().next().map(str::to_owned);
             }
@@ -90,7 +100,12 @@ fn run_with_input(command: &mut Command, input: &str) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
     child.wait_with_output().unwrap()
 }
 
@@ -144,12 +159,18 @@ fn machines_exec_and_errors_through_the_cli() {
         assert_eq!(token.lines().count(), 1, "only the token is printed");
         assert!(token.contains('.'), "{token}");
 
-        let name = ok(server.evervm(&["machine", "new", "--tag", "team=data", "--memory-mb", "256"]));
+        let name =
+            ok(server.evervm(&["machine", "new", "--tag", "team=data", "--memory-mb", "256"]));
         let name = name.trim();
         ok(server.evervm(&["machine", "new", "--tag", "team=web"]));
-        let listed: serde_json::Value =
-            serde_json::from_str(&ok(server.evervm(&["machine", "list", "--tag", "team=data", "--json"])))
-                .unwrap();
+        let listed: serde_json::Value = serde_json::from_str(&ok(server.evervm(&[
+            "machine",
+            "list",
+            "--tag",
+            "team=data",
+            "--json",
+        ])))
+        .unwrap();
         assert_eq!(listed.as_array().unwrap().len(), 1);
         assert_eq!(listed[0]["name"], name);
         assert_eq!(listed[0]["memory_mb"], 256);
@@ -162,8 +183,19 @@ fn machines_exec_and_errors_through_the_cli() {
 
         let failed = server.evervm(&["exec", "--machine", name, "1 / 0"]);
         assert!(!failed.status.success());
-        assert!(stderr(&failed).contains("ZeroDivisionError"), "{}", stderr(&failed));
-        let slow = server.evervm(&["exec", "--machine", name, "--timeout", "1", "import time\ntime.sleep(20)"]);
+        assert!(
+            stderr(&failed).contains("ZeroDivisionError"),
+            "{}",
+            stderr(&failed)
+        );
+        let slow = server.evervm(&[
+            "exec",
+            "--machine",
+            name,
+            "--timeout",
+            "1",
+            "import time\ntime.sleep(20)",
+        ]);
         assert!(!slow.status.success());
         assert!(stderr(&slow).contains("Timed out"), "{}", stderr(&slow));
         assert_eq!(ok(server.evervm(&["exec", "--machine", name, "x"])), "2\n");
@@ -173,8 +205,15 @@ fn machines_exec_and_errors_through_the_cli() {
         assert_eq!(info["instruction_count"], 6);
         assert_eq!(info["tags"]["team"], "data");
 
-        let repl = ok(server.evervm_with_input(&["repl", name], "y = 5\ndef f(n):\n    return n * y\n\nf(x)\n"));
-        assert!(repl.lines().any(|l| l.trim_start_matches(">>> ").trim() == "10"), "{repl}");
+        let repl = ok(server.evervm_with_input(
+            &["repl", name],
+            "y = 5\ndef f(n):\n    return n * y\n\nf(x)\n",
+        ));
+        assert!(
+            repl.lines()
+                .any(|l| l.trim_start_matches(">>> ").trim() == "10"),
+            "{repl}"
+        );
 
         let bad = server.evervm(&["machine", "new", "--tag", "no-equals-sign"]);
         assert!(!bad.status.success());
@@ -205,7 +244,12 @@ fn local_mode_needs_no_server() {
         };
         let name = ok(local(&["machine", "new", "--tag", "mode=local"]));
         let name = name.trim();
-        let out = ok(local(&["exec", "-m", name, "import math\nr = 2\nprint(r)\nmath.pi > 3"]));
+        let out = ok(local(&[
+            "exec",
+            "-m",
+            name,
+            "import math\nr = 2\nprint(r)\nmath.pi > 3",
+        ]));
         assert_eq!(out, "2\nTrue\n");
         let listed = ok(local(&["machine", "list", "--tag", "mode=local"]));
         assert!(listed.contains(name), "{listed}");
@@ -253,20 +297,35 @@ fn the_forevervm_cli_works_against_evervm() {
         };
         let who = plain(&ok(forevervm(&["whoami"], "")));
         assert!(who.contains("as default"), "{who}");
-        let created = plain(&ok(forevervm(&["machine", "new", "--tag", "cli=forevervm"], "")));
+        let created = plain(&ok(forevervm(
+            &["machine", "new", "--tag", "cli=forevervm"],
+            "",
+        )));
         let name = created
             .trim()
             .strip_prefix("Created machine ")
             .expect("the ForeverVM CLI's message")
             .to_owned();
-        let listed = plain(&ok(forevervm(&["machine", "list", "--tag", "cli=forevervm"], "")));
+        let listed = plain(&ok(forevervm(
+            &["machine", "list", "--tag", "cli=forevervm"],
+            "",
+        )));
         assert!(listed.contains(&name), "{listed}");
         assert!(listed.contains("Status:  idle"), "{listed}");
         assert!(listed.contains("Tag: cli = forevervm"), "{listed}");
-        let repl = plain(&ok(forevervm(&["repl", &name], "x = 21\nprint('hi')\nx * 2\n")));
+        let repl = plain(&ok(forevervm(
+            &["repl", &name],
+            "x = 21\nprint('hi')\nx * 2\n",
+        )));
         assert!(repl.contains(&format!("Connected to {name}")), "{repl}");
-        assert!(repl.lines().any(|l| l.trim_start_matches(">>> ") == "hi"), "{repl}");
-        assert!(repl.lines().any(|l| l.trim_start_matches(">>> ") == "42"), "{repl}");
+        assert!(
+            repl.lines().any(|l| l.trim_start_matches(">>> ") == "hi"),
+            "{repl}"
+        );
+        assert!(
+            repl.lines().any(|l| l.trim_start_matches(">>> ") == "42"),
+            "{repl}"
+        );
         // The state is the machine's: our own CLI sees what the ForeverVM REPL defined.
         assert_eq!(ok(server.evervm(&["exec", "-m", &name, "x"])), "21\n");
     }

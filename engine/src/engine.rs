@@ -289,7 +289,7 @@ impl Engine {
         };
         lock(&self.inner.store).insert_machine(&record)?;
         let handle = self.spawn_handle(&record);
-        Ok(self.info_of(&record, Some(&handle)))
+        Ok(Self::info_of(&record, Some(&handle)))
     }
 
     fn spawn_handle(&self, record: &MachineRecord) -> Arc<MachineHandle> {
@@ -323,7 +323,7 @@ impl Engine {
         Ok(self.spawn_handle(&record))
     }
 
-    fn info_of(&self, record: &MachineRecord, handle: Option<&Arc<MachineHandle>>) -> MachineInfo {
+    fn info_of(record: &MachineRecord, handle: Option<&Arc<MachineHandle>>) -> MachineInfo {
         let (resident, pending) = handle.map_or((false, false), |h| {
             (h.resident(), h.has_pending_instruction())
         });
@@ -352,14 +352,14 @@ impl Engine {
         Ok(records
             .iter()
             .filter(|r| filter.iter().all(|(k, v)| r.tags.get(k) == Some(v)))
-            .map(|r| self.info_of(r, machines.get(r.name.as_str())))
+            .map(|r| Self::info_of(r, machines.get(r.name.as_str())))
             .collect())
     }
 
     pub fn machine_info(&self, account: &Account, name: &str) -> Result<MachineInfo> {
         let record = self.record(account, name)?;
         let handle = lock(&self.inner.machines).get(name).cloned();
-        Ok(self.info_of(&record, handle.as_ref()))
+        Ok(Self::info_of(&record, handle.as_ref()))
     }
 
     /// Queues an instruction and returns at once with its seq.
@@ -471,7 +471,10 @@ fn validate_account_name(name: &str) -> Result<()> {
 pub fn create_token_in_home(home: &Path, account_name: &str) -> Result<String> {
     validate_account_name(account_name)?;
     std::fs::create_dir_all(home).map_err(|e| {
-        Error::internal(format!("cannot create the evervm home {}: {e}", home.display()))
+        Error::internal(format!(
+            "cannot create the evervm home {}: {e}",
+            home.display()
+        ))
     })?;
     let mut store = Store::open(&home.join("evervm.db"))?;
     let account = store.ensure_account(account_name)?;

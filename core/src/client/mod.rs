@@ -145,7 +145,9 @@ pub struct Machine {
 
 impl std::fmt::Debug for Machine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Machine").field("name", &self.name).finish()
+        f.debug_struct("Machine")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
     }
 }
 

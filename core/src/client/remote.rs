@@ -153,8 +153,8 @@ mod erased {
     }
 }
 
-fn body<T: Serialize + Send + Sync>(value: &T) -> Option<&dyn erased::Body> {
-    Some(value)
+fn body<T: Serialize + Send + Sync>(value: &T) -> &dyn erased::Body {
+    value
 }
 
 #[async_trait]
@@ -174,7 +174,7 @@ impl Transport for RemoteTransport {
             memory_mb: options.memory_mb,
         };
         let answer: CreateMachineResponse = self
-            .call(Method::POST, "/v1/machine/new", body(&request))
+            .call(Method::POST, "/v1/machine/new", Some(body(&request)))
             .await?;
         Ok(answer.machine_name)
     }
@@ -184,7 +184,7 @@ impl Transport for RemoteTransport {
             tags: (!tags.is_empty()).then(|| tags.clone()),
         };
         let answer: ListMachinesResponse = self
-            .call(Method::POST, "/v1/machine/list", body(&request))
+            .call(Method::POST, "/v1/machine/list", Some(body(&request)))
             .await?;
         Ok(answer.machines.into_iter().map(Into::into).collect())
     }
@@ -208,7 +208,7 @@ impl Transport for RemoteTransport {
             .call(
                 Method::POST,
                 &format!("/v1/machine/{}/exec", segment(name)?),
-                body(&request),
+                Some(body(&request)),
             )
             .await?;
         let seq = answer

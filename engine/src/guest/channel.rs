@@ -280,11 +280,8 @@ mod tests {
             let mut decoder = FrameDecoder::new();
             for chunk in &chunks {
                 decoder.feed(chunk);
-                loop {
-                    match decoder.next_frame() {
-                        Ok(Some(payload)) => { let _ = decode_event(&payload); }
-                        Ok(None) | Err(_) => break,
-                    }
+                while let Ok(Some(payload)) = decoder.next_frame() {
+                    let _ = decode_event(&payload);
                 }
             }
         }

@@ -26,7 +26,9 @@ fn parse_args() -> Result<Args> {
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
-            "--backend" => args.backends.push(it.next().context("--backend needs a name")?),
+            "--backend" => args
+                .backends
+                .push(it.next().context("--backend needs a name")?),
             "--rounds" => args.rounds = it.next().context("--rounds needs a number")?.parse()?,
             other => bail!("unknown argument {other:?}; use --backend NAME, --rounds N"),
         }
@@ -60,7 +62,9 @@ fn report(label: &str, mut samples: Vec<Duration>) {
 }
 
 async fn round_trips(client: &Client, rounds: usize) -> Result<Vec<Duration>> {
-    let machine = client.create_machine(CreateMachineOptions::default()).await?;
+    let machine = client
+        .create_machine(CreateMachineOptions::default())
+        .await?;
     machine.exec("1+1").await?;
     let mut samples = Vec::with_capacity(rounds);
     for _ in 0..rounds {
@@ -93,7 +97,9 @@ async fn session_round_trips(client: &Client, rounds: usize) -> Result<Vec<Durat
 
 /// Seconds to stream 10 MB of stdout (100-byte lines) through this client, and lines seen.
 async fn throughput(client: &Client) -> Result<(Duration, usize)> {
-    let machine = client.create_machine(CreateMachineOptions::default()).await?;
+    let machine = client
+        .create_machine(CreateMachineOptions::default())
+        .await?;
     machine.exec("import sys\nline = 'x' * 99 + '\\n'").await?;
     let options = ExecOptions {
         timeout: Duration::from_secs(300),
@@ -115,7 +121,9 @@ async fn creates(client: &Client, count: usize) -> Result<(Vec<Duration>, Vec<Du
     let mut first = Vec::new();
     for _ in 0..count {
         let started = Instant::now();
-        let machine = client.create_machine(CreateMachineOptions::default()).await?;
+        let machine = client
+            .create_machine(CreateMachineOptions::default())
+            .await?;
         api.push(started.elapsed());
         machine.exec("1").await?;
         first.push(started.elapsed());
@@ -134,12 +142,21 @@ async fn bench_backend(backend: &str, rounds: usize) -> Result<()> {
     let (api, first) = creates(&local, 20).await?;
     report("create machine (API call)", api);
     report("create + first instruction (cold start)", first);
-    report("exec 1+1 round trip, in-process", round_trips(&local, rounds).await?);
+    report(
+        "exec 1+1 round trip, in-process",
+        round_trips(&local, rounds).await?,
+    );
 
     let server = TestServer::start(backend);
     let remote = server.client();
-    report("exec 1+1 round trip, HTTP (exec + result)", round_trips(&remote, rounds).await?);
-    report("exec 1+1 round trip, WebSocket session", session_round_trips(&remote, rounds).await?);
+    report(
+        "exec 1+1 round trip, HTTP (exec + result)",
+        round_trips(&remote, rounds).await?,
+    );
+    report(
+        "exec 1+1 round trip, WebSocket session",
+        session_round_trips(&remote, rounds).await?,
+    );
 
     for (label, client) in [("in-process", &local), ("HTTP stream", &remote)] {
         let (elapsed, _) = throughput(client).await?;

@@ -13,7 +13,9 @@ async fn main() -> anyhow::Result<()> {
         home: Some(home.path().to_owned()),
         ..LocalOptions::default()
     })?;
-    let machine = client.create_machine(CreateMachineOptions::default()).await?;
+    let machine = client
+        .create_machine(CreateMachineOptions::default())
+        .await?;
     machine.exec("import math\nradius = 2").await?;
     let run = machine
         .exec("print('area of a circle of radius', radius)\nmath.pi * radius ** 2")

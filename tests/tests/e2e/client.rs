@@ -18,7 +18,11 @@ fn clients() -> Vec<(String, Client, Keep)> {
     let mut all: Vec<(String, Client, Keep)> = Vec::new();
     for backend in backends() {
         let server = TestServer::start(backend);
-        all.push((format!("remote/{backend}"), server.client(), Box::new(server)));
+        all.push((
+            format!("remote/{backend}"),
+            server.client(),
+            Box::new(server),
+        ));
         let home = tempfile::tempdir().unwrap();
         let local = Client::local(LocalOptions {
             home: Some(home.path().to_owned()),
@@ -59,7 +63,12 @@ async fn machines_tags_info_and_delete() {
             list.into_iter().map(|m| m.name).collect()
         };
         assert_eq!(
-            names(client.list_machines(&tags(&[("role", "worker")])).await.unwrap()),
+            names(
+                client
+                    .list_machines(&tags(&[("role", "worker")]))
+                    .await
+                    .unwrap()
+            ),
             [b.name(), a.name()],
             "{label}"
         );
@@ -70,15 +79,31 @@ async fn machines_tags_info_and_delete() {
         );
         let info = a.info().await.unwrap();
         assert_eq!(info.memory_mb, Some(300), "{label}");
-        assert_eq!(info.tags, tags(&[("role", "worker"), ("n", "1")]), "{label}");
+        assert_eq!(
+            info.tags,
+            tags(&[("role", "worker"), ("n", "1")]),
+            "{label}"
+        );
         assert_eq!(info.instruction_count, Some(0), "{label}");
         assert!(info.backend.is_some(), "{label}");
 
         a.exec("x = 1").await.unwrap();
-        assert_eq!(a.info().await.unwrap().instruction_count, Some(1), "{label}");
+        assert_eq!(
+            a.info().await.unwrap().instruction_count,
+            Some(1),
+            "{label}"
+        );
         a.delete().await.unwrap();
-        assert_eq!(a.info().await.unwrap_err().kind(), ErrorKind::NotFound, "{label}");
-        assert_eq!(a.exec("x").await.unwrap_err().kind(), ErrorKind::NotFound, "{label}");
+        assert_eq!(
+            a.info().await.unwrap_err().kind(),
+            ErrorKind::NotFound,
+            "{label}"
+        );
+        assert_eq!(
+            a.exec("x").await.unwrap_err().kind(),
+            ErrorKind::NotFound,
+            "{label}"
+        );
         assert_eq!(
             names(client.list_machines(&Tags::new()).await.unwrap()),
             [b.name()],
@@ -96,13 +121,20 @@ async fn exec_values_errors_output_and_replay() {
             .await
             .unwrap();
         let first = machine.exec("1 + 1").await.unwrap();
-        assert_eq!((first.seq, first.result.value.as_deref()), (0, Some("2")), "{label}");
+        assert_eq!(
+            (first.seq, first.result.value.as_deref()),
+            (0, Some("2")),
+            "{label}"
+        );
         let statement = machine.exec("x = 20").await.unwrap();
         assert_eq!(statement.result.value, None, "{label}");
         assert!(!statement.result.is_error(), "{label}");
         let error = machine.exec("x / 0").await.unwrap();
         let text = error.result.error.as_deref().unwrap();
-        assert!(text.contains("ZeroDivisionError: division by zero"), "{label}: {text}");
+        assert!(
+            text.contains("ZeroDivisionError: division by zero"),
+            "{label}: {text}"
+        );
         assert_eq!(error.result.cause, Some(FailureCause::Exception), "{label}");
 
         let (seq, mut events) = machine
@@ -125,14 +157,20 @@ async fn exec_values_errors_output_and_replay() {
         for (i, (stream, data)) in expected_lines.iter().enumerate() {
             match &seen[i] {
                 ExecEvent::Output(chunk) => {
-                    assert_eq!((chunk.seq, chunk.stream, chunk.data.as_str()), (i as i64, *stream, *data), "{label}");
+                    assert_eq!(
+                        (chunk.seq, chunk.stream, chunk.data.as_str()),
+                        (i as i64, *stream, *data),
+                        "{label}"
+                    );
                 }
-                other => panic!("{label}: expected output, got {other:?}"),
+                other @ ExecEvent::Result(_) => panic!("{label}: expected output, got {other:?}"),
             }
         }
         match seen.last().unwrap() {
             ExecEvent::Result(result) => assert_eq!(result.value.as_deref(), Some("40"), "{label}"),
-            other => panic!("{label}: expected the result last, got {other:?}"),
+            other @ ExecEvent::Output(_) => {
+                panic!("{label}: expected the result last, got {other:?}")
+            }
         }
         // After the fact: the same events, replayed from the store, and the result.
         let replay: Vec<_> = machine
@@ -143,8 +181,16 @@ async fn exec_values_errors_output_and_replay() {
             .collect()
             .await;
         assert_eq!(replay, seen, "{label}");
-        assert_eq!(machine.result(seq).await.unwrap().value.as_deref(), Some("40"), "{label}");
-        assert_eq!(machine.result(999).await.unwrap_err().kind(), ErrorKind::NotFound, "{label}");
+        assert_eq!(
+            machine.result(seq).await.unwrap().value.as_deref(),
+            Some("40"),
+            "{label}"
+        );
+        assert_eq!(
+            machine.result(999).await.unwrap_err().kind(),
+            ErrorKind::NotFound,
+            "{label}"
+        );
     }
 }
 
@@ -155,9 +201,13 @@ async fn sessions_share_seqs_and_state() {
         let machine = client.machine(session.machine_name());
         let mut printed = Vec::new();
         let run = session
-            .exec("for i in range(5): print(i)", &ExecOptions::default(), |c| {
-                printed.push(c.data.clone());
-            })
+            .exec(
+                "for i in range(5): print(i)",
+                &ExecOptions::default(),
+                |c| {
+                    printed.push(c.data.clone());
+                },
+            )
             .await
             .unwrap();
         assert_eq!(run.seq, 0, "{label}");
@@ -165,11 +215,21 @@ async fn sessions_share_seqs_and_state() {
         assert_eq!(run.stdout(), "0\n1\n2\n3\n4\n", "{label}");
         let direct = machine.exec("z = 9").await.unwrap();
         assert_eq!(direct.seq, 1, "{label}");
-        let again = session.exec("z", &ExecOptions::default(), |_| {}).await.unwrap();
-        assert_eq!((again.seq, again.result.value.as_deref()), (2, Some("9")), "{label}");
+        let again = session
+            .exec("z", &ExecOptions::default(), |_| {})
+            .await
+            .unwrap();
+        assert_eq!(
+            (again.seq, again.result.value.as_deref()),
+            (2, Some("9")),
+            "{label}"
+        );
         drop(session);
         let mut second = machine.connect().await.unwrap();
-        let seen = second.exec("z + 1", &ExecOptions::default(), |_| {}).await.unwrap();
+        let seen = second
+            .exec("z + 1", &ExecOptions::default(), |_| {})
+            .await
+            .unwrap();
         assert_eq!(seen.result.value.as_deref(), Some("10"), "{label}");
     }
 }
@@ -192,19 +252,58 @@ async fn timeout_recovery_and_interrupt() {
             )
             .await
             .unwrap();
-        assert!(timed_out.result.timed_out(), "{label}: {:?}", timed_out.result);
-        assert!(timed_out.result.error.as_deref().unwrap().contains("Timed out"), "{label}");
-        assert_eq!(machine.exec("kept").await.unwrap().result.value.as_deref(), Some("3"), "{label}");
+        assert!(
+            timed_out.result.timed_out(),
+            "{label}: {:?}",
+            timed_out.result
+        );
+        assert!(
+            timed_out
+                .result
+                .error
+                .as_deref()
+                .unwrap()
+                .contains("Timed out"),
+            "{label}"
+        );
+        assert_eq!(
+            machine.exec("kept").await.unwrap().result.value.as_deref(),
+            Some("3"),
+            "{label}"
+        );
 
-        let slow = machine.start("time.sleep(60)", &ExecOptions::default()).await.unwrap();
-        let queued = machine.start("'queued'", &ExecOptions::default()).await.unwrap();
+        let slow = machine
+            .start("time.sleep(60)", &ExecOptions::default())
+            .await
+            .unwrap();
+        let queued = machine
+            .start("'queued'", &ExecOptions::default())
+            .await
+            .unwrap();
         tokio::time::sleep(Duration::from_millis(400)).await;
         assert!(machine.interrupt().await.unwrap(), "{label}");
         for seq in [slow.seq, queued.seq] {
             let result = machine.result(seq).await.unwrap();
-            assert_eq!(result.cause, Some(FailureCause::Interrupted), "{label}: {result:?}");
+            assert_eq!(
+                result.cause,
+                Some(FailureCause::Interrupted),
+                "{label}: {result:?}"
+            );
         }
-        assert!(!machine.interrupt().await.unwrap(), "{label}: nothing left to interrupt");
-        assert_eq!(machine.exec("kept * 2").await.unwrap().result.value.as_deref(), Some("6"), "{label}");
+        assert!(
+            !machine.interrupt().await.unwrap(),
+            "{label}: nothing left to interrupt"
+        );
+        assert_eq!(
+            machine
+                .exec("kept * 2")
+                .await
+                .unwrap()
+                .result
+                .value
+                .as_deref(),
+            Some("6"),
+            "{label}"
+        );
     }
 }

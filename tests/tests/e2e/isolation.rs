@@ -20,7 +20,10 @@ async fn no_network_even_to_a_loopback_port_the_host_opened() {
     for backend in backends() {
         let home = tempfile::tempdir().unwrap();
         let client = local(backend, &home);
-        let machine = client.create_machine(CreateMachineOptions::default()).await.unwrap();
+        let machine = client
+            .create_machine(CreateMachineOptions::default())
+            .await
+            .unwrap();
         let code = format!(
             "import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=3)\n    \
              outcome = 'connected'\nexcept OSError as e:\n    outcome = 'refused: ' + type(e).__name__\noutcome"
@@ -32,7 +35,11 @@ async fn no_network_even_to_a_loopback_port_the_host_opened() {
             .exec("import socket\nsorted(name for _, name in socket.if_nameindex())")
             .await
             .unwrap();
-        assert_eq!(interfaces.result.value.as_deref(), Some("['lo']"), "{backend}");
+        assert_eq!(
+            interfaces.result.value.as_deref(),
+            Some("['lo']"),
+            "{backend}"
+        );
     }
     drop(listener);
 }
@@ -42,7 +49,10 @@ async fn host_processes_are_invisible() {
     for backend in backends() {
         let home = tempfile::tempdir().unwrap();
         let client = local(backend, &home);
-        let machine = client.create_machine(CreateMachineOptions::default()).await.unwrap();
+        let machine = client
+            .create_machine(CreateMachineOptions::default())
+            .await
+            .unwrap();
         let run = machine
             .exec("import os\nsorted(int(p) for p in os.listdir('/proc') if p.isdigit())")
             .await
@@ -55,12 +65,18 @@ async fn host_processes_are_invisible() {
             .map(|s| s.parse().unwrap())
             .collect();
         assert!(pids.len() < 10, "{backend}: the machine sees {pids:?}");
-        assert!(!pids.contains(&std::process::id()) || std::process::id() < 10, "{backend}: {pids:?}");
+        assert!(
+            !pids.contains(&std::process::id()) || std::process::id() < 10,
+            "{backend}: {pids:?}"
+        );
         let kill = machine
             .exec(&format!("import os\nos.kill({}, 0)", std::process::id()))
             .await
             .unwrap();
-        assert!(kill.result.is_error(), "{backend}: the machine could signal the engine");
+        assert!(
+            kill.result.is_error(),
+            "{backend}: the machine could signal the engine"
+        );
     }
 }
 
@@ -69,17 +85,23 @@ async fn memory_limit_gives_memory_error_and_hurts_no_one_else() {
     for backend in backends() {
         let home = tempfile::tempdir().unwrap();
         let client = local(backend, &home);
-        let bystander = client.create_machine(CreateMachineOptions::default()).await.unwrap();
+        let bystander = client
+            .create_machine(CreateMachineOptions::default())
+            .await
+            .unwrap();
         bystander.exec("kept = 'fine'").await.unwrap();
         let hog = client
             .create_machine(CreateMachineOptions {
-                tags: Default::default(),
+                tags: evervm::Tags::new(),
                 memory_mb: Some(128),
             })
             .await
             .unwrap();
         hog.exec("before = 1").await.unwrap();
-        let big = hog.exec("block = bytearray(512 * 1024 * 1024)").await.unwrap();
+        let big = hog
+            .exec("block = bytearray(512 * 1024 * 1024)")
+            .await
+            .unwrap();
         let text = big.result.error.unwrap_or_default();
         assert!(
             text.contains("MemoryError") || text.contains("out of memory"),
@@ -97,10 +119,20 @@ async fn memory_limit_gives_memory_error_and_hurts_no_one_else() {
         hog.exec("chunks = None").await.unwrap();
         let after = hog.exec("before + 1").await.unwrap();
         let survived = after.result.value.as_deref() == Some("2");
-        let restarted = after.result.error.as_deref().is_some_and(|e| e.contains("NameError"));
+        let restarted = after
+            .result
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("NameError"));
         assert!(survived || restarted, "{backend}: {:?}", after.result);
         assert_eq!(
-            bystander.exec("kept").await.unwrap().result.value.as_deref(),
+            bystander
+                .exec("kept")
+                .await
+                .unwrap()
+                .result
+                .value
+                .as_deref(),
             Some("'fine'"),
             "{backend}"
         );

@@ -93,7 +93,10 @@ async fn whoami_create_with_tags_and_list_with_filters() {
         let newest_first: Vec<_> = names.iter().rev().cloned().collect();
         assert_eq!(listed, newest_first, "newest first");
         assert_eq!(all[0].tags, tags(&[("env", "prod"), ("team", "b")]));
-        assert!(all.iter().all(|m| m.expires_at.is_none() && !m.has_pending_instruction));
+        assert!(
+            all.iter()
+                .all(|m| m.expires_at.is_none() && !m.has_pending_instruction)
+        );
 
         let prod = client
             .list_machines(ListMachinesRequest {
@@ -155,15 +158,32 @@ async fn exec_values_nulls_errors_and_state() {
         );
         assert_eq!(value(&run(&client, &machine, "x = 40").await), None);
         assert_eq!(value(&run(&client, &machine, "None").await), None);
-        assert_eq!(value(&run(&client, &machine, "print(123) or 567").await), Some("567"));
+        assert_eq!(
+            value(&run(&client, &machine, "print(123) or 567").await),
+            Some("567")
+        );
         assert_eq!(value(&run(&client, &machine, "x + 2").await), Some("42"));
-        assert_eq!(value(&run(&client, &machine, "'done'").await), Some("'done'"));
+        assert_eq!(
+            value(&run(&client, &machine, "'done'").await),
+            Some("'done'")
+        );
         let failure = run(&client, &machine, "1 / 0").await;
         let text = error(&failure);
-        assert!(text.contains("ZeroDivisionError") && text.contains("division by zero"), "{text}");
+        assert!(
+            text.contains("ZeroDivisionError") && text.contains("division by zero"),
+            "{text}"
+        );
         // A function and a class defined in one instruction are there in the next.
-        run(&client, &machine, "def double(n):\n    return 2 * n\nclass Box:\n    size = 3").await;
-        assert_eq!(value(&run(&client, &machine, "double(Box.size)").await), Some("6"));
+        run(
+            &client,
+            &machine,
+            "def double(n):\n    return 2 * n\nclass Box:\n    size = 3",
+        )
+        .await;
+        assert_eq!(
+            value(&run(&client, &machine, "double(Box.size)").await),
+            Some("6")
+        );
         // A finished result can be fetched again, after the fact.
         let again = client
             .exec_result(&machine, InstructionSeq(0))
@@ -208,7 +228,11 @@ async fn output_chunks_and_stream_result() {
         }
         let expected: Vec<_> = (0..5)
             .map(|i| (StandardOutputStream::Stdout, i.to_string(), i64::from(i)))
-            .chain(std::iter::once((StandardOutputStream::Stderr, "oops".to_owned(), 5)))
+            .chain(std::iter::once((
+                StandardOutputStream::Stderr,
+                "oops".to_owned(),
+                5,
+            )))
             .collect();
         assert_eq!(lines, expected);
         assert_eq!(value(&result.unwrap().result), Some("'end'"));
@@ -243,11 +267,17 @@ async fn websocket_new_machine_chunks_and_seqs_shared_with_http() {
             .unwrap();
         assert_eq!(http.instruction_seq, Some(InstructionSeq(1)));
         assert_eq!(http.machine.as_ref(), Some(&machine));
-        client.exec_result(&machine, InstructionSeq(1)).await.unwrap();
+        client
+            .exec_result(&machine, InstructionSeq(1))
+            .await
+            .unwrap();
         let handle = repl.exec("y * 2").await.unwrap();
         assert_eq!(value(&handle.result().await.unwrap().result), Some("10"));
         // The SDK's handle does not show the seq; HTTP finds that instruction as seq 2.
-        let by_http = client.exec_result(&machine, InstructionSeq(2)).await.unwrap();
+        let by_http = client
+            .exec_result(&machine, InstructionSeq(2))
+            .await
+            .unwrap();
         assert_eq!(value(&by_http.result.result), Some("10"));
 
         // State is the machine's, not the connection's.
@@ -269,7 +299,12 @@ async fn timeout_then_recovery() {
             .await
             .unwrap()
             .machine_name;
-        run(&client, &machine, "from time import sleep\nkept = 'still here'").await;
+        run(
+            &client,
+            &machine,
+            "from time import sleep\nkept = 'still here'",
+        )
+        .await;
         let timed_out = run_with_timeout(&client, &machine, "sleep(30)", 1).await;
         assert!(error(&timed_out).contains("Timed out"), "{timed_out:?}");
         assert_eq!(
@@ -311,7 +346,10 @@ async fn interrupt_flag_stops_the_running_instruction() {
             .unwrap();
         assert_eq!(response["interrupted"], true);
         let interrupted = client.exec_result(&machine, slow).await.unwrap().result;
-        assert!(error(&interrupted.result).contains("KeyboardInterrupt"), "{interrupted:?}");
+        assert!(
+            error(&interrupted.result).contains("KeyboardInterrupt"),
+            "{interrupted:?}"
+        );
         assert!(interrupted.runtime_ms < 30_000);
         let seq = response["instruction_seq"].as_i64().unwrap();
         let next = client
