@@ -1,8 +1,6 @@
 //! The one place where engine types, wire types and client types are mapped onto each other.
 
-use crate::protocol::{
-    ApiMachine, StandardOutput, WireExecResult, WireOutcome, WireStream,
-};
+use crate::protocol::{ApiMachine, StandardOutput, WireExecResult, WireOutcome, WireStream};
 use crate::types::{ExecResult, FailureCause, MachineInfo, OutputChunk, OutputStream};
 
 impl From<WireStream> for OutputStream {
@@ -133,7 +131,9 @@ impl From<MachineInfo> for ApiMachine {
 mod engine {
     use evervm_engine as engine;
 
-    use crate::types::{ExecEvent, ExecResult, FailureCause, MachineInfo, OutputChunk, OutputStream};
+    use crate::types::{
+        ExecEvent, ExecResult, FailureCause, MachineInfo, OutputChunk, OutputStream,
+    };
 
     impl From<engine::FailureCause> for FailureCause {
         fn from(c: engine::FailureCause) -> Self {
@@ -203,6 +203,181 @@ mod engine {
                 instruction_count: Some(m.instruction_count),
                 last_used_at: m.last_used_at,
                 last_error: m.last_error,
+            }
+        }
+    }
+}
+
+/// Wire to engine and engine to wire, for the server. Everything goes through the client types
+/// above, so that each field is mapped in one place.
+#[cfg(feature = "server")]
+pub(crate) mod server {
+    use std::time::Duration;
+
+    use evervm_engine as engine;
+
+    use crate::protocol::{
+        ApiMachine, CreateMachineRequest, ListMachinesRequest, MessageFromServer, WireExecResult,
+        WireInstruction,
+    };
+    use crate::types::{
+        CreateMachineOptions, ExecEvent, ExecOptions, ExecResult, MachineInfo, Tags,
+    };
+
+    pub(crate) fn machine_to_wire(info: engine::MachineInfo) -> ApiMachine {
+        MachineInfo::from(info).into()
+    }
+
+    pub(crate) fn result_to_wire(result: engine::ExecResult) -> WireExecResult {
+        ExecResult::from(result).into()
+    }
+
+    /// One event of instruction `instruction_id` as the message that carries it (`output` or
+    /// `result`), on a WebSocket or as an NDJSON line.
+    pub(crate) fn event_to_wire(
+        instruction_id: i64,
+        event: engine::ExecEvent,
+    ) -> MessageFromServer {
+        match ExecEvent::from(event) {
+            ExecEvent::Output(chunk) => MessageFromServer::Output {
+                chunk: chunk.into(),
+                instruction_id,
+            },
+            ExecEvent::Result(result) => MessageFromServer::Result {
+                instruction_id,
+                result: result.into(),
+            },
+        }
+    }
+
+    /// `None` (an empty or `null` body) means every default.
+    pub(crate) fn create_machine_from_wire(
+        request: Option<CreateMachineRequest>,
+    ) -> engine::CreateMachine {
+        let request = request.unwrap_or_default();
+        let options = CreateMachineOptions {
+            tags: request.tags.unwrap_or_default(),
+            memory_mb: request.memory_mb,
+        };
+        engine::CreateMachine {
+            tags: options.tags,
+            memory_mb: options.memory_mb,
+        }
+    }
+
+    /// The tags a list must match; none (every machine) when the body is empty or `null`.
+    pub(crate) fn list_filter_from_wire(request: Option<ListMachinesRequest>) -> Tags {
+        request.and_then(|r| r.tags).unwrap_or_default()
+    }
+
+    /// An instruction from the wire; `timeout_seconds` must be positive (the engine checks the
+    /// upper bound).
+    pub(crate) fn exec_from_wire(
+        instruction: WireInstruction,
+        interrupt: bool,
+    ) -> engine::Result<engine::ExecRequest> {
+        let seconds = u64::try_from(instruction.timeout_seconds)
+            .ok()
+            .filter(|s| *s > 0)
+            .ok_or_else(|| {
+                engine::Error::invalid(format!(
+                    "timeout_seconds must be a positive number of seconds, not {}",
+                    instruction.timeout_seconds
+                ))
+            })?;
+        let options = ExecOptions {
+            timeout: Duration::from_secs(seconds),
+            interrupt,
+        };
+        Ok(engine::ExecRequest {
+            code: instruction.code,
+            timeout: options.timeout,
+            interrupt: options.interrupt,
+        })
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use crate::protocol::{WireOutcome, WireStream};
+
+        #[test]
+        fn timeouts_must_be_positive() {
+            let instruction = |timeout_seconds| WireInstruction {
+                code: "1".into(),
+                timeout_seconds,
+            };
+            for bad in [0, -1, i32::MIN] {
+                let err = exec_from_wire(instruction(bad), false).unwrap_err();
+                assert_eq!(err.kind(), engine::ErrorKind::InvalidInput);
+                assert!(err.message().contains("timeout_seconds"), "{err}");
+            }
+            let ok = exec_from_wire(instruction(7), true).unwrap();
+            assert_eq!(ok.timeout, Duration::from_secs(7));
+            assert!(ok.interrupt);
+            assert_eq!(ok.code, "1");
+        }
+
+        #[test]
+        fn empty_requests_mean_defaults() {
+            let create = create_machine_from_wire(None);
+            assert!(create.tags.is_empty());
+            assert_eq!(create.memory_mb, None);
+            let create = create_machine_from_wire(Some(CreateMachineRequest {
+                tags: Some([("a".to_owned(), "b".to_owned())].into()),
+                memory_mb: Some(256),
+            }));
+            assert_eq!(create.tags.get("a").map(String::as_str), Some("b"));
+            assert_eq!(create.memory_mb, Some(256));
+            assert!(list_filter_from_wire(None).is_empty());
+            assert!(list_filter_from_wire(Some(ListMachinesRequest { tags: None })).is_empty());
+        }
+
+        #[test]
+        fn events_become_messages() {
+            let output = event_to_wire(
+                3,
+                engine::ExecEvent::Output(engine::OutputChunk {
+                    seq: 1,
+                    stream: engine::OutputStream::Stderr,
+                    data: "x".into(),
+                }),
+            );
+            match output {
+                MessageFromServer::Output {
+                    chunk,
+                    instruction_id,
+                } => {
+                    assert_eq!(instruction_id, 3);
+                    assert_eq!(chunk.stream, WireStream::Stderr);
+                    assert_eq!((chunk.seq, chunk.data.as_str()), (1, "x"));
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+            let result = event_to_wire(
+                3,
+                engine::ExecEvent::Result(engine::ExecResult {
+                    outcome: engine::Outcome::Value(None),
+                    data: None,
+                    runtime_ms: 5,
+                }),
+            );
+            match result {
+                MessageFromServer::Result {
+                    instruction_id,
+                    result,
+                } => {
+                    assert_eq!(instruction_id, 3);
+                    assert_eq!(result.runtime_ms, 5);
+                    assert_eq!(
+                        result.outcome,
+                        WireOutcome::Value {
+                            value: None,
+                            data: None
+                        }
+                    );
+                }
+                other => panic!("unexpected {other:?}"),
             }
         }
     }

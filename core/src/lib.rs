@@ -13,9 +13,9 @@ pub mod protocol;
 pub mod server;
 mod types;
 
-pub use client::{Client, EventStream, Machine, Session};
 #[cfg(feature = "local")]
 pub use client::LocalOptions;
+pub use client::{Client, EventStream, Machine, Session};
 pub use error::{Error, ErrorKind, Result};
 pub use types::*;
 

@@ -212,3 +212,47 @@ async fn a_second_engine_on_the_same_home_is_refused() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_interrupt_right_after_exec_is_not_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(&dir);
+    let account = engine.ensure_account("test").unwrap();
+    let name = engine
+        .create_machine(&account, CreateMachine::default())
+        .unwrap()
+        .name
+        .to_string();
+    let setup = engine
+        .exec(&account, &name, ExecRequest::new("import time\nkept = 5"))
+        .unwrap()
+        .seq;
+    engine.result(&account, &name, setup).await.unwrap();
+    for _ in 0..5 {
+        let seq = engine
+            .exec(&account, &name, ExecRequest::new("time.sleep(20)"))
+            .unwrap()
+            .seq;
+        assert!(engine.interrupt(&account, &name).unwrap());
+        let result = engine.result(&account, &name, seq).await.unwrap();
+        match result.outcome {
+            Outcome::Error { cause, text } => {
+                assert_eq!(cause, FailureCause::Interrupted, "{text}");
+                assert!(
+                    text.contains("KeyboardInterrupt") || text.contains("interrupted"),
+                    "{text}"
+                );
+            }
+            Outcome::Value(v) => panic!("expected an interrupt, got {v:?}"),
+        }
+    }
+    // The sandbox was never stopped: the state is still there.
+    let seq = engine
+        .exec(&account, &name, ExecRequest::new("kept"))
+        .unwrap()
+        .seq;
+    assert_eq!(
+        value(&engine.result(&account, &name, seq).await.unwrap()).as_deref(),
+        Some("5")
+    );
+}

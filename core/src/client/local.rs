@@ -149,13 +149,18 @@ impl SessionTransport for LocalSession {
             &self.name,
             LocalTransport::request(code, options),
         )?;
-        self.events = Some(self.engine.events(&self.account, &self.name, accepted.seq)?);
+        self.events = Some(
+            self.engine
+                .events(&self.account, &self.name, accepted.seq)?,
+        );
         Ok(accepted.seq)
     }
 
     async fn next_event(&mut self) -> Result<ExecEvent> {
         let Some(events) = self.events.as_mut() else {
-            return Err(crate::Error::invalid("no instruction was sent on this session"));
+            return Err(crate::Error::invalid(
+                "no instruction was sent on this session",
+            ));
         };
         match events.next().await {
             Some(event) => Ok(event.into()),

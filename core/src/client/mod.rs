@@ -75,7 +75,9 @@ impl Client {
     /// A remote client from `EVERVM_URL` and `EVERVM_TOKEN`.
     pub fn from_env() -> Result<Self> {
         let url = std::env::var("EVERVM_URL").map_err(|_| {
-            Error::invalid("EVERVM_URL is not set: give the server's URL, e.g. http://127.0.0.1:8080")
+            Error::invalid(
+                "EVERVM_URL is not set: give the server's URL, e.g. http://127.0.0.1:8080",
+            )
         })?;
         let token = std::env::var("EVERVM_TOKEN").map_err(|_| {
             Error::invalid("EVERVM_TOKEN is not set: create one with `evervm token create`")
@@ -167,7 +169,11 @@ impl Machine {
 
     pub async fn exec_with(&self, code: &str, options: &ExecOptions) -> Result<Execution> {
         let accepted = self.start(code, options).await?;
-        collect(accepted.seq, self.transport.events(&self.name, accepted.seq).await?).await
+        collect(
+            accepted.seq,
+            self.transport.events(&self.name, accepted.seq).await?,
+        )
+        .await
     }
 
     /// Queues code and returns at once with its seq.

@@ -13,8 +13,8 @@ use super::{EventStream, SessionTransport, Transport};
 use crate::error::{Error, ErrorKind, Result};
 use crate::protocol::{
     self, ApiError, CreateMachineRequest, CreateMachineResponse, DeleteMachineResponse,
-    ExecResponse, ExecResultResponse, InterruptResponse, ListMachinesRequest,
-    ListMachinesResponse, MessageFromServer, MessageToServer, WhoamiResponse, WireInstruction,
+    ExecResponse, ExecResultResponse, InterruptResponse, ListMachinesRequest, ListMachinesResponse,
+    MessageFromServer, MessageToServer, WhoamiResponse, WireInstruction,
 };
 use crate::types::{
     Accepted, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult, MachineInfo, Tags,
@@ -69,8 +69,8 @@ fn seconds(options: &ExecOptions) -> Result<i32> {
 
 impl RemoteTransport {
     pub(crate) fn new(url: &str, token: &str) -> Result<Self> {
-        let base = Url::parse(url)
-            .map_err(|e| Error::invalid(format!("{url:?} is not a URL: {e}")))?;
+        let base =
+            Url::parse(url).map_err(|e| Error::invalid(format!("{url:?} is not a URL: {e}")))?;
         if !matches!(base.scheme(), "http" | "https") {
             return Err(Error::invalid(format!(
                 "{url:?}: the server URL must start with http:// or https://"
@@ -127,7 +127,9 @@ impl RemoteTransport {
         let response = self.send(method, path, body).await?;
         let bytes = response.bytes().await?;
         serde_json::from_slice(&bytes).map_err(|e| {
-            Error::transport(format!("the server's answer to {path} is not understood: {e}"))
+            Error::transport(format!(
+                "the server's answer to {path} is not understood: {e}"
+            ))
         })
     }
 
@@ -191,7 +193,11 @@ impl Transport for RemoteTransport {
 
     async fn machine_info(&self, name: &str) -> Result<MachineInfo> {
         let answer: protocol::MachineInfoResponse = self
-            .call(Method::GET, &format!("/v1/machine/{}", segment(name)?), None)
+            .call(
+                Method::GET,
+                &format!("/v1/machine/{}", segment(name)?),
+                None,
+            )
             .await?;
         Ok(answer.into())
     }
@@ -288,7 +294,11 @@ impl Transport for RemoteTransport {
 
     async fn delete_machine(&self, name: &str) -> Result<()> {
         let _: DeleteMachineResponse = self
-            .call(Method::DELETE, &format!("/v1/machine/{}", segment(name)?), None)
+            .call(
+                Method::DELETE,
+                &format!("/v1/machine/{}", segment(name)?),
+                None,
+            )
             .await?;
         Ok(())
     }
@@ -353,7 +363,9 @@ fn segment(name: &str) -> Result<&str> {
 
 fn parse_stream_line(line: &[u8]) -> Result<ExecEvent> {
     let message: MessageFromServer = serde_json::from_slice(line).map_err(|e| {
-        Error::transport(format!("the result stream has a line that is not a message: {e}"))
+        Error::transport(format!(
+            "the result stream has a line that is not a message: {e}"
+        ))
     })?;
     match message {
         MessageFromServer::Output { chunk, .. } => Ok(ExecEvent::Output(chunk.into())),
@@ -473,13 +485,19 @@ mod tests {
 
     #[test]
     fn error_bodies_map_to_kinds() {
-        let e = api_error(StatusCode::NOT_FOUND, r#"{"code":"MachineNotFound","id":null}"#);
+        let e = api_error(
+            StatusCode::NOT_FOUND,
+            r#"{"code":"MachineNotFound","id":null}"#,
+        );
         assert_eq!(e.kind(), ErrorKind::NotFound);
         let e = api_error(
             StatusCode::BAD_REQUEST,
             r#"{"code":"BadRequest","id":null,"message":"tag key is empty"}"#,
         );
-        assert_eq!((e.kind(), e.message()), (ErrorKind::InvalidInput, "tag key is empty"));
+        assert_eq!(
+            (e.kind(), e.message()),
+            (ErrorKind::InvalidInput, "tag key is empty")
+        );
         let e = api_error(StatusCode::BAD_GATEWAY, "<html>proxy</html>");
         assert_eq!(e.kind(), ErrorKind::Internal);
         assert!(e.message().contains("proxy"));
@@ -488,7 +506,10 @@ mod tests {
     #[test]
     fn urls_drop_any_base_path_like_the_forevervm_sdk() {
         let t = RemoteTransport::new("http://127.0.0.1:9/prefix/", "a.b").unwrap();
-        assert_eq!(t.url("/v1/whoami").unwrap().as_str(), "http://127.0.0.1:9/v1/whoami");
+        assert_eq!(
+            t.url("/v1/whoami").unwrap().as_str(),
+            "http://127.0.0.1:9/v1/whoami"
+        );
         assert_eq!(
             t.websocket_url("abc").unwrap().as_str(),
             "ws://127.0.0.1:9/v1/machine/abc/repl"

@@ -220,6 +220,14 @@ pub struct InterruptResponse {
     pub interrupted: bool,
 }
 
+/// `GET /healthz`: the server is up; which sandbox backend its engine uses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthResponse {
+    /// Always `ok` when the server answers.
+    pub status: String,
+    pub backend: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,7 +235,10 @@ mod tests {
     #[test]
     fn result_forms_match_the_wire() {
         let value = WireExecResult {
-            outcome: WireOutcome::Value { value: None, data: None },
+            outcome: WireOutcome::Value {
+                value: None,
+                data: None,
+            },
             runtime_ms: 3,
         };
         assert_eq!(
@@ -235,13 +246,25 @@ mod tests {
             r#"{"value":null,"data":null,"runtime_ms":3}"#
         );
         let error = WireExecResult {
-            outcome: WireOutcome::Error { error: "boom".into(), cause: None },
+            outcome: WireOutcome::Error {
+                error: "boom".into(),
+                cause: None,
+            },
             runtime_ms: 1,
         };
-        assert_eq!(serde_json::to_string(&error).unwrap(), r#"{"error":"boom","runtime_ms":1}"#);
+        assert_eq!(
+            serde_json::to_string(&error).unwrap(),
+            r#"{"error":"boom","runtime_ms":1}"#
+        );
         let back: WireExecResult =
             serde_json::from_str(r#"{"value":"2","data":null,"runtime_ms":0}"#).unwrap();
-        assert_eq!(back.outcome, WireOutcome::Value { value: Some("2".into()), data: None });
+        assert_eq!(
+            back.outcome,
+            WireOutcome::Value {
+                value: Some("2".into()),
+                data: None
+            }
+        );
     }
 
     #[test]
@@ -249,7 +272,10 @@ mod tests {
         let message = MessageFromServer::Result {
             instruction_id: 4,
             result: WireExecResult {
-                outcome: WireOutcome::Value { value: Some("2".into()), data: None },
+                outcome: WireOutcome::Value {
+                    value: Some("2".into()),
+                    data: None,
+                },
                 runtime_ms: 0,
             },
         };
@@ -263,7 +289,10 @@ mod tests {
         assert_eq!(
             exec,
             MessageToServer::Exec {
-                instruction: WireInstruction { code: "1".into(), timeout_seconds: 15 },
+                instruction: WireInstruction {
+                    code: "1".into(),
+                    timeout_seconds: 15
+                },
                 request_id: 0
             }
         );

@@ -1,1 +1,325 @@
-//! The HTTP + WebSocket server (being written).
+//! The HTTP + WebSocket server: an [`Engine`] behind the ForeverVM-compatible wire protocol
+//! (`protocol.md`), plus evervm's own routes (machine info, delete, interrupt, `/healthz`,
+//! `/openapi.json`).
+//!
+//! Handlers only parse, call the engine and map: wire types are in [`crate::protocol`], the
+//! mapping in `convert.rs`, the errors in [`error`]. Routes live at the root, and a doubled
+//! leading slash (`//v1/...`, what the Python and JS SDKs send when the base URL ends in `/`) is
+//! accepted too.
+//!
+//! ```no_run
+//! # async fn run() -> std::io::Result<()> {
+//! use evervm::engine::{Engine, EngineConfig};
+//! let engine = Engine::open(EngineConfig::new("/tmp/evervm")).map_err(std::io::Error::other)?;
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! evervm::server::serve(engine, listener).await
+//! # }
+//! ```
+
+mod auth;
+mod error;
+mod exec;
+mod extract;
+mod machines;
+mod repl;
+
+use std::future::{Future, IntoFuture};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{Method, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use evervm_engine::Engine;
+
+use self::error::ApiFailure;
+use crate::protocol::HealthResponse;
+
+/// The largest request body, a bit above the engine's code limit so that code between the two
+/// gets the engine's own explanation; larger bodies get `413 PayloadTooLarge` too.
+pub(crate) const BODY_LIMIT_BYTES: usize = 2 * 1024 * 1024;
+
+/// How long a graceful shutdown waits for open requests (result long-polls) before it stops.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// The OpenAPI 3.1 document of every route.
+const OPENAPI: &str = include_str!("openapi.json");
+
+/// Every route, as written in the router and in `openapi.json`.
+pub(crate) mod paths {
+    pub(crate) const HEALTHZ: &str = "/healthz";
+    pub(crate) const OPENAPI: &str = "/openapi.json";
+    pub(crate) const SIGNUP: &str = "/internal/signup";
+    pub(crate) const WHOAMI: &str = "/v1/whoami";
+    pub(crate) const MACHINE_NEW: &str = "/v1/machine/new";
+    pub(crate) const MACHINE_LIST: &str = "/v1/machine/list";
+    pub(crate) const MACHINE: &str = "/v1/machine/{machine_name}";
+    pub(crate) const INTERRUPT: &str = "/v1/machine/{machine_name}/interrupt";
+    pub(crate) const EXEC: &str = "/v1/machine/{machine_name}/exec";
+    pub(crate) const RESULT: &str = "/v1/machine/{machine_name}/exec/{instruction_seq}/result";
+    pub(crate) const STREAM_RESULT: &str =
+        "/v1/machine/{machine_name}/exec/{instruction_seq}/stream-result";
+    pub(crate) const REPL: &str = "/v1/machine/{machine_name}/repl";
+
+    #[cfg(test)]
+    pub(crate) const ALL: &[&str] = &[
+        HEALTHZ,
+        OPENAPI,
+        SIGNUP,
+        WHOAMI,
+        MACHINE_NEW,
+        MACHINE_LIST,
+        MACHINE,
+        INTERRUPT,
+        EXEC,
+        RESULT,
+        STREAM_RESULT,
+        REPL,
+    ];
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+pub(crate) struct AppState {
+    pub(crate) engine: Engine,
+}
+
+/// The whole API for `engine`, ready for `axum::serve`.
+pub fn router(engine: Engine) -> Router {
+    let api = Router::new()
+        .route(paths::HEALTHZ, get(healthz))
+        .route(paths::OPENAPI, get(openapi))
+        .route(paths::SIGNUP, post(signup))
+        .route(paths::WHOAMI, get(machines::whoami))
+        .route(paths::MACHINE_NEW, post(machines::create))
+        .route(
+            paths::MACHINE_LIST,
+            get(machines::list_all).post(machines::list_filtered),
+        )
+        .route(paths::MACHINE, get(machines::info).delete(machines::delete))
+        .route(paths::INTERRUPT, post(machines::interrupt))
+        .route(paths::EXEC, post(exec::exec))
+        .route(paths::RESULT, get(exec::result))
+        .route(paths::STREAM_RESULT, get(exec::stream_result))
+        .route(paths::REPL, get(repl::repl))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
+        .with_state(AppState { engine });
+    // Routing happens inside `api`, after the outer layers have run: that is what lets
+    // `normalize` rewrite the path before it is matched.
+    Router::new()
+        .fallback_service(api)
+        .layer(middleware::from_fn(log_request))
+        .layer(middleware::map_request(normalize))
+}
+
+/// Serves `engine` on `listener` until Ctrl-C (or SIGTERM), then shuts down gracefully.
+pub async fn serve(engine: Engine, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+    serve_with_shutdown(engine, listener, shutdown_signal()).await
+}
+
+/// Serves `engine` on `listener` until `signal` completes. Then it stops accepting connections,
+/// waits up to 10 s for open requests, and stops the machines' sandboxes (the engine stays
+/// usable: machines start again on their next instruction).
+pub async fn serve_with_shutdown<F>(
+    engine: Engine,
+    listener: tokio::net::TcpListener,
+    signal: F,
+) -> std::io::Result<()>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    if let Ok(address) = listener.local_addr() {
+        tracing::info!(%address, backend = engine.backend_name(), "serving the evervm API");
+    }
+    let (stopping_tx, mut stopping) = tokio::sync::watch::channel(false);
+    let signal = async move {
+        signal.await;
+        tracing::info!("shutting down");
+        let _ = stopping_tx.send(true);
+    };
+    let server = axum::serve(listener, router(engine.clone()))
+        .with_graceful_shutdown(signal)
+        .into_future();
+    let grace_over = async move {
+        if stopping.wait_for(|stopping| *stopping).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    let result = tokio::select! {
+        result = server => result,
+        () = grace_over => {
+            tracing::warn!("requests still open {} s after shutdown began: stopping anyway", SHUTDOWN_GRACE.as_secs());
+            Ok(())
+        }
+    };
+    engine.shutdown().await;
+    result
+}
+
+/// Ctrl-C, or SIGTERM on Unix. Never completes if no signal handler can be installed.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!("cannot listen for Ctrl-C: {e}");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                terminate.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!("cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+}
+
+/// The path with its leading slashes collapsed to one (`//v1/whoami` is `/v1/whoami`), keeping
+/// the query; `None` when it is already normal.
+pub(crate) fn normalized_path(path_and_query: &str) -> Option<String> {
+    let rest = path_and_query.trim_start_matches('/');
+    let slashes = path_and_query.len() - rest.len();
+    (slashes > 1).then(|| format!("/{rest}"))
+}
+
+async fn normalize(mut request: Request) -> Request {
+    let normal = request
+        .uri()
+        .path_and_query()
+        .and_then(|p| normalized_path(p.as_str()));
+    if let Some(normal) = normal {
+        let mut parts = request.uri().clone().into_parts();
+        match normal.parse() {
+            Ok(path_and_query) => {
+                parts.path_and_query = Some(path_and_query);
+                match Uri::from_parts(parts) {
+                    Ok(uri) => *request.uri_mut() = uri,
+                    Err(e) => tracing::debug!("cannot normalise {}: {e}", request.uri().path()),
+                }
+            }
+            Err(e) => tracing::debug!("cannot normalise {}: {e}", request.uri().path()),
+        }
+    }
+    request
+}
+
+/// Logs each request at debug level (never the query, which may carry a token) and the
+/// ForeverVM SDK headers at trace level.
+async fn log_request(request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let headers = request.headers();
+    if let Some(sdk) = headers.get("x-forevervm-sdk") {
+        tracing::trace!(?sdk, runner = ?headers.get("x-forevervm-runner"), "client");
+    }
+    let started = Instant::now();
+    let response = next.run(request).await;
+    tracing::debug!(
+        %method,
+        path,
+        status = response.status().as_u16(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "request"
+    );
+    response
+}
+
+async fn healthz(State(state): State<AppState>) -> axum::Json<HealthResponse> {
+    axum::Json(HealthResponse {
+        status: "ok".to_owned(),
+        backend: state.engine.backend_name().to_owned(),
+    })
+}
+
+async fn openapi() -> Response {
+    ([(CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+/// `POST /internal/signup` (the ForeverVM CLI's `signup`): accounts on evervm are made by whoever
+/// runs the server.
+async fn signup() -> ApiFailure {
+    ApiFailure::new(
+        StatusCode::NOT_IMPLEMENTED,
+        "Unsupported",
+        "evervm has no sign-up: whoever runs the server creates tokens with \
+         `evervm token create <account>`",
+    )
+}
+
+async fn not_found(method: Method, uri: Uri) -> ApiFailure {
+    ApiFailure::new(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        format!(
+            "no route {method} {}: see /openapi.json for the API",
+            uri.path()
+        ),
+    )
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiFailure {
+    ApiFailure::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "MethodNotAllowed",
+        format!(
+            "{} does not take {method}: see /openapi.json for the API",
+            uri.path()
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leading_slashes_collapse() {
+        assert_eq!(normalized_path("/v1/whoami"), None);
+        assert_eq!(normalized_path("/"), None);
+        assert_eq!(normalized_path(""), None);
+        assert_eq!(
+            normalized_path("//v1/whoami").as_deref(),
+            Some("/v1/whoami")
+        );
+        assert_eq!(
+            normalized_path("///v1/machine/x/repl?_forevervm_jwt=a.b").as_deref(),
+            Some("/v1/machine/x/repl?_forevervm_jwt=a.b")
+        );
+        assert_eq!(normalized_path("//").as_deref(), Some("/"));
+        // Only the leading slashes: the rest of the path is the client's business.
+        assert_eq!(normalized_path("/v1//whoami"), None);
+    }
+
+    #[test]
+    fn openapi_describes_every_route() {
+        let document: serde_json::Value = serde_json::from_str(OPENAPI).unwrap();
+        assert_eq!(document["openapi"].as_str().map(|v| &v[..3]), Some("3.1"));
+        let described = document["paths"].as_object().unwrap();
+        for path in paths::ALL {
+            assert!(
+                described.contains_key(*path),
+                "{path} is not in openapi.json"
+            );
+        }
+        for path in described.keys() {
+            assert!(paths::ALL.contains(&path.as_str()), "{path} is not served");
+        }
+    }
+}

@@ -143,6 +143,10 @@ class State:
         self.executing = False
         self.reason = None
         self.main_thread = threading.main_thread().ident
+        # Guards current, executing and pending_interrupts between the channel and main threads.
+        self.lock = threading.Lock()
+        # Interrupts that arrived before their instruction started.
+        self.pending_interrupts = set()
 
 
 STATE = State()
@@ -245,8 +249,9 @@ def run_instruction(machine, captures, request):
     instruction_id = request["id"]
     timeout_s = max(0.001, request.get("timeout_ms", 15000) / 1000.0)
     done = threading.Event()
-    STATE.current = instruction_id
-    STATE.reason = None
+    with STATE.lock:
+        STATE.current = instruction_id
+        STATE.reason = None
     watchdog = threading.Thread(
         target=_watchdog, args=(instruction_id, timeout_s, done), daemon=True
     )
@@ -255,7 +260,13 @@ def run_instruction(machine, captures, request):
     try:
         watchdog.start()
         try:
-            STATE.executing = True
+            with STATE.lock:
+                STATE.executing = True
+                interrupted_early = instruction_id in STATE.pending_interrupts
+                STATE.pending_interrupts.clear()
+            if interrupted_early:
+                STATE.reason = "interrupt"
+                raise KeyboardInterrupt()
             value = machine.execute(instruction_id, request["code"])
         finally:
             STATE.executing = False
@@ -303,8 +314,11 @@ def _reader(requests):
             requests.put(None)
             return
         if request.get("op") == "interrupt":
-            if request.get("id") == STATE.current:
-                interrupt("interrupt")
+            with STATE.lock:
+                if request.get("id") == STATE.current and STATE.executing:
+                    interrupt("interrupt")
+                else:
+                    STATE.pending_interrupts.add(request.get("id"))
         else:
             requests.put(request)
 

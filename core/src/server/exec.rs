@@ -1,0 +1,95 @@
+//! Instructions over HTTP: exec (returns at once), result (long-poll) and stream-result (NDJSON).
+
+use std::convert::Infallible;
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+
+use super::AppState;
+use super::auth::Authed;
+use super::error::ApiFailure;
+use super::extract::{JsonBody, WirePath};
+use crate::convert::server::{event_to_wire, exec_from_wire, result_to_wire};
+use crate::protocol::{ExecRequest, ExecResponse, ExecResultResponse, MessageFromServer};
+
+/// `POST /v1/machine/{machine_name}/exec`: queues the instruction and answers with its seq.
+pub(crate) async fn exec(
+    State(state): State<AppState>,
+    Authed(account): Authed,
+    WirePath(name): WirePath<String>,
+    JsonBody(request): JsonBody<ExecRequest>,
+) -> Result<Json<ExecResponse>, ApiFailure> {
+    let code_bytes = request.instruction.code.len();
+    let accepted = exec_from_wire(request.instruction, request.interrupt)
+        .and_then(|request| state.engine.exec(&account, &name, request))
+        .map_err(|e| ApiFailure::from_exec_error(&e, code_bytes))?;
+    Ok(Json(ExecResponse {
+        instruction_seq: Some(accepted.seq),
+        machine: Some(name),
+        interrupted: accepted.interrupted,
+    }))
+}
+
+/// `GET /v1/machine/{machine_name}/exec/{instruction_seq}/result`: waits for the result.
+pub(crate) async fn result(
+    State(state): State<AppState>,
+    Authed(account): Authed,
+    WirePath((name, seq)): WirePath<(String, i64)>,
+) -> Result<Json<ExecResultResponse>, ApiFailure> {
+    let result = state.engine.result(&account, &name, seq).await?;
+    Ok(Json(ExecResultResponse {
+        instruction_id: seq,
+        result: result_to_wire(result),
+    }))
+}
+
+/// One NDJSON line: the message and its `\n`.
+pub(crate) fn ndjson_line(message: &MessageFromServer) -> Bytes {
+    let mut line = serde_json::to_vec(message).unwrap_or_else(|e| {
+        tracing::error!("cannot encode {message:?}: {e}");
+        br#"{"type":"error","code":"InternalError","id":null}"#.to_vec()
+    });
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
+/// `GET /v1/machine/{machine_name}/exec/{instruction_seq}/stream-result`: the instruction's
+/// `output` messages then its `result`, one JSON object per line, each sent as it happens (or
+/// replayed when the instruction already finished).
+pub(crate) async fn stream_result(
+    State(state): State<AppState>,
+    Authed(account): Authed,
+    WirePath((name, seq)): WirePath<(String, i64)>,
+) -> Result<Response, ApiFailure> {
+    let events = state.engine.events(&account, &name, seq)?;
+    let lines =
+        events.map(move |event| Ok::<_, Infallible>(ndjson_line(&event_to_wire(seq, event))));
+    Ok((
+        [
+            (CONTENT_TYPE, "application/x-ndjson"),
+            (CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(lines),
+    )
+        .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_end_with_a_newline() {
+        let line = ndjson_line(&MessageFromServer::Connected {
+            machine_name: "m".into(),
+        });
+        assert_eq!(
+            &line[..],
+            b"{\"type\":\"connected\",\"machine_name\":\"m\"}\n"
+        );
+    }
+}

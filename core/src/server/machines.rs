@@ -1,0 +1,97 @@
+//! Accounts and machines: whoami, create, list, info, delete, interrupt.
+
+use axum::Json;
+use axum::extract::State;
+use evervm_engine::Tags;
+
+use super::AppState;
+use super::auth::Authed;
+use super::error::ApiFailure;
+use super::extract::{OptionalJsonBody, WirePath};
+use crate::convert::server::{create_machine_from_wire, list_filter_from_wire, machine_to_wire};
+use crate::protocol::{
+    CreateMachineRequest, CreateMachineResponse, DeleteMachineResponse, InterruptResponse,
+    ListMachinesRequest, ListMachinesResponse, MachineInfoResponse, WhoamiResponse,
+};
+
+type ApiResult<T> = Result<Json<T>, ApiFailure>;
+
+/// `GET /v1/whoami`.
+pub(crate) async fn whoami(Authed(account): Authed) -> Json<WhoamiResponse> {
+    Json(WhoamiResponse {
+        account: account.name,
+    })
+}
+
+/// `POST /v1/machine/new`: the body may be empty, `null` or an object.
+pub(crate) async fn create(
+    State(state): State<AppState>,
+    Authed(account): Authed,
+    OptionalJsonBody(request): OptionalJsonBody<CreateMachineRequest>,
+) -> ApiResult<CreateMachineResponse> {
+    let info = state
+        .engine
+        .create_machine(&account, create_machine_from_wire(request))?;
+    Ok(Json(CreateMachineResponse {
+        machine_name: info.name.to_string(),
+    }))
+}
+
+fn list(
+    state: &AppState,
+    account: &evervm_engine::Account,
+    filter: &Tags,
+) -> ApiResult<ListMachinesResponse> {
+    let machines = state.engine.list_machines(account, filter)?;
+    Ok(Json(ListMachinesResponse {
+        machines: machines.into_iter().map(machine_to_wire).collect(),
+    }))
+}
+
+/// `GET /v1/machine/list`: every machine of the account, newest first.
+pub(crate) async fn list_all(
+    State(state): State<AppState>,
+    Authed(account): Authed,
+) -> ApiResult<ListMachinesResponse> {
+    list(&state, &account, &Tags::new())
+}
+
+/// `POST /v1/machine/list`: the machines carrying every given tag, newest first.
+pub(crate) async fn list_filtered(
+    State(state): State<AppState>,
+    Authed(account): Authed,
+    OptionalJsonBody(request): OptionalJsonBody<ListMachinesRequest>,
+) -> ApiResult<ListMachinesResponse> {
+    list(&state, &account, &list_filter_from_wire(request))
+}
+
+/// `GET /v1/machine/{machine_name}` (evervm): everything about one machine.
+pub(crate) async fn info(
+    State(state): State<AppState>,
+    Authed(account): Authed,
+    WirePath(name): WirePath<String>,
+) -> ApiResult<MachineInfoResponse> {
+    let info = state.engine.machine_info(&account, &name)?;
+    Ok(Json(machine_to_wire(info)))
+}
+
+/// `DELETE /v1/machine/{machine_name}` (evervm): the machine, its sandbox and its history.
+pub(crate) async fn delete(
+    State(state): State<AppState>,
+    Authed(account): Authed,
+    WirePath(name): WirePath<String>,
+) -> ApiResult<DeleteMachineResponse> {
+    state.engine.delete_machine(&account, &name).await?;
+    Ok(Json(DeleteMachineResponse { deleted: true }))
+}
+
+/// `POST /v1/machine/{machine_name}/interrupt` (evervm): interrupts the running instruction and
+/// cancels queued ones.
+pub(crate) async fn interrupt(
+    State(state): State<AppState>,
+    Authed(account): Authed,
+    WirePath(name): WirePath<String>,
+) -> ApiResult<InterruptResponse> {
+    let interrupted = state.engine.interrupt(&account, &name)?;
+    Ok(Json(InterruptResponse { interrupted }))
+}

@@ -1,0 +1,278 @@
+//! `GET /v1/machine/{machine_name}/repl`: the ForeverVM WebSocket REPL.
+//!
+//! `connected` first; then for each `exec`: `exec_received` at once, the instruction's `output`
+//! messages, then its `result`. Execs sent back to back are queued on the machine in order and
+//! streamed in that order, each `exec_received` still sent as soon as its exec arrives. The
+//! server never sends pings (the Rust SDK would stop reading) nor any message type outside the
+//! protocol; it answers the client's pings. The machine name `new` creates a machine for the
+//! connection; an unknown machine gets the upgrade, an `error` message, and a close, so that every
+//! SDK reports the problem instead of retrying.
+
+use std::collections::VecDeque;
+
+use axum::extract::State;
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade, close_code};
+use axum::response::Response;
+use evervm_engine::{self as engine, Account, Engine};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+
+use super::AppState;
+use super::auth::WsAuthed;
+use super::error::ApiFailure;
+use super::extract::WirePath;
+use crate::convert::server::{event_to_wire, exec_from_wire};
+use crate::protocol::{MessageFromServer, MessageToServer, WireInstruction};
+
+/// The machine name that asks for a new machine.
+const NEW: &str = "new";
+
+/// Longest close reason a close frame can carry, in bytes.
+const MAX_CLOSE_REASON: usize = 123;
+
+pub(crate) async fn repl(
+    State(state): State<AppState>,
+    WsAuthed(account): WsAuthed,
+    WirePath(name): WirePath<String>,
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Result<Response, ApiFailure> {
+    let upgrade = upgrade.map_err(|rejection| {
+        ApiFailure::new(
+            rejection.status(),
+            "BadRequest",
+            format!("this route is a WebSocket: {}", rejection.body_text()),
+        )
+    })?;
+    Ok(upgrade
+        .max_message_size(super::BODY_LIMIT_BYTES)
+        .on_upgrade(move |socket| session(state.engine, account, name, socket)))
+}
+
+/// The instruction being streamed: its seq and its events.
+type Streaming = (i64, BoxStream<'static, engine::ExecEvent>);
+
+/// Whether the session goes on after a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Stop,
+}
+
+/// One connection, once upgraded.
+struct Session {
+    engine: Engine,
+    account: Account,
+    machine: String,
+    socket: WebSocket,
+    /// Accepted instructions not yet streamed, in order.
+    queue: VecDeque<i64>,
+    streaming: Option<Streaming>,
+}
+
+async fn session(engine: Engine, account: Account, requested: String, mut socket: WebSocket) {
+    let machine = match open_machine(&engine, &account, &requested) {
+        Ok(machine) => machine,
+        Err(failure) => return fail(&mut socket, &failure).await,
+    };
+    let connected = MessageFromServer::Connected {
+        machine_name: machine.clone(),
+    };
+    if send(&mut socket, &connected).await.is_err() {
+        return;
+    }
+    let mut session = Session {
+        engine,
+        account,
+        machine,
+        socket,
+        queue: VecDeque::new(),
+        streaming: None,
+    };
+    while session.step().await == Flow::Continue {}
+}
+
+impl Session {
+    /// Waits for a client message or the next event of the instruction being streamed, and
+    /// handles it.
+    async fn step(&mut self) -> Flow {
+        if self.streaming.is_none()
+            && let Some(seq) = self.queue.pop_front()
+        {
+            match self.engine.events(&self.account, &self.machine, seq) {
+                Ok(events) => self.streaming = Some((seq, events)),
+                Err(e) => {
+                    fail(&mut self.socket, &ApiFailure::from(e)).await;
+                    return Flow::Stop;
+                }
+            }
+        }
+        tokio::select! {
+            incoming = self.socket.recv() => self.on_incoming(incoming).await,
+            event = next_event(&mut self.streaming) => self.on_event(event).await,
+        }
+    }
+
+    async fn on_incoming(&mut self, incoming: Option<Result<Message, axum::Error>>) -> Flow {
+        let text = match incoming {
+            None | Some(Ok(Message::Close(_))) => return Flow::Stop,
+            Some(Err(e)) => {
+                tracing::debug!(machine = self.machine, "WebSocket closed: {e}");
+                return Flow::Stop;
+            }
+            // Pings are answered by the WebSocket layer itself.
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => return Flow::Continue,
+            Some(Ok(Message::Text(text))) => text.to_string(),
+            Some(Ok(Message::Binary(bytes))) => {
+                let Ok(text) = String::from_utf8(bytes.to_vec()) else {
+                    let failure = ApiFailure::bad_request("binary message is not UTF-8 JSON");
+                    return flow(send_error(&mut self.socket, &failure).await);
+                };
+                text
+            }
+        };
+        match serde_json::from_str::<MessageToServer>(&text) {
+            Ok(MessageToServer::Exec {
+                instruction,
+                request_id,
+            }) => self.exec(instruction, request_id).await,
+            Err(e) => {
+                let failure = ApiFailure::bad_request(format!("unreadable message: {e}"));
+                flow(send_error(&mut self.socket, &failure).await)
+            }
+        }
+    }
+
+    async fn exec(&mut self, instruction: WireInstruction, request_id: u32) -> Flow {
+        let code_bytes = instruction.code.len();
+        let accepted = exec_from_wire(instruction, false)
+            .and_then(|request| self.engine.exec(&self.account, &self.machine, request));
+        match accepted {
+            Ok(accepted) => {
+                let received = MessageFromServer::ExecReceived {
+                    seq: accepted.seq,
+                    request_id,
+                };
+                self.queue.push_back(accepted.seq);
+                flow(send(&mut self.socket, &received).await)
+            }
+            // The client waits for this exec's result: end the connection so that no client
+            // hangs (the Rust SDK only logs `error` messages).
+            Err(e) => {
+                fail(
+                    &mut self.socket,
+                    &ApiFailure::from_exec_error(&e, code_bytes),
+                )
+                .await;
+                Flow::Stop
+            }
+        }
+    }
+
+    async fn on_event(&mut self, event: Option<(i64, engine::ExecEvent)>) -> Flow {
+        let Some((seq, event)) = event else {
+            // A stream always ends with its result; if one did not, go on with the next.
+            if let Some((seq, _)) = self.streaming.take() {
+                tracing::warn!(
+                    machine = self.machine,
+                    seq,
+                    "instruction events ended without a result"
+                );
+            }
+            return Flow::Continue;
+        };
+        if matches!(event, engine::ExecEvent::Result(_)) {
+            self.streaming = None;
+        }
+        flow(send(&mut self.socket, &event_to_wire(seq, event)).await)
+    }
+}
+
+fn flow(sent: Result<(), ()>) -> Flow {
+    if sent.is_ok() {
+        Flow::Continue
+    } else {
+        Flow::Stop
+    }
+}
+
+/// The next event of the instruction being streamed; never resolves when there is none.
+async fn next_event(streaming: &mut Option<Streaming>) -> Option<(i64, engine::ExecEvent)> {
+    match streaming {
+        Some((seq, events)) => events.next().await.map(|event| (*seq, event)),
+        None => std::future::pending().await,
+    }
+}
+
+/// The machine of this connection: a new one for `new`, else the named one if the account has it.
+fn open_machine(engine: &Engine, account: &Account, requested: &str) -> Result<String, ApiFailure> {
+    if requested == NEW {
+        let info = engine.create_machine(account, engine::CreateMachine::default())?;
+        Ok(info.name.to_string())
+    } else {
+        engine.machine_info(account, requested)?;
+        Ok(requested.to_owned())
+    }
+}
+
+async fn send(socket: &mut WebSocket, message: &MessageFromServer) -> Result<(), ()> {
+    let text = serde_json::to_string(message).map_err(|e| {
+        tracing::error!("cannot encode {message:?}: {e}");
+    })?;
+    socket.send(Message::Text(text.into())).await.map_err(|e| {
+        tracing::debug!("WebSocket send failed: {e}");
+    })
+}
+
+async fn send_error(socket: &mut WebSocket, failure: &ApiFailure) -> Result<(), ()> {
+    tracing::debug!(code = failure.code, "REPL error: {}", failure.message);
+    let message = MessageFromServer::Error {
+        code: failure.code.to_owned(),
+        id: None,
+    };
+    send(socket, &message).await
+}
+
+/// Sends an `error` message, then closes the connection with the message as the reason.
+async fn fail(socket: &mut WebSocket, failure: &ApiFailure) {
+    if send_error(socket, failure).await.is_err() {
+        return;
+    }
+    let code = if failure.status.is_server_error() {
+        close_code::ERROR
+    } else {
+        close_code::POLICY
+    };
+    let frame = CloseFrame {
+        code,
+        reason: close_reason(&failure.message).into(),
+    };
+    let _ = socket.send(Message::Close(Some(frame))).await;
+}
+
+/// `text` cut to fit a close frame, at a character boundary.
+fn close_reason(text: &str) -> String {
+    if text.len() <= MAX_CLOSE_REASON {
+        return text.to_owned();
+    }
+    let mut end = MAX_CLOSE_REASON;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn close_reasons_fit_a_frame() {
+        assert_eq!(close_reason("short"), "short");
+        let long = "é".repeat(100);
+        let cut = close_reason(&long);
+        assert!(cut.len() <= MAX_CLOSE_REASON);
+        assert!(long.starts_with(&cut));
+        assert_eq!(cut.len(), 122);
+    }
+}
