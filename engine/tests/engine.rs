@@ -256,3 +256,63 @@ async fn an_interrupt_right_after_exec_is_not_lost() {
         Some("5")
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn interrupting_a_print_loop_never_breaks_the_channel() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(&dir);
+    let account = engine.ensure_account("test").unwrap();
+    let name = engine
+        .create_machine(&account, CreateMachine::default())
+        .unwrap()
+        .name
+        .to_string();
+    let setup = engine
+        .exec(
+            &account,
+            &name,
+            ExecRequest::new("import sys\nkept = 'alive'"),
+        )
+        .unwrap()
+        .seq;
+    engine.result(&account, &name, setup).await.unwrap();
+    for round in 0..6 {
+        let code = if round % 2 == 0 {
+            "while True:\n    print('x' * 50)"
+        } else {
+            "while True:\n    sys.stderr.write('y' * 300 + '\\n')"
+        };
+        let seq = engine
+            .exec(&account, &name, ExecRequest::new(code))
+            .unwrap()
+            .seq;
+        tokio::time::sleep(Duration::from_millis(200 + 37 * round)).await;
+        engine.interrupt(&account, &name).unwrap();
+        let result = engine.result(&account, &name, seq).await.unwrap();
+        assert!(
+            matches!(
+                result.outcome,
+                Outcome::Error {
+                    cause: FailureCause::Interrupted,
+                    ..
+                }
+            ),
+            "round {round}: {result:?}"
+        );
+    }
+    let seq = engine
+        .exec(&account, &name, ExecRequest::new("kept"))
+        .unwrap()
+        .seq;
+    assert_eq!(
+        value(&engine.result(&account, &name, seq).await.unwrap()).as_deref(),
+        Some("'alive'")
+    );
+    assert!(
+        engine
+            .machine_info(&account, &name)
+            .unwrap()
+            .last_error
+            .is_none()
+    );
+}

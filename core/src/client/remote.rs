@@ -247,15 +247,13 @@ impl Transport for RemoteTransport {
             .await?;
         let bytes = response.bytes_stream();
         let stream = futures::stream::unfold(
-            (bytes, Vec::<u8>::new(), false),
+            (bytes, LineBuffer::default(), false),
             |(mut bytes, mut buffer, done)| async move {
                 if done {
                     return None;
                 }
                 loop {
-                    if let Some(newline) = buffer.iter().position(|b| *b == b'\n') {
-                        let line: Vec<u8> = buffer.drain(..=newline).collect();
-                        let line = &line[..line.len() - 1];
+                    if let Some(line) = buffer.next_line() {
                         if line.iter().all(u8::is_ascii_whitespace) {
                             continue;
                         }
@@ -264,7 +262,7 @@ impl Transport for RemoteTransport {
                         return Some((event, (bytes, buffer, finished)));
                     }
                     match bytes.next().await {
-                        Some(Ok(chunk)) => buffer.extend_from_slice(&chunk),
+                        Some(Ok(chunk)) => buffer.push(&chunk),
                         Some(Err(e)) => {
                             return Some((Err(Error::from(e)), (bytes, buffer, true)));
                         }
@@ -313,7 +311,7 @@ impl Transport for RemoteTransport {
             .parse()
             .map_err(|_| Error::invalid("the token contains characters not allowed in a header"))?;
         request.headers_mut().insert("authorization", bearer);
-        let (socket, _) = tokio_tungstenite::connect_async(request)
+        let (socket, _) = tokio_tungstenite::connect_async_with_config(request, None, true)
             .await
             .map_err(|e| match e {
                 tokio_tungstenite::tungstenite::Error::Http(response) => {
@@ -359,6 +357,32 @@ fn segment(name: &str) -> Result<&str> {
         ));
     }
     Ok(name)
+}
+
+/// Bytes split into lines without moving the unread rest for every line.
+#[derive(Default)]
+struct LineBuffer {
+    bytes: Vec<u8>,
+    start: usize,
+}
+
+impl LineBuffer {
+    fn push(&mut self, data: &[u8]) {
+        if self.start > 0 {
+            self.bytes.drain(..self.start);
+            self.start = 0;
+        }
+        self.bytes.extend_from_slice(data);
+    }
+
+    /// The next whole line, without its `\n`.
+    fn next_line(&mut self) -> Option<&[u8]> {
+        let rest = &self.bytes[self.start..];
+        let newline = rest.iter().position(|b| *b == b'\n')?;
+        let line = &self.bytes[self.start..self.start + newline];
+        self.start += newline + 1;
+        Some(line)
+    }
 }
 
 fn parse_stream_line(line: &[u8]) -> Result<ExecEvent> {

@@ -66,8 +66,14 @@ pub(crate) async fn stream_result(
     WirePath((name, seq)): WirePath<(String, i64)>,
 ) -> Result<Response, ApiFailure> {
     let events = state.engine.events(&account, &name, seq)?;
-    let lines =
-        events.map(move |event| Ok::<_, Infallible>(ndjson_line(&event_to_wire(seq, event))));
+    // The events ready at once go out as one body chunk: large outputs are many lines.
+    let lines = events.ready_chunks(1024).map(move |batch| {
+        let mut body = Vec::new();
+        for event in batch {
+            body.extend_from_slice(&ndjson_line(&event_to_wire(seq, event)));
+        }
+        Ok::<_, Infallible>(Bytes::from(body))
+    });
     Ok((
         [
             (CONTENT_TYPE, "application/x-ndjson"),

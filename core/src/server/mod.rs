@@ -142,6 +142,12 @@ where
         tracing::info!("shutting down");
         let _ = stopping_tx.send(true);
     };
+    // Small messages (an exec, its result) must not wait for Nagle's algorithm.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("cannot set TCP_NODELAY: {e}");
+        }
+    });
     let server = axum::serve(listener, router(engine.clone()))
         .with_graceful_shutdown(signal)
         .into_future();

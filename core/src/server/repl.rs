@@ -15,8 +15,8 @@ use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade, close_code};
 use axum::response::Response;
 use evervm_engine::{self as engine, Account, Engine};
-use futures::StreamExt;
 use futures::stream::BoxStream;
+use futures::{SinkExt, StreamExt};
 
 use super::AppState;
 use super::auth::WsAuthed;
@@ -49,8 +49,11 @@ pub(crate) async fn repl(
         .on_upgrade(move |socket| session(state.engine, account, name, socket)))
 }
 
-/// The instruction being streamed: its seq and its events.
-type Streaming = (i64, BoxStream<'static, engine::ExecEvent>);
+/// The instruction being streamed: its seq and its events, in batches of those ready at once.
+type Streaming = (i64, BoxStream<'static, Vec<engine::ExecEvent>>);
+
+/// Most events sent in one batch before the socket is flushed.
+const EVENT_BATCH: usize = 1024;
 
 /// Whether the session goes on after a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,7 +103,9 @@ impl Session {
             && let Some(seq) = self.queue.pop_front()
         {
             match self.engine.events(&self.account, &self.machine, seq) {
-                Ok(events) => self.streaming = Some((seq, events)),
+                Ok(events) => {
+                    self.streaming = Some((seq, events.ready_chunks(EVENT_BATCH).boxed()));
+                }
                 Err(e) => {
                     fail(&mut self.socket, &ApiFailure::from(e)).await;
                     return Flow::Stop;
@@ -169,8 +174,8 @@ impl Session {
         }
     }
 
-    async fn on_event(&mut self, event: Option<(i64, engine::ExecEvent)>) -> Flow {
-        let Some((seq, event)) = event else {
+    async fn on_event(&mut self, batch: Option<(i64, Vec<engine::ExecEvent>)>) -> Flow {
+        let Some((seq, events)) = batch else {
             // A stream always ends with its result; if one did not, go on with the next.
             if let Some((seq, _)) = self.streaming.take() {
                 tracing::warn!(
@@ -181,10 +186,21 @@ impl Session {
             }
             return Flow::Continue;
         };
-        if matches!(event, engine::ExecEvent::Result(_)) {
-            self.streaming = None;
+        // Everything ready is written, then flushed once: one system call for many lines.
+        for event in events {
+            if matches!(event, engine::ExecEvent::Result(_)) {
+                self.streaming = None;
+            }
+            if feed(&mut self.socket, &event_to_wire(seq, event))
+                .await
+                .is_err()
+            {
+                return Flow::Stop;
+            }
         }
-        flow(send(&mut self.socket, &event_to_wire(seq, event)).await)
+        flow(self.socket.flush().await.map_err(|e| {
+            tracing::debug!("WebSocket flush failed: {e}");
+        }))
     }
 }
 
@@ -196,8 +212,8 @@ fn flow(sent: Result<(), ()>) -> Flow {
     }
 }
 
-/// The next event of the instruction being streamed; never resolves when there is none.
-async fn next_event(streaming: &mut Option<Streaming>) -> Option<(i64, engine::ExecEvent)> {
+/// The next events of the instruction being streamed; never resolves when there is none.
+async fn next_event(streaming: &mut Option<Streaming>) -> Option<(i64, Vec<engine::ExecEvent>)> {
     match streaming {
         Some((seq, events)) => events.next().await.map(|event| (*seq, event)),
         None => std::future::pending().await,
@@ -215,11 +231,23 @@ fn open_machine(engine: &Engine, account: &Account, requested: &str) -> Result<S
     }
 }
 
-async fn send(socket: &mut WebSocket, message: &MessageFromServer) -> Result<(), ()> {
+fn encode(message: &MessageFromServer) -> Result<Message, ()> {
     let text = serde_json::to_string(message).map_err(|e| {
         tracing::error!("cannot encode {message:?}: {e}");
     })?;
-    socket.send(Message::Text(text.into())).await.map_err(|e| {
+    Ok(Message::Text(text.into()))
+}
+
+/// Sends one message and flushes.
+async fn send(socket: &mut WebSocket, message: &MessageFromServer) -> Result<(), ()> {
+    socket.send(encode(message)?).await.map_err(|e| {
+        tracing::debug!("WebSocket send failed: {e}");
+    })
+}
+
+/// Queues one message without flushing.
+async fn feed(socket: &mut WebSocket, message: &MessageFromServer) -> Result<(), ()> {
+    socket.feed(encode(message)?).await.map_err(|e| {
         tracing::debug!("WebSocket send failed: {e}");
     })
 }

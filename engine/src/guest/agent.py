@@ -51,13 +51,18 @@ _out_lock = threading.Lock()
 
 
 def send(event):
+    """Writes one frame. An interrupt that arrives meanwhile waits until the frame is whole."""
     payload = json.dumps(event, ensure_ascii=False).encode("utf-8", "surrogatepass")
     frame = struct.pack(">I", len(payload)) + payload
     with _out_lock:
-        view = memoryview(frame)
-        while view:
-            written = os.write(CHAN_OUT, view)
-            view = view[written:]
+        STATE.enter_critical()
+        try:
+            view = memoryview(frame)
+            while view:
+                written = os.write(CHAN_OUT, view)
+                view = view[written:]
+        finally:
+            STATE.leave_critical()
 
 
 def _read_exact(n):
@@ -134,6 +139,118 @@ class Capture:
             self._forward(b"", final=True)
 
 
+class OutputBuffer:
+    """Output written from Python (sys.stdout, sys.stderr), in order across both streams.
+
+    Sent when 256 KiB are waiting, when flushed, at the end of an instruction, and otherwise
+    within about 10 ms of being written, so that a print before a long computation shows at once
+    while a burst of prints travels in few frames.
+    """
+
+    FLUSH_BYTES = 256 * 1024
+    FRAME_CHARS = 1024 * 1024
+    DELAY = 0.01
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.segments = []
+        self.size = 0
+        self.pending = threading.Event()
+        threading.Thread(target=self._flusher, name="evervm-flush", daemon=True).start()
+
+    def write(self, stream, text):
+        with self.lock:
+            if self.segments and self.segments[-1][0] == stream:
+                self.segments[-1][1].append(text)
+            else:
+                self.segments.append((stream, [text]))
+            self.size += len(text)
+            if self.size >= self.FLUSH_BYTES:
+                self._flush_locked()
+            else:
+                self.pending.set()
+
+    def flush(self):
+        with self.lock:
+            self._flush_locked()
+
+    def _flush_locked(self):
+        segments, self.segments, self.size = self.segments, [], 0
+        for stream, parts in segments:
+            text = "".join(parts)
+            for start in range(0, len(text), self.FRAME_CHARS):
+                send({"ev": "output", "id": STATE.current, "stream": stream,
+                      "data": text[start:start + self.FRAME_CHARS]})
+
+    def _flusher(self):
+        while True:
+            self.pending.wait()
+            time.sleep(self.DELAY)
+            self.pending.clear()
+            self.flush()
+
+
+class _BytesWriter(io.RawIOBase):
+    """`sys.stdout.buffer`: bytes written are decoded as UTF-8 and join the text stream."""
+
+    def __init__(self, text_stream):
+        import codecs
+
+        self._text = text_stream
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def writable(self):
+        return True
+
+    def write(self, data):
+        self._text.write(self._decoder.decode(bytes(data)))
+        return len(data)
+
+    def flush(self):
+        self._text.flush()
+
+
+class StreamWriter(io.TextIOBase):
+    """`sys.stdout` and `sys.stderr`: text goes straight to the channel, in order."""
+
+    def __init__(self, output, stream, fd):
+        self._output = output
+        self._stream = stream
+        self._fd = fd
+        self.buffer = _BytesWriter(self)
+
+    @property
+    def encoding(self):
+        return "utf-8"
+
+    @property
+    def errors(self):
+        return "backslashreplace"
+
+    @property
+    def name(self):
+        return "<%s>" % self._stream
+
+    def writable(self):
+        return True
+
+    def isatty(self):
+        return False
+
+    def fileno(self):
+        return self._fd
+
+    def write(self, text):
+        if not isinstance(text, str):
+            raise TypeError("write() argument must be str, not %s" % type(text).__name__)
+        if text:
+            self._output.write(self._stream, text)
+        return len(text)
+
+    def flush(self):
+        self._output.flush()
+
+
 # --- interrupts and timeouts -------------------------------------------------------------------
 
 
@@ -147,14 +264,36 @@ class State:
         self.lock = threading.Lock()
         # Interrupts that arrived before their instruction started.
         self.pending_interrupts = set()
+        # While the main thread writes a frame, an interrupt is held back (a half-written frame
+        # would break the channel) and raised once the frame is whole.
+        self.critical = 0
+        self.deferred = False
+
+    def enter_critical(self):
+        if threading.get_ident() == self.main_thread:
+            self.critical += 1
+
+    def leave_critical(self):
+        if threading.get_ident() != self.main_thread:
+            return
+        self.critical -= 1
+        if self.critical == 0 and self.deferred:
+            self.deferred = False
+            if self.executing:
+                raise KeyboardInterrupt()
 
 
 STATE = State()
+OUTPUT = None
 
 
 def _on_sigint(signum, frame):
-    if STATE.executing:
-        raise KeyboardInterrupt()
+    if not STATE.executing:
+        return
+    if STATE.critical:
+        STATE.deferred = True
+        return
+    raise KeyboardInterrupt()
 
 
 def interrupt(reason):
@@ -292,11 +431,12 @@ def run_instruction(machine, captures, request):
         event["error"] = _truncate(text)
         event["cause"] = "exception"
     event["runtime_ms"] = int((time.monotonic() - started) * 1000)
-    for stream in (sys.stdout, sys.stderr):
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
             stream.flush()
-        except Exception:
+        except BaseException:
             pass
+    OUTPUT.flush()
     for capture in captures:
         capture.drain()
     STATE.current = None
@@ -327,15 +467,21 @@ def main():
     threading.stack_size(512 * 1024)
     os.environ.setdefault("MPLBACKEND", "Agg")
     signal.signal(signal.SIGINT, _on_sigint)
+    global OUTPUT
     captures = [Capture(1, "stdout"), Capture(2, "stderr")]
-    sys.stdout = io.TextIOWrapper(
+    # Writes to fds 1 and 2 (C code, subprocesses) arrive through the pipes; Python's own
+    # sys.stdout and sys.stderr skip them and keep their order.
+    sys.__stdout__ = io.TextIOWrapper(
         os.fdopen(1, "wb", closefd=False), encoding="utf-8", errors="backslashreplace",
         line_buffering=True,
     )
-    sys.stderr = io.TextIOWrapper(
+    sys.__stderr__ = io.TextIOWrapper(
         os.fdopen(2, "wb", closefd=False), encoding="utf-8", errors="backslashreplace",
         line_buffering=True,
     )
+    OUTPUT = OutputBuffer()
+    sys.stdout = StreamWriter(OUTPUT, "stdout", 1)
+    sys.stderr = StreamWriter(OUTPUT, "stderr", 2)
     sys.stdin = io.TextIOWrapper(os.fdopen(0, "rb", closefd=False), encoding="utf-8")
     sys.argv = [""]
     if sys.path and sys.path[0] in ("", os.path.dirname(AGENT_FILE)):

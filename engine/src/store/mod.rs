@@ -52,13 +52,14 @@ CREATE TABLE IF NOT EXISTS instructions (
     finished_at TEXT,
     PRIMARY KEY (machine, seq)
 );
+-- Output is stored in batches of consecutive chunks (a JSON array of [stream, data] pairs whose
+-- seqs start at first_seq): one row per line would make large outputs slow to store.
 CREATE TABLE IF NOT EXISTS outputs (
     machine TEXT NOT NULL,
     instruction INTEGER NOT NULL,
-    seq INTEGER NOT NULL,
-    stream TEXT NOT NULL,
-    data TEXT NOT NULL,
-    PRIMARY KEY (machine, instruction, seq)
+    first_seq INTEGER NOT NULL,
+    chunks TEXT NOT NULL,
+    PRIMARY KEY (machine, instruction, first_seq)
 );
 ";
 
@@ -335,17 +336,18 @@ impl Store {
         let tx = self.conn.transaction()?;
         {
             let mut insert = tx.prepare_cached(
-                "INSERT OR REPLACE INTO outputs (machine, instruction, seq, stream, data)
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                "INSERT OR REPLACE INTO outputs (machine, instruction, first_seq, chunks)
+                 VALUES (?1, ?2, ?3, ?4)",
             )?;
-            for chunk in output {
-                insert.execute(params![
-                    machine,
-                    seq,
-                    chunk.seq,
-                    chunk.stream.as_str(),
-                    chunk.data
-                ])?;
+            for batch in output_batches(output) {
+                let first_seq = batch.first().map_or(0, |c| c.seq);
+                let pairs: Vec<(&str, &str)> = batch
+                    .iter()
+                    .map(|c| (c.stream.as_str(), c.data.as_str()))
+                    .collect();
+                let encoded = serde_json::to_string(&pairs)
+                    .map_err(|e| Error::internal(format!("cannot encode output: {e}")))?;
+                insert.execute(params![machine, seq, first_seq, encoded])?;
             }
         }
         tx.execute(
@@ -390,21 +392,28 @@ impl Store {
 
     pub fn instruction_output(&self, machine: &str, seq: i64) -> Result<Vec<OutputChunk>> {
         let mut statement = self.conn.prepare_cached(
-            "SELECT seq, stream, data FROM outputs WHERE machine = ?1 AND instruction = ?2
-             ORDER BY seq",
+            "SELECT first_seq, chunks FROM outputs WHERE machine = ?1 AND instruction = ?2
+             ORDER BY first_seq",
         )?;
         let rows = statement.query_map(params![machine, seq], |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-            ))
+            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
         })?;
         let mut chunks = Vec::new();
         for row in rows {
-            let (seq, stream, data) = row?;
-            let stream = OutputStream::from_str_opt(&stream).unwrap_or(OutputStream::Stdout);
-            chunks.push(OutputChunk { seq, stream, data });
+            let (first_seq, encoded) = row?;
+            let pairs: Vec<(String, String)> = serde_json::from_str(&encoded).map_err(|e| {
+                Error::internal(format!(
+                    "stored output of {machine}/{seq} is unreadable: {e}"
+                ))
+            })?;
+            for (offset, (stream, data)) in pairs.into_iter().enumerate() {
+                let stream = OutputStream::from_str_opt(&stream).unwrap_or(OutputStream::Stdout);
+                chunks.push(OutputChunk {
+                    seq: first_seq + offset as i64,
+                    stream,
+                    data,
+                });
+            }
         }
         Ok(chunks)
     }
@@ -420,6 +429,27 @@ impl Store {
         )?;
         Ok(changed)
     }
+}
+
+/// Splits output into batches of at most 4096 chunks or about 1 MiB.
+fn output_batches(output: &[OutputChunk]) -> impl Iterator<Item = &[OutputChunk]> {
+    const MAX_CHUNKS: usize = 4096;
+    const MAX_BYTES: usize = 1024 * 1024;
+    let mut rest = output;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut bytes = 0;
+        let mut end = 0;
+        while end < rest.len() && end < MAX_CHUNKS && (end == 0 || bytes < MAX_BYTES) {
+            bytes += rest[end].data.len();
+            end += 1;
+        }
+        let (batch, remaining) = rest.split_at(end);
+        rest = remaining;
+        Some(batch)
+    })
 }
 
 struct RawMachine {
@@ -472,6 +502,47 @@ mod tests {
             .query_row("SELECT secret_sha256 FROM tokens", [], |r| r.get(0))
             .unwrap();
         assert!(!token.contains(&stored), "the secret itself is not stored");
+    }
+
+    #[test]
+    fn output_round_trips_through_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("db")).unwrap();
+        let account = store.ensure_account("a").unwrap();
+        store
+            .insert_machine(&MachineRecord {
+                name: MachineName::parse("m").unwrap(),
+                account_id: account.id,
+                created_at: Utc::now(),
+                tags: Tags::new(),
+                memory_mb: 256,
+                backend: "process".into(),
+                next_seq: 0,
+                last_used_at: None,
+                last_error: None,
+            })
+            .unwrap();
+        let seq = store.insert_instruction("m", "print()", 1000).unwrap();
+        let output: Vec<OutputChunk> = (0..10_000)
+            .map(|i| OutputChunk {
+                seq: i,
+                stream: if i % 3 == 0 {
+                    OutputStream::Stderr
+                } else {
+                    OutputStream::Stdout
+                },
+                data: format!("line {i} \u{e9}\n\"quoted\""),
+            })
+            .collect();
+        let result = ExecResult::failure(FailureCause::Exception, "x");
+        store
+            .finish_instruction("m", seq, &output, &result)
+            .unwrap();
+        assert_eq!(store.instruction_output("m", seq).unwrap(), output);
+        assert_eq!(
+            store.instruction_result("m", seq).unwrap(),
+            Some(Some(result))
+        );
     }
 
     #[test]
