@@ -15,6 +15,21 @@ fn engine(dir: &tempfile::TempDir) -> Engine {
     Engine::open(config).unwrap()
 }
 
+/// A new machine of `account` on which `setup` has run (and finished).
+async fn machine_after(engine: &Engine, account: &evervm_engine::Account, setup: &str) -> String {
+    let name = engine
+        .create_machine(account, CreateMachine::default())
+        .unwrap()
+        .name
+        .to_string();
+    let seq = engine
+        .exec(account, &name, ExecRequest::new(setup))
+        .unwrap()
+        .seq;
+    value(&engine.result(account, &name, seq).await.unwrap());
+    name
+}
+
 fn value(result: &evervm_engine::ExecResult) -> Option<String> {
     match &result.outcome {
         Outcome::Value(v) => v.clone(),
@@ -218,16 +233,7 @@ async fn an_interrupt_right_after_exec_is_not_lost() {
     let dir = tempfile::tempdir().unwrap();
     let engine = engine(&dir);
     let account = engine.ensure_account("test").unwrap();
-    let name = engine
-        .create_machine(&account, CreateMachine::default())
-        .unwrap()
-        .name
-        .to_string();
-    let setup = engine
-        .exec(&account, &name, ExecRequest::new("import time\nkept = 5"))
-        .unwrap()
-        .seq;
-    engine.result(&account, &name, setup).await.unwrap();
+    let name = machine_after(&engine, &account, "import time\nkept = 5").await;
     for _ in 0..5 {
         let seq = engine
             .exec(&account, &name, ExecRequest::new("time.sleep(20)"))
@@ -262,20 +268,7 @@ async fn interrupting_a_print_loop_never_breaks_the_channel() {
     let dir = tempfile::tempdir().unwrap();
     let engine = engine(&dir);
     let account = engine.ensure_account("test").unwrap();
-    let name = engine
-        .create_machine(&account, CreateMachine::default())
-        .unwrap()
-        .name
-        .to_string();
-    let setup = engine
-        .exec(
-            &account,
-            &name,
-            ExecRequest::new("import sys\nkept = 'alive'"),
-        )
-        .unwrap()
-        .seq;
-    engine.result(&account, &name, setup).await.unwrap();
+    let name = machine_after(&engine, &account, "import sys\nkept = 'alive'").await;
     for round in 0..6 {
         let code = if round % 2 == 0 {
             "while True:\n    print('x' * 50)"

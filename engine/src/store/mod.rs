@@ -487,6 +487,28 @@ impl RawMachine {
 mod tests {
     use super::*;
 
+    /// A store with account `a` and the named machines.
+    fn store_with(dir: &tempfile::TempDir, machines: &[&str]) -> (Store, Account) {
+        let mut store = Store::open(&dir.path().join("db")).unwrap();
+        let account = store.ensure_account("a").unwrap();
+        for name in machines {
+            store
+                .insert_machine(&MachineRecord {
+                    name: MachineName::parse(name).unwrap(),
+                    account_id: account.id,
+                    created_at: Utc::now(),
+                    tags: Tags::new(),
+                    memory_mb: 256,
+                    backend: "process".into(),
+                    next_seq: 0,
+                    last_used_at: None,
+                    last_error: None,
+                })
+                .unwrap();
+        }
+        (store, account)
+    }
+
     #[test]
     fn tokens_authenticate_only_with_the_right_secret() {
         let dir = tempfile::tempdir().unwrap();
@@ -507,21 +529,7 @@ mod tests {
     #[test]
     fn output_round_trips_through_batches() {
         let dir = tempfile::tempdir().unwrap();
-        let mut store = Store::open(&dir.path().join("db")).unwrap();
-        let account = store.ensure_account("a").unwrap();
-        store
-            .insert_machine(&MachineRecord {
-                name: MachineName::parse("m").unwrap(),
-                account_id: account.id,
-                created_at: Utc::now(),
-                tags: Tags::new(),
-                memory_mb: 256,
-                backend: "process".into(),
-                next_seq: 0,
-                last_used_at: None,
-                last_error: None,
-            })
-            .unwrap();
+        let (mut store, _) = store_with(&dir, &["m"]);
         let seq = store.insert_instruction("m", "print()", 1000).unwrap();
         let output: Vec<OutputChunk> = (0..10_000)
             .map(|i| OutputChunk {
@@ -548,23 +556,7 @@ mod tests {
     #[test]
     fn seqs_count_from_zero_per_machine() {
         let dir = tempfile::tempdir().unwrap();
-        let mut store = Store::open(&dir.path().join("db")).unwrap();
-        let account = store.ensure_account("a").unwrap();
-        for name in ["m1", "m2"] {
-            store
-                .insert_machine(&MachineRecord {
-                    name: MachineName::parse(name).unwrap(),
-                    account_id: account.id,
-                    created_at: Utc::now(),
-                    tags: Tags::new(),
-                    memory_mb: 256,
-                    backend: "process".into(),
-                    next_seq: 0,
-                    last_used_at: None,
-                    last_error: None,
-                })
-                .unwrap();
-        }
+        let (mut store, account) = store_with(&dir, &["m1", "m2"]);
         assert_eq!(store.insert_instruction("m1", "1", 1000).unwrap(), 0);
         assert_eq!(store.insert_instruction("m1", "2", 1000).unwrap(), 1);
         assert_eq!(store.insert_instruction("m2", "3", 1000).unwrap(), 0);

@@ -19,6 +19,14 @@ fn sdk(server: &TestServer) -> ForeverVMClient {
     )
 }
 
+async fn new_machine(client: &ForeverVMClient) -> MachineName {
+    client
+        .create_machine(CreateMachineRequest::default())
+        .await
+        .unwrap()
+        .machine_name
+}
+
 fn tags(pairs: &[(&str, &str)]) -> HashMap<String, String> {
     pairs
         .iter()
@@ -134,11 +142,7 @@ async fn exec_values_nulls_errors_and_state() {
     for backend in backends() {
         let server = TestServer::start(backend);
         let client = sdk(&server);
-        let machine = client
-            .create_machine(CreateMachineRequest::default())
-            .await
-            .unwrap()
-            .machine_name;
+        let machine = new_machine(&client).await;
         let first = client
             .exec_instruction(&machine, Instruction::new("1 + 1"))
             .await
@@ -198,11 +202,7 @@ async fn output_chunks_and_stream_result() {
     for backend in backends() {
         let server = TestServer::start(backend);
         let client = sdk(&server);
-        let machine = client
-            .create_machine(CreateMachineRequest::default())
-            .await
-            .unwrap()
-            .machine_name;
+        let machine = new_machine(&client).await;
         let accepted = client
             .exec_instruction(
                 &machine,
@@ -294,11 +294,7 @@ async fn timeout_then_recovery() {
     for backend in backends() {
         let server = TestServer::start(backend);
         let client = sdk(&server);
-        let machine = client
-            .create_machine(CreateMachineRequest::default())
-            .await
-            .unwrap()
-            .machine_name;
+        let machine = new_machine(&client).await;
         run(
             &client,
             &machine,
@@ -320,11 +316,7 @@ async fn interrupt_flag_stops_the_running_instruction() {
     for backend in backends() {
         let server = TestServer::start(backend);
         let client = sdk(&server);
-        let machine = client
-            .create_machine(CreateMachineRequest::default())
-            .await
-            .unwrap()
-            .machine_name;
+        let machine = new_machine(&client).await;
         run(&client, &machine, "import time\nn = 1").await;
         let slow = client
             .exec_instruction(&machine, Instruction::new("time.sleep(60)"))
