@@ -4,17 +4,22 @@
 set -euo pipefail
 
 need_apt=()
+command -v runsc >/dev/null || [ -x /usr/bin/runsc ] || need_apt+=(runsc)
 command -v cc >/dev/null || need_apt+=(build-essential)
 command -v pkg-config >/dev/null || need_apt+=(pkg-config)
 [ -x /usr/bin/python3 ] || need_apt+=(python3)
 command -v unshare >/dev/null || need_apt+=(util-linux)
 command -v curl >/dev/null || need_apt+=(curl ca-certificates)
 
+sudo_cmd=""
+[ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+# The image builder downloads Debian packages: apt's lists must be there.
+if [ ${#need_apt[@]} -gt 0 ] || ! apt-cache show python3.11-minimal >/dev/null 2>&1; then
+    echo "==> apt-get update"
+    $sudo_cmd apt-get update -qq
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "==> installing Debian packages: ${need_apt[*]}"
-    sudo_cmd=""
-    [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-    $sudo_cmd apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${need_apt[@]}"
 fi
 

@@ -10,5 +10,13 @@ echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# Root filesystem images are shared by every test engine (and kept between runs); one ready
+# sandbox per engine is enough for the tests.
+export EVERVM_IMAGES="${EVERVM_IMAGES:-$HOME/.cache/evervm/images}"
+export EVERVM_POOL_SIZE="${EVERVM_POOL_SIZE:-1}"
+echo "==> building the root filesystem images"
+cargo build --locked -p evervm-cli
+target/debug/evervm image build --profile minimal
+target/debug/evervm image build --profile data
 echo "==> cargo test"
 cargo test --workspace --locked

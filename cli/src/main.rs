@@ -57,6 +57,11 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
     },
+    /// Build and list root filesystem images (for the gVisor backend).
+    Image {
+        #[command(subcommand)]
+        command: ImageCommand,
+    },
     /// Manage tokens.
     Token {
         #[command(subcommand)]
@@ -91,6 +96,16 @@ enum Command {
 }
 
 #[derive(Subcommand)]
+enum ImageCommand {
+    /// Build an image from Debian packages (nothing is rebuilt unless an input changed).
+    Build {
+        /// `minimal` (CPython 3.11) or `data` (plus numpy, pandas, matplotlib).
+        #[arg(long, default_value = "minimal")]
+        profile: String,
+    },
+}
+
+#[derive(Subcommand)]
 enum TokenCommand {
     /// Create a token and print only it on stdout.
     Create {
@@ -110,6 +125,9 @@ enum MachineCommand {
         /// Memory limit in MiB.
         #[arg(long)]
         memory_mb: Option<u32>,
+        /// The image: `minimal` (default) or `data` (numpy, pandas, matplotlib).
+        #[arg(long)]
+        image: Option<String>,
     },
     /// List machines, newest first; with --tag only those carrying every tag.
     List {
@@ -139,13 +157,14 @@ fn parse_tags(pairs: &[String]) -> Result<Tags> {
 }
 
 impl Target {
-    fn client(&self) -> Result<Client> {
+    async fn client(&self) -> Result<Client> {
         if self.local {
             return Ok(Client::local(LocalOptions {
                 home: self.home.clone(),
                 backend: self.backend.clone(),
                 account: None,
-            })?);
+            })
+            .await?);
         }
         let Some(url) = &self.url else {
             bail!(
@@ -201,15 +220,35 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
             println!("{token}");
             Ok(ExitCode::SUCCESS)
         }
-        Command::Machine { command } => machine(command, &target.client()?).await,
+        Command::Image {
+            command: ImageCommand::Build { profile },
+        } => {
+            let home = target
+                .home
+                .clone()
+                .unwrap_or_else(EngineConfig::default_home);
+            let profile = engine::guest::image::Profile::parse(&profile)?;
+            let builder =
+                engine::guest::image::ImageBuilder::new(EngineConfig::new(home).images_dir);
+            let image =
+                builder.ensure(profile, &engine::guest::image::StderrProgress::default())?;
+            println!("{}", image.root.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Machine { command } => machine(command, &target.client().await?).await,
         Command::Exec {
             code,
             machine,
             timeout,
             json,
-        } => exec(&target.client()?, code, machine, timeout, json).await,
+        } => exec(&target.client().await?, code, machine, timeout, json).await,
         Command::Repl { machine, timeout } => {
-            repl::run(target.client()?, machine, Duration::from_secs(timeout)).await?;
+            repl::run(
+                target.client().await?,
+                machine,
+                Duration::from_secs(timeout),
+            )
+            .await?;
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -222,7 +261,7 @@ async fn serve(
 ) -> Result<ExitCode> {
     let mut config = EngineConfig::new(home.unwrap_or_else(EngineConfig::default_home));
     config.backend = engine::BackendChoice::parse(backend.unwrap_or("auto"));
-    let engine = Engine::open(config)?;
+    let engine = Engine::open(config).await?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
@@ -235,7 +274,7 @@ async fn serve(
         "evervm {} listening on {url} (home {}, backend {})",
         env!("CARGO_PKG_VERSION"),
         engine.home().display(),
-        engine.backend_name()
+        engine.backend_description()
     );
     if engine.token_count()? == 0 {
         let token = engine.create_token("default")?;
@@ -277,6 +316,9 @@ fn print_machine(info: &evervm::MachineInfo) {
     if let Some(backend) = &info.backend {
         println!("  backend:      {backend}");
     }
+    if let Some(image) = &info.image {
+        println!("  image:        {image}");
+    }
     if let Some(memory) = info.memory_mb {
         println!("  memory_mb:    {memory}");
     }
@@ -296,11 +338,16 @@ fn print_machine(info: &evervm::MachineInfo) {
 
 async fn machine(command: MachineCommand, client: &Client) -> Result<ExitCode> {
     match command {
-        MachineCommand::New { tags, memory_mb } => {
+        MachineCommand::New {
+            tags,
+            memory_mb,
+            image,
+        } => {
             let machine = client
                 .create_machine(CreateMachineOptions {
                     tags: parse_tags(&tags)?,
                     memory_mb,
+                    image,
                 })
                 .await?;
             println!("{}", machine.name());

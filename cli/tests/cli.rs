@@ -8,15 +8,41 @@ use std::process::{Child, Command, Output, Stdio};
 
 const EVERVM: &str = env!("CARGO_BIN_EXE_evervm");
 
-/// Backends to run on: `EVERVM_TEST_BACKENDS`, else `process`.
+/// Backends to run on: `EVERVM_TEST_BACKENDS`, else every backend that runs an instruction here
+/// (in CI, gVisor must).
 fn backends() -> Vec<String> {
-    std::env::var("EVERVM_TEST_BACKENDS")
-        .unwrap_or_else(|_| "process".into())
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-        .collect()
+    static FOUND: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    FOUND
+        .get_or_init(|| {
+            if let Ok(list) = std::env::var("EVERVM_TEST_BACKENDS") {
+                return list
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect();
+            }
+            let mut found = Vec::new();
+            for backend in ["gvisor", "process"] {
+                let home = tempfile::tempdir().unwrap();
+                let probe = run_with_input(
+                    Command::new(EVERVM)
+                        .args(["--local", "--backend", backend, "--home"])
+                        .arg(home.path())
+                        .args(["exec", "1 + 1"]),
+                    "",
+                );
+                if probe.status.success() && stdout(&probe) == "2\n" {
+                    found.push(backend.to_owned());
+                } else if backend == "gvisor" && std::env::var_os("CI").is_some() {
+                    panic!("gVisor must be available in CI, but: {}", stderr(&probe));
+                } else {
+                    eprintln!("skipping the {backend} backend: {}", stderr(&probe));
+                }
+            }
+            found
+        })
+        .clone()
 }
 
 struct Server {
@@ -28,7 +54,12 @@ struct Server {
 
 impl Server {
     fn start(backend: &str) -> Self {
-        let home = tempfile::tempdir().unwrap();
+        Self::start_in(backend, tempfile::tempdir().unwrap(), None)
+    }
+
+    /// Starts a server on `home`; `token` is known when the home was used before (the server
+    /// prints a token on its first start only).
+    fn start_in(backend: &str, home: tempfile::TempDir, token: Option<String>) -> Self {
         let mut child = Command::new(EVERVM)
             .args([
                 "serve",
@@ -47,7 +78,7 @@ impl Server {
             .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut url = None;
-        let mut token = None;
+        let mut token = token;
         while url.is_none() || token.is_none() {
             let line = lines
                 .next()
@@ -329,4 +360,82 @@ fn the_forevervm_cli_works_against_evervm() {
         // The state is the machine's: our own CLI sees what the ForeverVM REPL defined.
         assert_eq!(ok(server.evervm(&["exec", "-m", &name, "x"])), "21\n");
     }
+}
+
+/// Processes whose command line mentions `needle`.
+fn processes_mentioning(needle: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|entry| {
+            std::fs::read(entry.path().join("cmdline"))
+                .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(needle))
+        })
+        .count()
+}
+
+#[test]
+fn a_killed_server_leaves_no_sandbox_behind() {
+    if !backends().iter().any(|b| b == "gvisor") {
+        eprintln!("skipping: the gVisor backend is not available here");
+        return;
+    }
+    let mut server = Server::start("gvisor");
+    let name = ok(server.evervm(&["machine", "new"]));
+    assert_eq!(
+        ok(server.evervm(&["exec", "-m", name.trim(), "1 + 1"])),
+        "2\n"
+    );
+    let state_dir = server.home.path().join("runsc");
+    let needle = format!("--root={}", state_dir.display());
+    assert!(
+        processes_mentioning(&needle) > 0,
+        "the machine's sandbox runs"
+    );
+    let state_files = || -> Vec<String> {
+        std::fs::read_dir(&state_dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| Path::new(n).extension().is_some_and(|e| e == "state"))
+            .collect()
+    };
+    let before = state_files();
+    assert!(
+        !before.is_empty(),
+        "runsc keeps state for running sandboxes"
+    );
+
+    // SIGKILL: the engine gets no chance to clean up.
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    let mut left = processes_mentioning(&needle);
+    for _ in 0..100 {
+        if left == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        left = processes_mentioning(&needle);
+    }
+    assert_eq!(left, 0, "sandbox processes outlived the engine");
+    assert_eq!(
+        state_files(),
+        before,
+        "runsc's state is still there before a restart"
+    );
+
+    // The next engine on the same home removes runsc's state of the dead sandboxes.
+    let token = server.token.clone();
+    let home = std::mem::replace(&mut server.home, tempfile::tempdir().unwrap());
+    drop(server);
+    let restarted = Server::start_in("gvisor", home, Some(token));
+    let after = state_files();
+    assert!(
+        before.iter().all(|stale| !after.contains(stale)),
+        "stale sandbox state after a restart: {after:?}"
+    );
+    assert_eq!(
+        ok(restarted.evervm(&["exec", "-m", name.trim(), "2 + 2"])),
+        "4\n"
+    );
 }

@@ -99,6 +99,7 @@ impl From<ApiMachine> for MachineInfo {
             running: m.running,
             has_pending_instruction: m.has_pending_instruction,
             memory_mb: m.memory_mb,
+            image: m.image,
             backend: m.backend,
             state: m.state,
             instruction_count: m.instruction_count,
@@ -118,6 +119,7 @@ impl From<MachineInfo> for ApiMachine {
             expires_at: None,
             tags: m.tags,
             memory_mb: m.memory_mb,
+            image: m.image,
             backend: m.backend,
             state: m.state,
             instruction_count: m.instruction_count,
@@ -198,6 +200,7 @@ mod engine {
                 running: m.state == engine::MachineState::Resident,
                 has_pending_instruction: m.has_pending_instruction,
                 memory_mb: Some(m.memory_mb),
+                image: Some(m.image),
                 backend: Some(m.backend),
                 state: Some(m.state.as_str().to_owned()),
                 instruction_count: Some(m.instruction_count),
@@ -258,10 +261,12 @@ pub(crate) mod server {
         let options = CreateMachineOptions {
             tags: request.tags.unwrap_or_default(),
             memory_mb: request.memory_mb,
+            image: request.image,
         };
         engine::CreateMachine {
             tags: options.tags,
             memory_mb: options.memory_mb,
+            image: options.image,
         }
     }
 
@@ -326,9 +331,11 @@ pub(crate) mod server {
             let create = create_machine_from_wire(Some(CreateMachineRequest {
                 tags: Some([("a".to_owned(), "b".to_owned())].into()),
                 memory_mb: Some(256),
+                image: Some("data".into()),
             }));
             assert_eq!(create.tags.get("a").map(String::as_str), Some("b"));
             assert_eq!(create.memory_mb, Some(256));
+            assert_eq!(create.image.as_deref(), Some("data"));
             assert!(list_filter_from_wire(None).is_empty());
             assert!(list_filter_from_wire(Some(ListMachinesRequest { tags: None })).is_empty());
         }

@@ -15,6 +15,8 @@ pub struct CreateMachineOptions {
     pub tags: Tags,
     /// Memory limit in MiB (the server's default when `None`).
     pub memory_mb: Option<u32>,
+    /// The image profile: `minimal` (default) or `data` (numpy, pandas, matplotlib).
+    pub image: Option<String>,
 }
 
 /// Options for one instruction.
@@ -46,6 +48,8 @@ pub struct MachineInfo {
     pub has_pending_instruction: bool,
     /// The following are known only from an evervm server (or in-process).
     pub memory_mb: Option<u32>,
+    /// The image profile (`minimal`, `data`).
+    pub image: Option<String>,
     pub backend: Option<String>,
     /// `resident` or `stopped`.
     pub state: Option<String>,

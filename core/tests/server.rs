@@ -43,7 +43,7 @@ struct Server {
 impl Server {
     async fn start() -> Self {
         let home = tempfile::tempdir().unwrap();
-        let engine = Engine::open(engine_config(&home)).unwrap();
+        let engine = Engine::open(engine_config(&home)).await.unwrap();
         let alice = engine.create_token("alice").unwrap();
         let bob = engine.create_token("bob").unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -263,7 +263,10 @@ async fn service_routes_auth_and_unknown_routes() {
     fails(put, StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed").await;
 
     let health = ok(server.anon(GET, "/healthz")).await;
-    assert_eq!(health, json!({"status": "ok", "backend": "process"}));
+    assert_eq!(
+        health,
+        json!({"status": "ok", "backend": "process", "backend_version": "process"})
+    );
 
     let signup = server
         .anon(POST, "/internal/signup")
@@ -750,7 +753,7 @@ async fn websocket_repl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_stops_on_its_signal() {
     let home = tempfile::tempdir().unwrap();
-    let engine = Engine::open(engine_config(&home)).unwrap();
+    let engine = Engine::open(engine_config(&home)).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let health = format!("http://{}/healthz", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

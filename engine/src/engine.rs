@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,8 +13,11 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::guest::image::{Profile, StderrProgress};
 use crate::machine::{MachineHandle, lock};
+use crate::pool::{Pool, Shape};
 use crate::sandbox::SandboxBackend;
+use crate::sandbox::gvisor::{GvisorBackend, GvisorConfig};
 use crate::sandbox::process::{ProcessBackend, ProcessBackendConfig};
 use crate::store::{MachineRecord, Store};
 use crate::types::{
@@ -54,16 +58,30 @@ pub struct EngineConfig {
     /// How long past its timeout (or an interrupt) an instruction may take to stop before its
     /// sandbox is stopped.
     pub timeout_grace: Duration,
+    /// Ready sandboxes kept per image and memory size (0: none); `EVERVM_POOL_SIZE`.
+    pub pool_size: usize,
+    /// Where root filesystem images are kept: `EVERVM_IMAGES`, else `<home>/images`.
+    pub images_dir: PathBuf,
 }
 
 impl EngineConfig {
     pub fn new(home: impl Into<PathBuf>) -> Self {
+        let home = home.into();
+        let images_dir = std::env::var_os("EVERVM_IMAGES")
+            .filter(|d| !d.is_empty())
+            .map_or_else(|| home.join("images"), PathBuf::from);
+        let pool_size = std::env::var("EVERVM_POOL_SIZE")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(2);
         Self {
-            home: home.into(),
+            home,
+            images_dir,
             backend: BackendChoice::Auto,
             default_memory_mb: 512,
             ready_timeout: Duration::from_secs(30),
             timeout_grace: Duration::from_secs(5),
+            pool_size,
         }
     }
 
@@ -84,11 +102,18 @@ pub(crate) struct EngineInner {
     pub(crate) config: EngineConfig,
     pub(crate) store: Mutex<Store>,
     pub(crate) backend: Box<dyn SandboxBackend>,
+    pub(crate) pool: Pool,
     machines: Mutex<HashMap<String, Arc<MachineHandle>>>,
+    closing: AtomicBool,
     _lock: File,
 }
 
 impl EngineInner {
+    /// True once the engine is shutting down: no new pooled sandboxes.
+    pub(crate) fn closing(&self) -> bool {
+        self.closing.load(Ordering::SeqCst)
+    }
+
     pub(crate) fn record_machine_error(&self, name: &MachineName, text: &str) {
         if let Err(e) = lock(&self.store).set_last_error(name.as_str(), Some(text)) {
             tracing::error!(machine = %name, "storing a machine error failed: {e}");
@@ -168,41 +193,65 @@ fn lock_home(home: &Path) -> Result<File> {
     Ok(file)
 }
 
-fn choose_backend(config: &EngineConfig) -> Result<Box<dyn SandboxBackend>> {
-    let name = match &config.backend {
-        BackendChoice::Auto => "process",
-        BackendChoice::Named(name) => name.as_str(),
+fn process_backend(config: &EngineConfig) -> Result<Box<dyn SandboxBackend>> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let as_root = unsafe { libc::geteuid() } == 0;
+    // Machines run as `nobody` under root and must reach their working directory, which a home
+    // below /root would not allow.
+    let work_root = if as_root {
+        let digest = {
+            use sha2::Digest;
+            hex::encode(sha2::Sha256::digest(
+                config.home.as_os_str().as_encoded_bytes(),
+            ))
+        };
+        std::env::temp_dir().join(format!("evervm-process-{}", &digest[..12]))
+    } else {
+        config.home.join("work")
     };
-    match name {
-        "process" => {
-            // SAFETY: geteuid has no preconditions and cannot fail.
-            let as_root = unsafe { libc::geteuid() } == 0;
-            // Machines run as `nobody` under root and must reach their working directory, which
-            // a home below /root would not allow.
-            let work_root = if as_root {
-                let digest = {
-                    use sha2::Digest;
-                    hex::encode(sha2::Sha256::digest(
-                        config.home.as_os_str().as_encoded_bytes(),
-                    ))
-                };
-                std::env::temp_dir().join(format!("evervm-process-{}", &digest[..12]))
-            } else {
-                config.home.join("work")
-            };
-            let backend_config = ProcessBackendConfig::detect(work_root)?;
-            Ok(Box::new(ProcessBackend::new(backend_config)?))
-        }
-        other => Err(Error::invalid(format!(
-            "unknown backend {other:?}: this build has `process` (and `auto`)"
-        ))),
+    let backend_config = ProcessBackendConfig::detect(work_root)?;
+    Ok(Box::new(ProcessBackend::new(backend_config)?))
+}
+
+async fn gvisor_backend(config: &EngineConfig) -> Result<Box<dyn SandboxBackend>> {
+    let gvisor = GvisorConfig {
+        home: config.home.clone(),
+        images_dir: config.images_dir.clone(),
+        debug_log: None,
+    };
+    Ok(Box::new(
+        GvisorBackend::open(gvisor, Arc::new(StderrProgress::default())).await?,
+    ))
+}
+
+/// The configured backend; for `auto`, gVisor where it runs here, else the process backend.
+async fn choose_backend(config: &EngineConfig) -> Result<Box<dyn SandboxBackend>> {
+    match &config.backend {
+        BackendChoice::Auto => match gvisor_backend(config).await {
+            Ok(backend) => Ok(backend),
+            Err(e) => {
+                tracing::warn!(
+                    "gVisor is not available ({e}); machines run on the process backend, which \
+                     is not a security boundary"
+                );
+                process_backend(config)
+            }
+        },
+        BackendChoice::Named(name) => match name.as_str() {
+            "process" => process_backend(config),
+            "gvisor" => gvisor_backend(config).await,
+            other => Err(Error::invalid(format!(
+                "unknown backend {other:?}: use `gvisor`, `process` or `auto`"
+            ))),
+        },
     }
 }
 
 impl Engine {
-    /// Opens the engine on its home, creating the home on first use. Must be called inside a
-    /// tokio runtime, which then runs the machines.
-    pub fn open(config: EngineConfig) -> Result<Self> {
+    /// Opens the engine on its home, creating the home on first use (for gVisor, the first
+    /// start also builds the root filesystem image, with progress on stderr). The tokio runtime
+    /// it is called in then runs the machines.
+    pub async fn open(config: EngineConfig) -> Result<Self> {
         std::fs::create_dir_all(&config.home).map_err(|e| {
             Error::internal(format!(
                 "cannot create the evervm home {}: {e}",
@@ -211,22 +260,43 @@ impl Engine {
         })?;
         let lock_file = lock_home(&config.home)?;
         let mut store = Store::open(&config.home.join("evervm.db"))?;
-        let backend = choose_backend(&config)?;
+        let backend = choose_backend(&config).await?;
         let unfinished = store.fail_unfinished(
             "MachineCrashed: the engine stopped before this instruction finished",
         )?;
         if unfinished > 0 {
             tracing::warn!("{unfinished} instructions were left unfinished by the last engine");
         }
-        Ok(Self {
+        let engine = Self {
             inner: Arc::new(EngineInner {
                 config,
                 store: Mutex::new(store),
                 backend,
+                pool: Pool::default(),
                 machines: Mutex::new(HashMap::new()),
+                closing: AtomicBool::new(false),
                 _lock: lock_file,
             }),
-        })
+        };
+        Pool::refill(&engine.inner, engine.default_shape());
+        Ok(engine)
+    }
+
+    fn default_shape(&self) -> Shape {
+        Shape {
+            profile: Profile::Minimal,
+            memory_mb: self.inner.config.default_memory_mb,
+        }
+    }
+
+    /// The backend and its exact version (for gVisor: the runsc and its platform).
+    pub fn backend_description(&self) -> String {
+        self.inner.backend.describe()
+    }
+
+    /// How many ready sandboxes the pool holds now.
+    pub fn pooled_sandboxes(&self) -> usize {
+        self.inner.pool.len()
     }
 
     pub fn home(&self) -> &Path {
@@ -276,30 +346,37 @@ impl Engine {
                 "memory_mb must be between {MIN_MEMORY_MB} and {MAX_MEMORY_MB}, not {memory_mb}"
             )));
         }
+        let profile = Profile::parse(request.image.as_deref().unwrap_or("minimal"))?;
         let record = MachineRecord {
             name: MachineName::generate(),
             account_id: account.id,
             created_at: Utc::now(),
             tags: request.tags,
             memory_mb,
+            image: profile,
             backend: self.inner.backend.name().to_owned(),
             next_seq: 0,
             last_used_at: None,
             last_error: None,
         };
         lock(&self.inner.store).insert_machine(&record)?;
-        let handle = self.spawn_handle(&record);
+        let handle = self.spawn_handle(&record, true);
         Ok(Self::info_of(&record, Some(&handle)))
     }
 
-    fn spawn_handle(&self, record: &MachineRecord) -> Arc<MachineHandle> {
+    fn spawn_handle(&self, record: &MachineRecord, eager: bool) -> Arc<MachineHandle> {
         let mut machines = lock(&self.inner.machines);
+        let shape = Shape {
+            profile: record.image,
+            memory_mb: record.memory_mb,
+        };
         Arc::clone(machines.entry(record.name.to_string()).or_insert_with(|| {
             MachineHandle::spawn(
                 Arc::clone(&self.inner),
                 record.name.clone(),
                 record.account_id,
-                record.memory_mb,
+                shape,
+                eager,
             )
         }))
     }
@@ -320,7 +397,7 @@ impl Engine {
             return Err(Error::machine_not_found(name));
         }
         let record = self.record(account, name)?;
-        Ok(self.spawn_handle(&record))
+        Ok(self.spawn_handle(&record, false))
     }
 
     fn info_of(record: &MachineRecord, handle: Option<&Arc<MachineHandle>>) -> MachineInfo {
@@ -332,6 +409,7 @@ impl Engine {
             created_at: record.created_at,
             tags: record.tags.clone(),
             memory_mb: record.memory_mb,
+            image: record.image.as_str().to_owned(),
             backend: record.backend.clone(),
             state: if resident {
                 MachineState::Resident
@@ -438,16 +516,18 @@ impl Engine {
         handle.stop().await;
         lock(&self.inner.store).delete_machine(name)?;
         lock(&self.inner.machines).remove(name);
-        self.inner.backend.remove(&handle.name).await
+        Ok(())
     }
 
     /// Stops every machine's sandbox. The engine stays usable; machines start again on their
     /// next instruction.
     pub async fn shutdown(&self) {
+        self.inner.closing.store(true, Ordering::SeqCst);
         let handles: Vec<_> = lock(&self.inner.machines).drain().map(|(_, h)| h).collect();
         for handle in handles {
             handle.stop().await;
         }
+        self.inner.pool.drain().await;
     }
 }
 

@@ -5,8 +5,10 @@
 
 mod engine;
 mod error;
+pub mod fsutil;
 pub mod guest;
 mod machine;
+mod pool;
 pub mod sandbox;
 pub mod store;
 mod types;

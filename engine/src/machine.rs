@@ -12,8 +12,7 @@ use tokio::time::Instant;
 use crate::engine::EngineInner;
 use crate::error::{Error, Result};
 use crate::guest::channel::{AgentEvent, AgentOutcome, AgentRequest};
-use crate::guest::connection::AgentConnection;
-use crate::sandbox::{Sandbox, SandboxSpec};
+use crate::pool::{Pool, Resident, Shape};
 use crate::types::{
     ExecEvent, ExecResult, FailureCause, MachineName, Outcome, OutputChunk, OutputStream,
 };
@@ -136,7 +135,7 @@ struct MachineState {
 pub(crate) struct MachineHandle {
     pub name: MachineName,
     pub account_id: i64,
-    pub memory_mb: u32,
+    pub shape: Shape,
     state: Mutex<MachineState>,
     jobs: mpsc::UnboundedSender<Job>,
     /// Wakes the machine's task to look at `interrupt_requested` and `deleted`.
@@ -147,18 +146,20 @@ pub(crate) struct MachineHandle {
 }
 
 impl MachineHandle {
-    /// Creates the handle and starts the machine's task.
+    /// Creates the handle and starts the machine's task. With `eager`, the machine takes its
+    /// sandbox at once (from the pool), so that its first instruction does not wait for one.
     pub(crate) fn spawn(
         engine: Arc<EngineInner>,
         name: MachineName,
         account_id: i64,
-        memory_mb: u32,
+        shape: Shape,
+        eager: bool,
     ) -> Arc<Self> {
         let (jobs, queue) = mpsc::unbounded_channel();
         let handle = Arc::new(Self {
             name,
             account_id,
-            memory_mb,
+            shape,
             state: Mutex::new(MachineState::default()),
             jobs,
             wake: Notify::new(),
@@ -166,7 +167,7 @@ impl MachineHandle {
             deleted: AtomicBool::new(false),
             stopped: watch::channel(false).0,
         });
-        tokio::spawn(run(engine, Arc::clone(&handle), queue));
+        tokio::spawn(run(engine, Arc::clone(&handle), queue, eager));
         handle
     }
 
@@ -299,48 +300,22 @@ impl LineSplitter {
     }
 }
 
-/// A running sandbox with its agent.
-struct Resident {
-    sandbox: Box<dyn Sandbox>,
-    agent: AgentConnection,
-}
-
-impl Resident {
-    async fn kill(mut self) -> Option<String> {
-        let _ = self.sandbox.kill().await;
-        self.sandbox.exit_reason()
-    }
-}
-
-async fn start_sandbox(engine: &EngineInner, machine: &MachineHandle) -> Result<Resident> {
-    let spec = SandboxSpec {
-        machine: machine.name.clone(),
-        memory_mb: machine.memory_mb,
-    };
-    let mut sandbox = engine.backend.start(&spec).await?;
-    let Some((reader, writer)) = sandbox.take_channel() else {
-        let _ = sandbox.kill().await;
-        return Err(Error::internal("the sandbox has no agent channel"));
-    };
-    match AgentConnection::establish(reader, writer, engine.config.ready_timeout).await {
-        Ok(agent) => Ok(Resident { sandbox, agent }),
-        Err(e) => {
-            let _ = sandbox.kill().await;
-            let reason = sandbox.exit_reason();
-            Err(match reason {
-                Some(reason) => e.context(reason),
-                None => e,
-            })
-        }
-    }
-}
-
 async fn run(
     engine: Arc<EngineInner>,
     machine: Arc<MachineHandle>,
     mut queue: mpsc::UnboundedReceiver<Job>,
+    eager: bool,
 ) {
     let mut resident: Option<Resident> = None;
+    if eager {
+        match Pool::take(&engine, machine.shape).await {
+            Ok(ready) => {
+                resident = Some(ready);
+                lock(&machine.state).resident = true;
+            }
+            Err(e) => tracing::warn!(machine = %machine.name, "no sandbox yet: {e}"),
+        }
+    }
     loop {
         let job = tokio::select! {
             job = queue.recv() => job,
@@ -401,14 +376,14 @@ async fn run(
 }
 
 async fn run_job(
-    engine: &EngineInner,
+    engine: &Arc<EngineInner>,
     machine: &MachineHandle,
     resident: &mut Option<Resident>,
     job: &Job,
 ) -> ExecResult {
     let mut current = match resident.take() {
         Some(r) => r,
-        None => match start_sandbox(engine, machine).await {
+        None => match Pool::take(engine, machine.shape).await {
             Ok(r) => {
                 lock(&machine.state).resident = true;
                 r

@@ -138,6 +138,9 @@ pub struct CreateMachine {
     pub tags: Tags,
     /// Memory limit in MiB; the engine's default when `None`.
     pub memory_mb: Option<u32>,
+    /// The image profile (`minimal`, `data`); `minimal` when `None`. The process backend runs
+    /// the host's Python whatever the profile.
+    pub image: Option<String>,
 }
 
 /// Where a machine is in its life.
@@ -167,6 +170,8 @@ pub struct MachineInfo {
     pub created_at: DateTime<Utc>,
     pub tags: Tags,
     pub memory_mb: u32,
+    /// The image profile (`minimal`, `data`).
+    pub image: String,
     /// The sandbox backend the machine runs on (`process`, `gvisor`).
     pub backend: String,
     pub state: MachineState,

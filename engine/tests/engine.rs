@@ -9,10 +9,10 @@ use evervm_engine::{
 };
 use futures::StreamExt;
 
-fn engine(dir: &tempfile::TempDir) -> Engine {
+async fn engine(dir: &tempfile::TempDir) -> Engine {
     let mut config = EngineConfig::new(dir.path());
     config.backend = evervm_engine::BackendChoice::parse("process");
-    Engine::open(config).unwrap()
+    Engine::open(config).await.unwrap()
 }
 
 /// A new machine of `account` on which `setup` has run (and finished).
@@ -40,7 +40,7 @@ fn value(result: &evervm_engine::ExecResult) -> Option<String> {
 #[tokio::test(flavor = "multi_thread")]
 async fn state_persists_and_output_streams() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = engine(&dir);
+    let engine = engine(&dir).await;
     let account = engine.ensure_account("test").unwrap();
     let machine = engine
         .create_machine(&account, CreateMachine::default())
@@ -86,7 +86,7 @@ async fn state_persists_and_output_streams() {
 #[tokio::test(flavor = "multi_thread")]
 async fn timeout_keeps_state_and_interrupt_cancels() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = engine(&dir);
+    let engine = engine(&dir).await;
     let account = engine.ensure_account("test").unwrap();
     let name = engine
         .create_machine(&account, CreateMachine::default())
@@ -153,7 +153,7 @@ async fn timeout_keeps_state_and_interrupt_cancels() {
 #[tokio::test(flavor = "multi_thread")]
 async fn tags_filter_and_accounts_are_separate() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = engine(&dir);
+    let engine = engine(&dir).await;
     let alice = engine.ensure_account("alice").unwrap();
     let bob = engine.ensure_account("bob").unwrap();
     let tags = |pairs: &[(&str, &str)]| -> Tags {
@@ -168,6 +168,7 @@ async fn tags_filter_and_accounts_are_separate() {
             CreateMachine {
                 tags: tags(&[("env", "a"), ("team", "x")]),
                 memory_mb: None,
+                image: None,
             },
         )
         .unwrap();
@@ -177,6 +178,7 @@ async fn tags_filter_and_accounts_are_separate() {
             CreateMachine {
                 tags: tags(&[("env", "b"), ("team", "x")]),
                 memory_mb: None,
+                image: None,
             },
         )
         .unwrap();
@@ -208,6 +210,7 @@ async fn tags_filter_and_accounts_are_separate() {
             CreateMachine {
                 tags: tags(&[("bad key", "v")]),
                 memory_mb: None,
+                image: None,
             },
         )
         .unwrap_err();
@@ -217,10 +220,10 @@ async fn tags_filter_and_accounts_are_separate() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_second_engine_on_the_same_home_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let _engine = engine(&dir);
+    let _engine = engine(&dir).await;
     let mut config = EngineConfig::new(dir.path());
     config.backend = evervm_engine::BackendChoice::parse("process");
-    let err = Engine::open(config).unwrap_err();
+    let err = Engine::open(config).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Conflict);
     assert!(
         err.to_string().contains(&std::process::id().to_string()),
@@ -231,7 +234,7 @@ async fn a_second_engine_on_the_same_home_is_refused() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_interrupt_right_after_exec_is_not_lost() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = engine(&dir);
+    let engine = engine(&dir).await;
     let account = engine.ensure_account("test").unwrap();
     let name = machine_after(&engine, &account, "import time\nkept = 5").await;
     for _ in 0..5 {
@@ -266,7 +269,7 @@ async fn an_interrupt_right_after_exec_is_not_lost() {
 #[tokio::test(flavor = "multi_thread")]
 async fn interrupting_a_print_loop_never_breaks_the_channel() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = engine(&dir);
+    let engine = engine(&dir).await;
     let account = engine.ensure_account("test").unwrap();
     let name = machine_after(&engine, &account, "import sys\nkept = 'alive'").await;
     for round in 0..6 {

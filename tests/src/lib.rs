@@ -24,9 +24,15 @@ pub fn backends() -> &'static [String] {
                 .collect();
         }
         let mut found = Vec::new();
-        match probe("process") {
-            Ok(()) => found.push("process".to_owned()),
-            Err(reason) => eprintln!("skipping the process backend: {reason}"),
+        for backend in ["gvisor", "process"] {
+            match probe(backend) {
+                Ok(()) => found.push(backend.to_owned()),
+                // CI installs gVisor: there its tests must run, never be skipped.
+                Err(reason) if backend == "gvisor" && std::env::var_os("CI").is_some() => {
+                    panic!("gVisor must be available in CI, but: {reason}")
+                }
+                Err(reason) => eprintln!("skipping the {backend} backend: {reason}"),
+            }
         }
         found
     })
@@ -46,7 +52,7 @@ fn probe_on_this_thread(backend: &str) -> Result<(), String> {
     runtime.block_on(async {
         let mut config = EngineConfig::new(home.path());
         config.backend = BackendChoice::parse(backend);
-        let engine = Engine::open(config).map_err(|e| e.to_string())?;
+        let engine = Engine::open(config).await.map_err(|e| e.to_string())?;
         let account = engine.ensure_account("probe").map_err(|e| e.to_string())?;
         let client = evervm::Client::from_engine(engine.clone(), account);
         let machine = client
@@ -88,7 +94,7 @@ impl TestServer {
             runtime.block_on(async move {
                 let mut config = EngineConfig::new(home_path);
                 config.backend = BackendChoice::parse(&backend_name);
-                let engine = Engine::open(config).expect("the engine opens");
+                let engine = Engine::open(config).await.expect("the engine opens");
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
                     .await
                     .expect("a loopback port");

@@ -29,12 +29,12 @@ pub(crate) struct LocalTransport {
 }
 
 impl LocalTransport {
-    pub(crate) fn open(options: LocalOptions) -> Result<Self> {
+    pub(crate) async fn open(options: LocalOptions) -> Result<Self> {
         let mut config = EngineConfig::new(options.home.unwrap_or_else(EngineConfig::default_home));
         if let Some(backend) = options.backend {
             config.backend = engine::BackendChoice::parse(&backend);
         }
-        let engine = Engine::open(config)?;
+        let engine = Engine::open(config).await?;
         let account = engine.ensure_account(options.account.as_deref().unwrap_or("local"))?;
         Ok(Self::new(engine, account))
     }
@@ -68,6 +68,7 @@ impl Transport for LocalTransport {
             engine::CreateMachine {
                 tags: options.tags,
                 memory_mb: options.memory_mb,
+                image: options.image,
             },
         )?;
         Ok(info.name.to_string())

@@ -85,12 +85,12 @@ impl Client {
         Self::remote(&url, &token)
     }
 
-    /// A client that runs the engine in this process (no server). Must be called inside a tokio
-    /// runtime, which then runs the machines.
+    /// A client that runs the engine in this process (no server). The tokio runtime it is
+    /// called in then runs the machines.
     #[cfg(feature = "local")]
-    pub fn local(options: LocalOptions) -> Result<Self> {
+    pub async fn local(options: LocalOptions) -> Result<Self> {
         Ok(Self {
-            transport: Arc::new(local::LocalTransport::open(options)?),
+            transport: Arc::new(local::LocalTransport::open(options).await?),
         })
     }
 

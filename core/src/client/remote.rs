@@ -174,6 +174,7 @@ impl Transport for RemoteTransport {
         let request = CreateMachineRequest {
             tags: (!options.tags.is_empty()).then_some(options.tags),
             memory_mb: options.memory_mb,
+            image: options.image,
         };
         let answer: CreateMachineResponse = self
             .call(Method::POST, "/v1/machine/new", Some(body(&request)))

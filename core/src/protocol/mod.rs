@@ -35,6 +35,9 @@ pub struct CreateMachineRequest {
     pub tags: Option<WireTags>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_mb: Option<u32>,
+    /// evervm addition: the image profile (`minimal`, `data`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,6 +70,8 @@ pub struct ApiMachine {
     /// evervm additions, absent from other servers' answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_mb: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<String>,
     /// `resident` or `stopped`.
@@ -226,6 +231,9 @@ pub struct HealthResponse {
     /// Always `ok` when the server answers.
     pub status: String,
     pub backend: String,
+    /// The backend's exact version (for gVisor: runsc's version, binary hash and platform).
+    #[serde(default)]
+    pub backend_version: String,
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 //! ```no_run
 //! # async fn run() -> std::io::Result<()> {
 //! use evervm::engine::{Engine, EngineConfig};
-//! let engine = Engine::open(EngineConfig::new("/tmp/evervm")).map_err(std::io::Error::other)?;
+//! let engine = Engine::open(EngineConfig::new("/tmp/evervm")).await.map_err(std::io::Error::other)?;
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
 //! evervm::server::serve(engine, listener).await
 //! # }
@@ -251,6 +251,7 @@ async fn healthz(State(state): State<AppState>) -> axum::Json<HealthResponse> {
     axum::Json(HealthResponse {
         status: "ok".to_owned(),
         backend: state.engine.backend_name().to_owned(),
+        backend_version: state.engine.backend_description(),
     })
 }
 

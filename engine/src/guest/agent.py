@@ -324,6 +324,10 @@ def _truncate(text):
 
 def _user_traceback(exc):
     """The traceback as the REPL prints it, without the agent's own frames."""
+    if isinstance(exc, SyntaxError) and exc.__traceback__ is not None:
+        frames = traceback.extract_tb(exc.__traceback__)
+        if all(f.filename == AGENT_FILE or f.filename.endswith("ast.py") for f in frames):
+            return "".join(traceback.format_exception_only(type(exc), exc))
     summary = traceback.TracebackException(type(exc), exc, exc.__traceback__)
     summary.stack = traceback.StackSummary.from_list(
         [frame for frame in summary.stack if frame.filename != AGENT_FILE]

@@ -2,21 +2,24 @@
 //! running agent reachable over a byte channel, so nothing above this trait knows how a machine
 //! is isolated.
 
+pub mod gvisor;
 pub mod process;
-
-use std::path::PathBuf;
 
 use async_trait::async_trait;
 
 use crate::error::Result;
 use crate::guest::connection::{ChannelReader, ChannelWriter};
-use crate::types::MachineName;
+use crate::guest::image::Profile;
 
-/// What a backend needs to start a machine's sandbox.
+/// What a backend needs to start a sandbox. Sandboxes are not tied to a machine when they start
+/// (a pool starts them ahead of time), so they have ids of their own.
 #[derive(Debug, Clone)]
 pub struct SandboxSpec {
-    pub machine: MachineName,
+    /// Unique among this engine's sandboxes: `[A-Za-z0-9_-]`.
+    pub id: String,
     pub memory_mb: u32,
+    /// The image the sandbox runs (backends without images ignore it).
+    pub profile: Profile,
 }
 
 /// What a backend can do beyond running an agent.
@@ -34,12 +37,13 @@ pub trait SandboxBackend: Send + Sync + 'static {
 
     fn capabilities(&self) -> Capabilities;
 
-    /// Starts a sandbox running the agent for this machine.
+    /// Starts a sandbox running the agent.
     async fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>>;
 
-    /// Removes everything the backend keeps for a machine (working directory, bundle). Called
-    /// when a machine is deleted, after its sandbox was killed.
-    async fn remove(&self, machine: &MachineName) -> Result<()>;
+    /// The backend and its exact version, for logs and machine info.
+    fn describe(&self) -> String {
+        self.name().to_owned()
+    }
 }
 
 /// One running sandbox.
@@ -48,14 +52,10 @@ pub trait Sandbox: Send {
     /// The channel to the agent. Returns `None` once taken.
     fn take_channel(&mut self) -> Option<(ChannelReader, ChannelWriter)>;
 
-    /// Stops the sandbox and everything in it, and waits until it is gone.
+    /// Stops the sandbox and everything in it, waits until it is gone, and removes what it kept
+    /// on the host.
     async fn kill(&mut self) -> Result<()>;
 
     /// If the sandbox has ended, why (exit status, signal).
     fn exit_reason(&mut self) -> Option<String>;
-
-    /// Where the sandbox keeps its private files on the host, if anywhere.
-    fn work_dir(&self) -> Option<PathBuf> {
-        None
-    }
 }

@@ -21,7 +21,6 @@ use super::{Capabilities, Sandbox, SandboxBackend, SandboxSpec};
 use crate::error::{Error, Result};
 use crate::guest::AGENT_SOURCE;
 use crate::guest::connection::{ChannelReader, ChannelWriter};
-use crate::types::MachineName;
 
 /// The uid and gid of `nobody`, used for machines when the engine runs as root.
 const NOBODY: u32 = 65534;
@@ -104,8 +103,8 @@ impl ProcessBackend {
         })
     }
 
-    fn work_dir(&self, machine: &MachineName) -> PathBuf {
-        self.config.work_root.join(machine.as_str())
+    fn work_dir(&self, id: &str) -> PathBuf {
+        self.config.work_root.join(id)
     }
 
     fn prepare_work_dir(&self, dir: &Path) -> Result<()> {
@@ -130,7 +129,7 @@ impl SandboxBackend for ProcessBackend {
     }
 
     async fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>> {
-        let work_dir = self.work_dir(&spec.machine);
+        let work_dir = self.work_dir(&spec.id);
         self.prepare_work_dir(&work_dir)?;
         let memory_bytes = u64::from(spec.memory_mb) * 1024 * 1024;
 
@@ -202,18 +201,6 @@ impl SandboxBackend for ProcessBackend {
             work_dir,
         }))
     }
-
-    async fn remove(&self, machine: &MachineName) -> Result<()> {
-        let dir = self.work_dir(machine);
-        match tokio::fs::remove_dir_all(&dir).await {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(Error::internal(format!(
-                "cannot remove {}: {e}",
-                dir.display()
-            ))),
-        }
-    }
 }
 
 struct ProcessSandbox {
@@ -231,11 +218,17 @@ impl Sandbox for ProcessSandbox {
     async fn kill(&mut self) -> Result<()> {
         // Killing `unshare` makes it kill the namespace's init (--kill-child), and with it every
         // process in the pid namespace.
-        match self.child.kill().await {
+        let killed = match self.child.kill().await {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => Ok(()),
             Err(e) => Err(Error::internal(format!("cannot kill the sandbox: {e}"))),
+        };
+        match tokio::fs::remove_dir_all(&self.work_dir).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!("cannot remove {}: {e}", self.work_dir.display()),
         }
+        killed
     }
 
     fn exit_reason(&mut self) -> Option<String> {
@@ -246,9 +239,5 @@ impl Sandbox for ProcessSandbox {
             (Some(code), None) => format!("the sandbox exited with status {code}"),
             (None, None) => "the sandbox ended".to_owned(),
         })
-    }
-
-    fn work_dir(&self) -> Option<PathBuf> {
-        Some(self.work_dir.clone())
     }
 }

@@ -8,11 +8,12 @@ use rusqlite::{Connection, OptionalExtension, params};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
+use crate::guest::image::Profile;
 use crate::types::{
     Account, ExecResult, FailureCause, MachineName, OutputChunk, OutputStream, Tags,
 };
 
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = r"
 CREATE TABLE IF NOT EXISTS meta (
@@ -37,6 +38,7 @@ CREATE TABLE IF NOT EXISTS machines (
     created_at TEXT NOT NULL,
     tags TEXT NOT NULL,
     memory_mb INTEGER NOT NULL,
+    image TEXT NOT NULL DEFAULT 'minimal',
     backend TEXT NOT NULL,
     next_seq INTEGER NOT NULL DEFAULT 0,
     last_used_at TEXT,
@@ -71,6 +73,7 @@ pub struct MachineRecord {
     pub created_at: DateTime<Utc>,
     pub tags: Tags,
     pub memory_mb: u32,
+    pub image: Profile,
     pub backend: String,
     pub next_seq: i64,
     pub last_used_at: Option<DateTime<Utc>>,
@@ -130,6 +133,15 @@ impl Store {
                 )?;
             }
             Some(v) if v == SCHEMA_VERSION.to_string() => {}
+            Some(v) if v == "1" => {
+                // Version 2 added the machines' image profile.
+                conn.execute_batch(
+                    "BEGIN;
+                     ALTER TABLE machines ADD COLUMN image TEXT NOT NULL DEFAULT 'minimal';
+                     UPDATE meta SET value = '2' WHERE key = 'schema_version';
+                     COMMIT;",
+                )?;
+            }
             Some(v) => {
                 return Err(Error::internal(format!(
                     "{} has schema version {v}, this engine knows version {SCHEMA_VERSION}: \
@@ -219,8 +231,8 @@ impl Store {
         let tags = serde_json::to_string(&record.tags)
             .map_err(|e| Error::internal(format!("cannot encode tags: {e}")))?;
         self.conn.execute(
-            "INSERT INTO machines (name, account_id, created_at, tags, memory_mb, backend, next_seq)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0)",
+            "INSERT INTO machines (name, account_id, created_at, tags, memory_mb, image, backend,
+             next_seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 0)",
             params![
                 record.name.as_str(),
                 record.account_id,
@@ -229,6 +241,7 @@ impl Store {
                     .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
                 tags,
                 record.memory_mb,
+                record.image.as_str(),
                 record.backend
             ],
         )?;
@@ -246,11 +259,12 @@ impl Store {
             next_seq: row.get(6)?,
             last_used_at: row.get(7)?,
             last_error: row.get(8)?,
+            image: row.get(9)?,
         })
     }
 
     const MACHINE_COLUMNS: &'static str = "name, account_id, created_at, tags, memory_mb, \
-        backend, next_seq, last_used_at, last_error";
+        backend, next_seq, last_used_at, last_error, image";
 
     pub fn machine(&self, name: &str) -> Result<Option<MachineRecord>> {
         let raw = self
@@ -462,6 +476,7 @@ struct RawMachine {
     next_seq: i64,
     last_used_at: Option<String>,
     last_error: Option<String>,
+    image: String,
 }
 
 impl RawMachine {
@@ -475,6 +490,7 @@ impl RawMachine {
             created_at: parse_time(&self.created_at)?,
             tags,
             memory_mb: self.memory_mb,
+            image: Profile::parse(&self.image)?,
             backend: self.backend,
             next_seq: self.next_seq,
             last_used_at: self.last_used_at.as_deref().map(parse_time).transpose()?,
@@ -499,6 +515,7 @@ mod tests {
                     created_at: Utc::now(),
                     tags: Tags::new(),
                     memory_mb: 256,
+                    image: Profile::Minimal,
                     backend: "process".into(),
                     next_seq: 0,
                     last_used_at: None,

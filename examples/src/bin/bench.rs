@@ -2,15 +2,17 @@
 //!
 //! `cargo run --release -p evervm-examples --bin bench -- [--backend process] [--rounds 300]`
 //!
-//! Per backend: machine create latency (the API call, and create plus the first instruction,
-//! which starts the sandbox), the round trip of `1+1` (p50/p99) in-process, over HTTP (exec then
-//! long-poll result) and over a WebSocket session, and stdout throughput for 10 MB.
+//! Per backend: machine create latency (the API call; create plus the first instruction with the
+//! pool of ready sandboxes cold and warm), the round trip of `1+1` (p50/p99) in-process, over
+//! HTTP (exec then long-poll result) and over a WebSocket session, stdout throughput for 10 MB,
+//! and the resident memory (PSS) of one idle machine's sandbox processes.
 #![allow(clippy::print_stdout)]
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use evervm::{Client, CreateMachineOptions, ExecOptions, LocalOptions};
+use evervm::engine::{BackendChoice, Engine, EngineConfig};
+use evervm::{Client, CreateMachineOptions, ExecOptions};
 use evervm_tests::TestServer;
 
 struct Args {
@@ -116,10 +118,37 @@ async fn throughput(client: &Client) -> Result<(Duration, usize)> {
     Ok((elapsed, run.output.len()))
 }
 
-async fn creates(client: &Client, count: usize) -> Result<(Vec<Duration>, Vec<Duration>)> {
+/// An in-process client on a fresh home with this pool size.
+async fn local(backend: &str, pool_size: usize) -> Result<(Client, Engine, tempfile::TempDir)> {
+    let home = tempfile::tempdir()?;
+    let mut config = EngineConfig::new(home.path());
+    config.backend = BackendChoice::parse(backend);
+    config.pool_size = pool_size;
+    let engine = Engine::open(config).await?;
+    let account = engine.ensure_account("bench")?;
+    Ok((Client::from_engine(engine.clone(), account), engine, home))
+}
+
+async fn wait_for_pool(engine: &Engine, size: usize) {
+    for _ in 0..600 {
+        if engine.pooled_sandboxes() >= size {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Create latency (the API call) and create plus the first instruction.
+async fn creates(
+    client: &Client,
+    engine: &Engine,
+    pool: usize,
+    count: usize,
+) -> Result<(Vec<Duration>, Vec<Duration>)> {
     let mut api = Vec::new();
     let mut first = Vec::new();
     for _ in 0..count {
+        wait_for_pool(engine, pool).await;
         let started = Instant::now();
         let machine = client
             .create_machine(CreateMachineOptions::default())
@@ -127,24 +156,57 @@ async fn creates(client: &Client, count: usize) -> Result<(Vec<Duration>, Vec<Du
         api.push(started.elapsed());
         machine.exec("1").await?;
         first.push(started.elapsed());
+        machine.delete().await?;
     }
     Ok((api, first))
 }
 
+/// Proportional set size of every process whose command line names `needle`, in bytes.
+fn pss_of(needle: &str) -> u64 {
+    let mut total = 0;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(cmdline) = std::fs::read(path.join("cmdline")) else {
+            continue;
+        };
+        if !String::from_utf8_lossy(&cmdline).contains(needle) {
+            continue;
+        }
+        let Ok(rollup) = std::fs::read_to_string(path.join("smaps_rollup")) else {
+            continue;
+        };
+        for line in rollup.lines() {
+            if let Some(kb) = line.strip_prefix("Pss:") {
+                total += kb
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap_or(0)
+                    * 1024;
+            }
+        }
+    }
+    total
+}
+
 async fn bench_backend(backend: &str, rounds: usize) -> Result<()> {
     println!("backend {backend}");
-    let home = tempfile::tempdir()?;
-    let local = Client::local(LocalOptions {
-        home: Some(home.path().to_owned()),
-        backend: Some(backend.to_owned()),
-        account: None,
-    })?;
-    let (api, first) = creates(&local, 20).await?;
+    let count = if backend == "gvisor" { 10 } else { 20 };
+    let (cold, cold_engine, _cold_home) = local(backend, 0).await?;
+    let (api, first) = creates(&cold, &cold_engine, 0, count).await?;
     report("create machine (API call)", api);
-    report("create + first instruction (cold start)", first);
+    report("create + first instruction, pool cold", first);
+    let (warm, warm_engine, _warm_home) = local(backend, 2).await?;
+    let (_, first) = creates(&warm, &warm_engine, 2, count).await?;
+    report("create + first instruction, pool warm", first);
+    warm_engine.shutdown().await;
     report(
         "exec 1+1 round trip, in-process",
-        round_trips(&local, rounds).await?,
+        round_trips(&cold, rounds).await?,
     );
 
     let server = TestServer::start(backend);
@@ -158,7 +220,7 @@ async fn bench_backend(backend: &str, rounds: usize) -> Result<()> {
         session_round_trips(&remote, rounds).await?,
     );
 
-    for (label, client) in [("in-process", &local), ("HTTP stream", &remote)] {
+    for (label, client) in [("in-process", &cold), ("HTTP stream", &remote)] {
         let (elapsed, _) = throughput(client).await?;
         println!(
             "  stdout 10 MB ({label:<11})                 {:>8.1} MB/s  ({})",
@@ -166,6 +228,28 @@ async fn bench_backend(backend: &str, rounds: usize) -> Result<()> {
             ms(elapsed)
         );
     }
+    drop(server);
+    cold_engine.shutdown().await;
+
+    // One idle machine, nothing else, on a fresh home: the memory its sandbox holds.
+    let (client, engine, home) = local(backend, 0).await?;
+    let machine = client
+        .create_machine(CreateMachineOptions::default())
+        .await?;
+    machine.exec("x = 1 + 1").await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let needle = match backend {
+        "gvisor" => home.path().join("runsc").display().to_string(),
+        _ => "evervm guest agent".to_owned(),
+    };
+    let pss = pss_of(&needle);
+    if pss > 0 {
+        println!(
+            "  resident memory of one idle machine (PSS, all its processes) {:>6.1} MB",
+            pss as f64 / 1e6
+        );
+    }
+    engine.shutdown().await;
     Ok(())
 }
 

@@ -12,7 +12,8 @@ async fn main() -> anyhow::Result<()> {
     let client = Client::local(LocalOptions {
         home: Some(home.path().to_owned()),
         ..LocalOptions::default()
-    })?;
+    })
+    .await?;
     let machine = client
         .create_machine(CreateMachineOptions::default())
         .await?;

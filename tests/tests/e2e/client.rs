@@ -14,7 +14,7 @@ use futures::StreamExt;
 type Keep = Box<dyn std::any::Any + Send>;
 
 /// A remote and a local client for every backend.
-fn clients() -> Vec<(String, Client, Keep)> {
+async fn clients() -> Vec<(String, Client, Keep)> {
     let mut all: Vec<(String, Client, Keep)> = Vec::new();
     for backend in backends() {
         let server = TestServer::start(backend);
@@ -29,6 +29,7 @@ fn clients() -> Vec<(String, Client, Keep)> {
             backend: Some(backend.clone()),
             account: None,
         })
+        .await
         .unwrap();
         all.push((format!("local/{backend}"), local, Box::new(home)));
     }
@@ -44,11 +45,12 @@ fn tags(pairs: &[(&str, &str)]) -> Tags {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn machines_tags_info_and_delete() {
-    for (label, client, _keep) in clients() {
+    for (label, client, _keep) in clients().await {
         let a = client
             .create_machine(CreateMachineOptions {
                 tags: tags(&[("role", "worker"), ("n", "1")]),
                 memory_mb: Some(300),
+                image: None,
             })
             .await
             .unwrap();
@@ -56,6 +58,7 @@ async fn machines_tags_info_and_delete() {
             .create_machine(CreateMachineOptions {
                 tags: tags(&[("role", "worker"), ("n", "2")]),
                 memory_mb: None,
+                image: None,
             })
             .await
             .unwrap();
@@ -115,7 +118,7 @@ async fn machines_tags_info_and_delete() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn exec_values_errors_output_and_replay() {
-    for (label, client, _keep) in clients() {
+    for (label, client, _keep) in clients().await {
         let machine = client
             .create_machine(CreateMachineOptions::default())
             .await
@@ -191,12 +194,25 @@ async fn exec_values_errors_output_and_replay() {
             ErrorKind::NotFound,
             "{label}"
         );
+        // Output written below Python (fd 1 and 2, a subprocess) is captured too, and cannot
+        // disturb the agent's channel.
+        let low = machine
+            .exec(
+                "import os, subprocess\nos.write(1, b'raw fd write\\n')\n\
+                 subprocess.run(['echo', 'from a subprocess'])\nos.write(2, b'\\x00\\xff binary\\n')\n'ok'",
+            )
+            .await
+            .unwrap();
+        let lines: Vec<&str> = low.output.iter().map(|c| c.data.as_str()).collect();
+        assert!(lines.contains(&"raw fd write"), "{label}: {lines:?}");
+        assert!(lines.contains(&"from a subprocess"), "{label}: {lines:?}");
+        assert_eq!(low.result.value.as_deref(), Some("'ok'"), "{label}");
     }
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sessions_share_seqs_and_state() {
-    for (label, client, _keep) in clients() {
+    for (label, client, _keep) in clients().await {
         let mut session = client.connect_new().await.unwrap();
         let machine = client.machine(session.machine_name());
         let mut printed = Vec::new();
@@ -236,7 +252,7 @@ async fn sessions_share_seqs_and_state() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn timeout_recovery_and_interrupt() {
-    for (label, client, _keep) in clients() {
+    for (label, client, _keep) in clients().await {
         let machine = client
             .create_machine(CreateMachineOptions::default())
             .await

@@ -4,12 +4,13 @@
 use evervm::{Client, CreateMachineOptions, LocalOptions};
 use evervm_tests::backends;
 
-fn local(backend: &str, home: &tempfile::TempDir) -> Client {
+async fn local(backend: &str, home: &tempfile::TempDir) -> Client {
     Client::local(LocalOptions {
         home: Some(home.path().to_owned()),
         backend: Some(backend.to_owned()),
         account: None,
     })
+    .await
     .unwrap()
 }
 
@@ -19,7 +20,7 @@ async fn no_network_even_to_a_loopback_port_the_host_opened() {
     let port = listener.local_addr().unwrap().port();
     for backend in backends() {
         let home = tempfile::tempdir().unwrap();
-        let client = local(backend, &home);
+        let client = local(backend, &home).await;
         let machine = client
             .create_machine(CreateMachineOptions::default())
             .await
@@ -48,7 +49,7 @@ async fn no_network_even_to_a_loopback_port_the_host_opened() {
 async fn host_processes_are_invisible() {
     for backend in backends() {
         let home = tempfile::tempdir().unwrap();
-        let client = local(backend, &home);
+        let client = local(backend, &home).await;
         let machine = client
             .create_machine(CreateMachineOptions::default())
             .await
@@ -84,7 +85,7 @@ async fn host_processes_are_invisible() {
 async fn memory_limit_gives_memory_error_and_hurts_no_one_else() {
     for backend in backends() {
         let home = tempfile::tempdir().unwrap();
-        let client = local(backend, &home);
+        let client = local(backend, &home).await;
         let bystander = client
             .create_machine(CreateMachineOptions::default())
             .await
@@ -94,6 +95,7 @@ async fn memory_limit_gives_memory_error_and_hurts_no_one_else() {
             .create_machine(CreateMachineOptions {
                 tags: evervm::Tags::new(),
                 memory_mb: Some(128),
+                image: None,
             })
             .await
             .unwrap();

@@ -1,0 +1,221 @@
+//! What only the gVisor backend promises: the sandbox sees the image, never the host's files;
+//! the `data` image has numpy, pandas and matplotlib, and a figure comes back as `data.png`; a
+//! fork bomb or an endless print loop hurts only its own machine.
+
+use std::time::Duration;
+
+use evervm::{Client, CreateMachineOptions, ExecOptions, LocalOptions, Machine};
+use evervm_tests::backends;
+
+async fn gvisor_client(home: &tempfile::TempDir) -> Option<Client> {
+    if !backends().iter().any(|b| b == "gvisor") {
+        eprintln!("skipping: the gVisor backend is not available here");
+        return None;
+    }
+    Some(
+        Client::local(LocalOptions {
+            home: Some(home.path().to_owned()),
+            backend: Some("gvisor".to_owned()),
+            account: None,
+        })
+        .await
+        .unwrap(),
+    )
+}
+
+async fn machine(client: &Client, image: Option<&str>) -> Machine {
+    client
+        .create_machine(CreateMachineOptions {
+            image: image.map(str::to_owned),
+            ..CreateMachineOptions::default()
+        })
+        .await
+        .unwrap()
+}
+
+async fn value(machine: &Machine, code: &str) -> String {
+    let run = machine.exec(code).await.unwrap();
+    match (run.result.value, run.result.error) {
+        (Some(value), None) => value,
+        (None, None) => String::new(),
+        (_, Some(error)) => panic!("{code:?} failed: {error}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_host_file_system_is_invisible() {
+    let home = tempfile::tempdir().unwrap();
+    let Some(client) = gvisor_client(&home).await else {
+        return;
+    };
+    let secret = std::env::temp_dir().join(format!("evervm-host-secret-{}", std::process::id()));
+    std::fs::write(&secret, "host only").unwrap();
+    let m = machine(&client, None).await;
+    let code = format!(
+        "import os\n[os.path.exists({:?}), os.path.exists({:?}), os.path.exists('/root/.cargo')]",
+        secret.display().to_string(),
+        home.path().display().to_string()
+    );
+    assert_eq!(value(&m, &code).await, "[False, False, False]");
+    assert_eq!(
+        value(&m, "sorted(os.listdir('/'))").await,
+        "['bin', 'dev', 'etc', 'home', 'lib', 'lib64', 'opt', 'proc', 'root', 'sys', 'tmp', 'usr']"
+    );
+    assert_eq!(
+        value(&m, "open('/etc/hostname').read()").await,
+        "'machine\\n'"
+    );
+    assert_eq!(
+        value(&m, "os.getuid(), os.getcwd()").await,
+        "(1000, '/home/machine')"
+    );
+    // Writes land in the machine's own overlay, never in the shared image on the host.
+    value(
+        &m,
+        "open('/usr/lib/evervm-probe', 'w').write('x') if os.access('/usr/lib', os.W_OK) else None",
+    )
+    .await;
+    value(&m, "open('/tmp/mine', 'w').write('kept')").await;
+    assert_eq!(value(&m, "open('/tmp/mine').read()").await, "'kept'");
+    let info = m.info().await.unwrap();
+    assert_eq!(info.backend.as_deref(), Some("gvisor"));
+    std::fs::remove_file(&secret).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_data_image_plots_to_png() {
+    let home = tempfile::tempdir().unwrap();
+    let Some(client) = gvisor_client(&home).await else {
+        return;
+    };
+    let m = machine(&client, Some("data")).await;
+    let versions = value(
+        &m,
+        "import numpy, pandas, matplotlib\n(numpy.__version__ > '1', pandas.__version__ > '1', matplotlib.get_backend())",
+    )
+    .await;
+    assert_eq!(versions, "(True, True, 'agg')");
+    assert_eq!(
+        value(
+            &m,
+            "df = pandas.DataFrame({'x': [1, 2, 3]})\nint(df.x.sum() + numpy.arange(4).sum())"
+        )
+        .await,
+        "12"
+    );
+    let run = m
+        .exec(
+            "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('evervm')\nplt.show()",
+        )
+        .await
+        .unwrap();
+    assert!(run.result.error.is_none(), "{:?}", run.result.error);
+    let data = run.result.data.expect("a figure comes back as data");
+    let png = data["png"].as_str().expect("data.png is a string");
+    let bytes = decode_base64(png);
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "data.png is a PNG");
+    assert!(bytes.len() > 1000);
+    // The figure was closed: the next instruction has no image.
+    assert!(m.exec("1").await.unwrap().result.data.is_none());
+    assert_eq!(m.info().await.unwrap().image.as_deref(), Some("data"));
+}
+
+fn decode_base64(text: &str) -> Vec<u8> {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut bits = 0u32;
+    let mut count = 0;
+    let mut out = Vec::new();
+    for byte in text.bytes().filter(|b| *b != b'=') {
+        let value = ALPHABET.iter().position(|a| *a == byte).unwrap() as u32;
+        bits = (bits << 6) | value;
+        count += 6;
+        if count >= 8 {
+            count -= 8;
+            out.push((bits >> count) as u8);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fork_bomb_and_a_print_loop_hurt_only_their_machine() {
+    let home = tempfile::tempdir().unwrap();
+    let Some(client) = gvisor_client(&home).await else {
+        return;
+    };
+    let bystander = machine(&client, None).await;
+    value(&bystander, "kept = 'fine'").await;
+
+    let printer = machine(&client, None).await;
+    value(&printer, "before = 1").await;
+    let options = ExecOptions {
+        timeout: Duration::from_secs(3),
+        interrupt: false,
+    };
+    let run = printer
+        .exec_with("while True:\n    print('x' * 100)", &options)
+        .await
+        .unwrap();
+    assert!(run.result.timed_out(), "{:?}", run.result.error);
+    assert!(!run.output.is_empty());
+    assert_eq!(value(&printer, "before + 1").await, "2");
+
+    let bomb = machine(&client, None).await;
+    let run = bomb
+        .exec_with(
+            "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+            &ExecOptions {
+                timeout: Duration::from_secs(5),
+                interrupt: false,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        run.result.is_error(),
+        "the fork bomb ended without an error"
+    );
+    bomb.delete().await.unwrap();
+
+    assert_eq!(value(&bystander, "kept").await, "'fine'");
+    let fresh = machine(&client, None).await;
+    assert_eq!(value(&fresh, "6 * 7").await, "42");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_the_address_space_limit_misses_is_stopped_by_the_backstop() {
+    let home = tempfile::tempdir().unwrap();
+    let Some(client) = gvisor_client(&home).await else {
+        return;
+    };
+    let m = client
+        .create_machine(CreateMachineOptions {
+            memory_mb: Some(256),
+            ..CreateMachineOptions::default()
+        })
+        .await
+        .unwrap();
+    value(&m, "before = 1").await;
+    // Files in /tmp live in the sandbox's memory, which RLIMIT_AS does not count.
+    let run = m
+        .exec_with(
+            "block = b'x' * (16 << 20)\nfor i in range(96):\n    open(f'/tmp/fill{i}', 'wb').write(block)",
+            &ExecOptions {
+                timeout: Duration::from_secs(60),
+                interrupt: false,
+            },
+        )
+        .await
+        .unwrap();
+    let error = run.result.error.clone().unwrap_or_default();
+    assert_eq!(
+        run.result.cause,
+        Some(evervm::FailureCause::MachineCrashed),
+        "{error}"
+    );
+    assert!(error.contains("memory"), "{error}");
+    let info = m.info().await.unwrap();
+    assert!(info.last_error.is_some_and(|e| e.contains("memory")));
+    // The machine starts again, with a fresh interpreter.
+    assert_eq!(value(&m, "6 * 7").await, "42");
+}
