@@ -45,12 +45,19 @@ impl LiveInstruction {
         }
     }
 
-    fn push_chunk(&self, stream: OutputStream, data: String) {
+    /// Appends lines (one lock and one wake-up for many).
+    fn push_chunks(&self, lines: impl IntoIterator<Item = (OutputStream, String)>) {
         let mut live = lock(&self.data);
-        let seq = live.chunks.len() as i64;
-        live.chunks.push(OutputChunk { seq, stream, data });
+        let before = live.chunks.len();
+        for (stream, data) in lines {
+            let seq = live.chunks.len() as i64;
+            live.chunks.push(OutputChunk { seq, stream, data });
+        }
+        let added = live.chunks.len() > before;
         drop(live);
-        self.version.send_modify(|v| *v += 1);
+        if added {
+            self.version.send_modify(|v| *v += 1);
+        }
     }
 
     /// Sets the result once; later calls are ignored.
@@ -83,35 +90,50 @@ impl LiveInstruction {
         }
     }
 
-    /// Output chunks from the first, then the result; ends after the result.
+    /// Output chunks from the first, then the result; ends after the result. Takes everything
+    /// available under one lock and hands it out from a local buffer.
     pub(crate) fn events(self: Arc<Self>) -> impl futures::Stream<Item = ExecEvent> + Send {
+        struct Cursor {
+            live: Arc<LiveInstruction>,
+            changes: watch::Receiver<u64>,
+            next: usize,
+            buffer: std::collections::VecDeque<ExecEvent>,
+            done: bool,
+        }
         let changes = self.version.subscribe();
-        futures::stream::unfold(
-            (self, changes, 0usize, false),
-            |(live, mut changes, next, done)| async move {
-                if done {
+        let cursor = Cursor {
+            live: self,
+            changes,
+            next: 0,
+            buffer: std::collections::VecDeque::new(),
+            done: false,
+        };
+        futures::stream::unfold(cursor, |mut cursor| async move {
+            loop {
+                if let Some(event) = cursor.buffer.pop_front() {
+                    return Some((event, cursor));
+                }
+                if cursor.done {
                     return None;
                 }
-                loop {
-                    changes.borrow_and_update();
-                    {
-                        let data = lock(&live.data);
-                        if let Some(chunk) = data.chunks.get(next) {
-                            let event = ExecEvent::Output(chunk.clone());
-                            drop(data);
-                            return Some((event, (live, changes, next + 1, false)));
-                        }
-                        if let Some(result) = data.result.clone() {
-                            drop(data);
-                            return Some((ExecEvent::Result(result), (live, changes, next, true)));
-                        }
-                    }
-                    if changes.changed().await.is_err() {
-                        return None;
+                cursor.changes.borrow_and_update();
+                {
+                    let data = lock(&cursor.live.data);
+                    let available = data.chunks.get(cursor.next..).unwrap_or_default();
+                    cursor.next += available.len();
+                    cursor
+                        .buffer
+                        .extend(available.iter().cloned().map(ExecEvent::Output));
+                    if let Some(result) = data.result.clone() {
+                        cursor.buffer.push_back(ExecEvent::Result(result));
+                        cursor.done = true;
                     }
                 }
-            },
-        )
+                if cursor.buffer.is_empty() && cursor.changes.changed().await.is_err() {
+                    return None;
+                }
+            }
+        })
     }
 }
 
@@ -278,25 +300,33 @@ impl LineSplitter {
 
     fn push(&mut self, live: &LiveInstruction, stream: OutputStream, data: &str) {
         let partial = &mut self.partial[Self::index(stream)];
+        let mut lines = Vec::new();
         let mut rest = data;
         while let Some(newline) = rest.find('\n') {
-            partial.push_str(&rest[..newline]);
-            live.push_chunk(stream, std::mem::take(partial));
+            if partial.is_empty() {
+                lines.push((stream, rest[..newline].to_owned()));
+            } else {
+                partial.push_str(&rest[..newline]);
+                lines.push((stream, std::mem::take(partial)));
+            }
             rest = &rest[newline + 1..];
         }
         partial.push_str(rest);
         if partial.len() > MAX_LINE_BYTES {
-            live.push_chunk(stream, std::mem::take(partial));
+            lines.push((stream, std::mem::take(partial)));
         }
+        live.push_chunks(lines);
     }
 
     fn flush(&mut self, live: &LiveInstruction) {
+        let mut lines = Vec::new();
         for stream in [OutputStream::Stdout, OutputStream::Stderr] {
             let partial = &mut self.partial[Self::index(stream)];
             if !partial.is_empty() {
-                live.push_chunk(stream, std::mem::take(partial));
+                lines.push((stream, std::mem::take(partial)));
             }
         }
+        live.push_chunks(lines);
     }
 }
 

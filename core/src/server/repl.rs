@@ -31,12 +31,27 @@ const NEW: &str = "new";
 /// Longest close reason a close frame can carry, in bytes.
 const MAX_CLOSE_REASON: usize = 123;
 
+/// How long `exec_received` waits for ForeverVM's Rust SDK (`x-forevervm-sdk: rust`). That SDK
+/// sends an `exec` and only then starts waiting for its `exec_received`; one that arrives first
+/// is dropped, and the instruction's output and result with it (seen with the SDK 0.1.35 and its
+/// CLI against this server). No other client needs the pause.
+const RUST_SDK_EXEC_RECEIVED_DELAY: std::time::Duration = std::time::Duration::from_millis(10);
+
 pub(crate) async fn repl(
     State(state): State<AppState>,
     WsAuthed(account): WsAuthed,
     WirePath(name): WirePath<String>,
+    headers: axum::http::HeaderMap,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiFailure> {
+    let rust_sdk = headers
+        .get("x-forevervm-sdk")
+        .is_some_and(|sdk| sdk.as_bytes() == b"rust");
+    let received_delay = if rust_sdk {
+        RUST_SDK_EXEC_RECEIVED_DELAY
+    } else {
+        std::time::Duration::ZERO
+    };
     let upgrade = upgrade.map_err(|rejection| {
         ApiFailure::new(
             rejection.status(),
@@ -46,7 +61,7 @@ pub(crate) async fn repl(
     })?;
     Ok(upgrade
         .max_message_size(super::BODY_LIMIT_BYTES)
-        .on_upgrade(move |socket| session(state.engine, account, name, socket)))
+        .on_upgrade(move |socket| session(state.engine, account, name, socket, received_delay)))
 }
 
 /// The instruction being streamed: its seq and its events, in batches of those ready at once.
@@ -70,10 +85,18 @@ struct Session {
     socket: WebSocket,
     /// Accepted instructions not yet streamed, in order.
     queue: VecDeque<i64>,
+    /// A pause before each `exec_received` (see `RUST_SDK_EXEC_RECEIVED_DELAY`).
+    received_delay: std::time::Duration,
     streaming: Option<Streaming>,
 }
 
-async fn session(engine: Engine, account: Account, requested: String, mut socket: WebSocket) {
+async fn session(
+    engine: Engine,
+    account: Account,
+    requested: String,
+    mut socket: WebSocket,
+    received_delay: std::time::Duration,
+) {
     let machine = match open_machine(&engine, &account, &requested) {
         Ok(machine) => machine,
         Err(failure) => return fail(&mut socket, &failure).await,
@@ -90,6 +113,7 @@ async fn session(engine: Engine, account: Account, requested: String, mut socket
         machine,
         socket,
         queue: VecDeque::new(),
+        received_delay,
         streaming: None,
     };
     while session.step().await == Flow::Continue {}
@@ -159,6 +183,9 @@ impl Session {
                     request_id,
                 };
                 self.queue.push_back(accepted.seq);
+                if !self.received_delay.is_zero() {
+                    tokio::time::sleep(self.received_delay).await;
+                }
                 flow(send(&mut self.socket, &received).await)
             }
             // The client waits for this exec's result: end the connection so that no client

@@ -140,7 +140,9 @@ impl GvisorBackend {
                 "no runsc found: {INSTALL_HINT}"
             )));
         }
-        let cache_path = state_dir.join("probe.json");
+        // What runs here is a property of the host and the runsc binary, not of a home: the
+        // answer is kept in the user's cache directory.
+        let cache_path = crate::guest::image::default_cache_dir().join("runsc-probe.json");
         let cached: Option<ProbeCache> = std::fs::read(&cache_path)
             .ok()
             .and_then(|bytes| serde_json::from_slice(&bytes).ok());
@@ -165,7 +167,9 @@ impl GvisorBackend {
                         digest: binary_digest(&runsc.path)?,
                         platform: runsc.platform.clone(),
                     };
-                    if let Ok(bytes) = serde_json::to_vec(&cache) {
+                    if let Ok(bytes) = serde_json::to_vec(&cache)
+                        && std::fs::create_dir_all(crate::guest::image::default_cache_dir()).is_ok()
+                    {
                         let _ = crate::fsutil::write_durably(&cache_path, &bytes);
                     }
                     let backend = Self {
