@@ -12,7 +12,9 @@ Host -> agent:
   {"op": "interrupt", "id": N}
 Agent -> host:
   {"ev": "ready", "python": "3.11.2", "pid": P}
-  {"ev": "output", "id": N, "stream": "stdout" | "stderr", "data": "..."}
+  output, as a binary frame (no JSON escaping of large text): the byte "O", the byte "o"
+  (stdout) or "e" (stderr), the instruction id as a big-endian signed 64-bit integer (-1: none),
+  then the text as UTF-8
   {"ev": "result", "id": N, "value": "..." | null, "data": {...} | null, "runtime_ms": R}
   {"ev": "result", "id": N, "error": "...", "cause": "exception" | "timeout" | "interrupted",
    "runtime_ms": R}
@@ -36,6 +38,7 @@ import types
 
 MAX_FRAME = 64 * 1024 * 1024
 MAX_TEXT = 1024 * 1024
+OUTPUT_FRAME_CHARS = 1024 * 1024
 PIPE_READ = 64 * 1024
 AGENT_FILE = sys._getframe().f_code.co_filename
 
@@ -53,16 +56,42 @@ _out_lock = threading.Lock()
 def send(event):
     """Writes one frame. An interrupt that arrives meanwhile waits until the frame is whole."""
     payload = json.dumps(event, ensure_ascii=False).encode("utf-8", "surrogatepass")
-    frame = struct.pack(">I", len(payload)) + payload
     with _out_lock:
         STATE.enter_critical()
         try:
-            view = memoryview(frame)
-            while view:
-                written = os.write(CHAN_OUT, view)
-                view = view[written:]
+            _write_all([struct.pack(">I", len(payload)), payload])
         finally:
             STATE.leave_critical()
+
+
+def send_output(stream, text):
+    """Sends output text as binary frames of at most about 1 MiB."""
+    kind = b"Oo" if stream == "stdout" else b"Oe"
+    current = STATE.current
+    ident = struct.pack(">q", -1 if current is None else current)
+    for start in range(0, len(text), OUTPUT_FRAME_CHARS):
+        data = text[start:start + OUTPUT_FRAME_CHARS].encode("utf-8", "surrogatepass")
+        header = struct.pack(">I", len(data) + 10) + kind + ident
+        with _out_lock:
+            STATE.enter_critical()
+            try:
+                _write_all([header, data])
+            finally:
+                STATE.leave_critical()
+
+
+def _write_all(parts):
+    """Writes every part, in order, with as few system calls as the channel allows."""
+    views = [memoryview(part) for part in parts if len(part)]
+    while views:
+        written = os.writev(CHAN_OUT, views)
+        while written and views:
+            if written >= len(views[0]):
+                written -= len(views[0])
+                views.pop(0)
+            else:
+                views[0] = views[0][written:]
+                written = 0
 
 
 def _read_exact(n):
@@ -112,7 +141,7 @@ class Capture:
     def _forward(self, data, final=False):
         text = self.decoder.decode(data, final)
         if text:
-            send({"ev": "output", "id": STATE.current, "stream": self.stream, "data": text})
+            send_output(self.stream, text)
 
     def _read_available(self):
         """Reads whatever the pipe holds now; returns False when it was empty."""
@@ -148,7 +177,6 @@ class OutputBuffer:
     """
 
     FLUSH_BYTES = 256 * 1024
-    FRAME_CHARS = 1024 * 1024
     DELAY = 0.01
 
     def __init__(self):
@@ -177,10 +205,7 @@ class OutputBuffer:
     def _flush_locked(self):
         segments, self.segments, self.size = self.segments, [], 0
         for stream, parts in segments:
-            text = "".join(parts)
-            for start in range(0, len(text), self.FRAME_CHARS):
-                send({"ev": "output", "id": STATE.current, "stream": stream,
-                      "data": text[start:start + self.FRAME_CHARS]})
+            send_output(stream, "".join(parts))
 
     def _flusher(self):
         while True:

@@ -151,8 +151,36 @@ struct RawEvent {
     runtime_ms: Option<u64>,
 }
 
-/// Decodes and validates one event payload.
+/// Decodes a binary output frame: `O`, `o` or `e`, a big-endian i64 id (-1: none), UTF-8 text.
+fn decode_output(payload: &[u8]) -> Result<AgentEvent, ProtocolError> {
+    let malformed = |what: &str| ProtocolError::Malformed(format!("output frame {what}"));
+    let stream = match payload.get(1) {
+        Some(b'o') => OutputStream::Stdout,
+        Some(b'e') => OutputStream::Stderr,
+        _ => return Err(malformed("names no stream")),
+    };
+    let id_bytes: [u8; 8] = payload
+        .get(2..10)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| malformed("is too short"))?;
+    let id = i64::from_be_bytes(id_bytes);
+    let text = &payload[10..];
+    let data = match std::str::from_utf8(text) {
+        Ok(text) => text.to_owned(),
+        Err(_) => String::from_utf8_lossy(text).into_owned(),
+    };
+    Ok(AgentEvent::Output {
+        id: (id >= 0).then_some(id),
+        stream,
+        data,
+    })
+}
+
+/// Decodes and validates one event payload: a binary output frame, or a JSON event.
 pub fn decode_event(payload: &[u8]) -> Result<AgentEvent, ProtocolError> {
+    if payload.first() == Some(&b'O') {
+        return decode_output(payload);
+    }
     let raw: RawEvent =
         serde_json::from_slice(payload).map_err(|e| ProtocolError::Malformed(e.to_string()))?;
     let malformed = |what: &str| ProtocolError::Malformed(format!("{} event {what}", raw.ev));
@@ -272,6 +300,34 @@ mod tests {
                 runtime_ms: 5
             }
         );
+    }
+
+    #[test]
+    fn decodes_binary_output_frames() {
+        let mut payload = b"Oe".to_vec();
+        payload.extend(7i64.to_be_bytes());
+        payload.extend("caf\u{e9}\n".as_bytes());
+        assert_eq!(
+            decode_event(&payload).unwrap(),
+            AgentEvent::Output {
+                id: Some(7),
+                stream: OutputStream::Stderr,
+                data: "caf\u{e9}\n".into()
+            }
+        );
+        let mut none = b"Oo".to_vec();
+        none.extend((-1i64).to_be_bytes());
+        none.push(0xff);
+        assert_eq!(
+            decode_event(&none).unwrap(),
+            AgentEvent::Output {
+                id: None,
+                stream: OutputStream::Stdout,
+                data: "\u{fffd}".into()
+            }
+        );
+        assert!(decode_event(b"Ox").is_err());
+        assert!(decode_event(b"Oo123").is_err());
     }
 
     proptest! {

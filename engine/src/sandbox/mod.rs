@@ -59,3 +59,11 @@ pub trait Sandbox: Send {
     /// If the sandbox has ended, why (exit status, signal).
     fn exit_reason(&mut self) -> Option<String>;
 }
+
+/// Enlarges a pipe's buffer (to 1 MiB where the host allows), so that a burst of output crosses
+/// in few wake-ups. Best effort: the default size only costs speed.
+pub(crate) fn widen_pipe(fd: &impl std::os::fd::AsRawFd) {
+    // SAFETY: F_SETPIPE_SZ takes an int and touches no memory of ours; an fd that is not a pipe
+    // (or a size over the host's limit) only makes the call fail.
+    let _ = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
+}

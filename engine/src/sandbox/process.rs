@@ -195,6 +195,7 @@ impl SandboxBackend for ProcessBackend {
             let _ = child.kill().await;
             return Err(Error::internal("the sandbox process has no stdio pipes"));
         };
+        super::widen_pipe(&stdout);
         Ok(Box::new(ProcessSandbox {
             child,
             channel: Some((Box::new(stdout), Box::new(stdin))),
