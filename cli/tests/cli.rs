@@ -9,38 +9,28 @@ use std::process::{Child, Command, Output, Stdio};
 const EVERVM: &str = env!("CARGO_BIN_EXE_evervm");
 
 /// Backends to run on: `EVERVM_TEST_BACKENDS`, else every backend that runs an instruction here
-/// (in CI, gVisor must).
+/// through the `evervm` command (in CI, gVisor must).
 fn backends() -> Vec<String> {
     static FOUND: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
     FOUND
         .get_or_init(|| {
-            if let Ok(list) = std::env::var("EVERVM_TEST_BACKENDS") {
-                return list
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_owned)
-                    .collect();
-            }
-            let mut found = Vec::new();
-            for backend in ["gvisor", "process"] {
-                let home = tempfile::tempdir().unwrap();
-                let probe = run_with_input(
-                    Command::new(EVERVM)
-                        .args(["--local", "--backend", backend, "--home"])
-                        .arg(home.path())
-                        .args(["exec", "1 + 1"]),
-                    "",
-                );
-                if probe.status.success() && stdout(&probe) == "2\n" {
-                    found.push(backend.to_owned());
-                } else if backend == "gvisor" && std::env::var_os("CI").is_some() {
-                    panic!("gVisor must be available in CI, but: {}", stderr(&probe));
-                } else {
-                    eprintln!("skipping the {backend} backend: {}", stderr(&probe));
-                }
-            }
-            found
+            evervm_tests::backends_from_env().unwrap_or_else(|| {
+                evervm_tests::available_backends(|backend| {
+                    let home = tempfile::tempdir().map_err(|e| e.to_string())?;
+                    let probe = run_with_input(
+                        Command::new(EVERVM)
+                            .args(["--local", "--backend", backend, "--home"])
+                            .arg(home.path())
+                            .args(["exec", "1 + 1"]),
+                        "",
+                    );
+                    if probe.status.success() && stdout(&probe) == "2\n" {
+                        Ok(())
+                    } else {
+                        Err(stderr(&probe))
+                    }
+                })
+            })
         })
         .clone()
 }

@@ -10,32 +10,42 @@ use std::sync::OnceLock;
 
 use evervm::engine::{BackendChoice, Engine, EngineConfig, create_token_in_home};
 
-/// The backends the suites run on. `EVERVM_TEST_BACKENDS` (comma-separated) chooses; otherwise
-/// every backend this host can run, with a printed reason for each one that is skipped.
+/// Every backend, best first.
+pub const ALL_BACKENDS: [&str; 2] = ["gvisor", "process"];
+
+/// The backends `EVERVM_TEST_BACKENDS` (comma-separated) names, if it is set.
+pub fn backends_from_env() -> Option<Vec<String>> {
+    let list = std::env::var("EVERVM_TEST_BACKENDS").ok()?;
+    Some(
+        list.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    )
+}
+
+/// Keeps the backends that pass `probe`, printing why each other one is skipped. In CI (which
+/// installs gVisor) a gVisor that does not work is a failure, never a skip.
+pub fn available_backends(probe: impl Fn(&str) -> Result<(), String>) -> Vec<String> {
+    let mut found = Vec::new();
+    for backend in ALL_BACKENDS {
+        match probe(backend) {
+            Ok(()) => found.push(backend.to_owned()),
+            Err(reason) if backend == "gvisor" && std::env::var_os("CI").is_some() => {
+                panic!("gVisor must be available in CI, but: {reason}")
+            }
+            Err(reason) => eprintln!("skipping the {backend} backend: {reason}"),
+        }
+    }
+    found
+}
+
+/// The backends the suites run on: `EVERVM_TEST_BACKENDS`, otherwise every backend this host
+/// can run.
 pub fn backends() -> &'static [String] {
     static BACKENDS: OnceLock<Vec<String>> = OnceLock::new();
-    BACKENDS.get_or_init(|| {
-        if let Ok(list) = std::env::var("EVERVM_TEST_BACKENDS") {
-            return list
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned)
-                .collect();
-        }
-        let mut found = Vec::new();
-        for backend in ["gvisor", "process"] {
-            match probe(backend) {
-                Ok(()) => found.push(backend.to_owned()),
-                // CI installs gVisor: there its tests must run, never be skipped.
-                Err(reason) if backend == "gvisor" && std::env::var_os("CI").is_some() => {
-                    panic!("gVisor must be available in CI, but: {reason}")
-                }
-                Err(reason) => eprintln!("skipping the {backend} backend: {reason}"),
-            }
-        }
-        found
-    })
+    BACKENDS.get_or_init(|| backends_from_env().unwrap_or_else(|| available_backends(probe)))
 }
 
 /// Runs one instruction on the backend, on a thread of its own (callers may be inside a runtime).
