@@ -145,6 +145,8 @@ enum MachineCommand {
     },
     /// Delete a machine, its state and its history.
     Delete { name: String },
+    /// Save a machine to disk and release its memory (gVisor); its next instruction restores it.
+    Swap { name: String },
 }
 
 fn parse_tags(pairs: &[String]) -> Result<Tags> {
@@ -375,6 +377,10 @@ async fn machine(command: MachineCommand, client: &Client) -> Result<ExitCode> {
         MachineCommand::Delete { name } => {
             client.machine(&name).delete().await?;
             eprintln!("deleted {name}");
+        }
+        MachineCommand::Swap { name } => {
+            client.machine(&name).swap_out().await?;
+            eprintln!("swapped out {name}");
         }
     }
     Ok(ExitCode::SUCCESS)

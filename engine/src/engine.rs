@@ -361,7 +361,11 @@ impl Engine {
         };
         lock(&self.inner.store).insert_machine(&record)?;
         let handle = self.spawn_handle(&record, true);
-        Ok(Self::info_of(&record, Some(&handle)))
+        Ok(Self::info_of(
+            &self.inner.config.home,
+            &record,
+            Some(&handle),
+        ))
     }
 
     fn spawn_handle(&self, record: &MachineRecord, eager: bool) -> Arc<MachineHandle> {
@@ -400,7 +404,11 @@ impl Engine {
         Ok(self.spawn_handle(&record, false))
     }
 
-    fn info_of(record: &MachineRecord, handle: Option<&Arc<MachineHandle>>) -> MachineInfo {
+    fn info_of(
+        home: &Path,
+        record: &MachineRecord,
+        handle: Option<&Arc<MachineHandle>>,
+    ) -> MachineInfo {
         let (resident, pending) = handle.map_or((false, false), |h| {
             (h.resident(), h.has_pending_instruction())
         });
@@ -413,6 +421,8 @@ impl Engine {
             backend: record.backend.clone(),
             state: if resident {
                 MachineState::Resident
+            } else if crate::snapshot::snapshot_dir(home, record.name.as_str()).exists() {
+                MachineState::Swapped
             } else {
                 MachineState::Stopped
             },
@@ -430,14 +440,18 @@ impl Engine {
         Ok(records
             .iter()
             .filter(|r| filter.iter().all(|(k, v)| r.tags.get(k) == Some(v)))
-            .map(|r| Self::info_of(r, machines.get(r.name.as_str())))
+            .map(|r| Self::info_of(&self.inner.config.home, r, machines.get(r.name.as_str())))
             .collect())
     }
 
     pub fn machine_info(&self, account: &Account, name: &str) -> Result<MachineInfo> {
         let record = self.record(account, name)?;
         let handle = lock(&self.inner.machines).get(name).cloned();
-        Ok(Self::info_of(&record, handle.as_ref()))
+        Ok(Self::info_of(
+            &self.inner.config.home,
+            &record,
+            handle.as_ref(),
+        ))
     }
 
     /// Queues an instruction and returns at once with its seq.
@@ -516,7 +530,13 @@ impl Engine {
         handle.stop().await;
         lock(&self.inner.store).delete_machine(name)?;
         lock(&self.inner.machines).remove(name);
-        Ok(())
+        crate::snapshot::remove(&self.inner.config.home, name)
+    }
+
+    /// Saves a machine to disk (memory, files, everything) and releases its sandbox; its next
+    /// instruction restores it. Waits for the running instruction to finish first.
+    pub async fn swap_out(&self, account: &Account, name: &str) -> Result<()> {
+        self.handle(account, name)?.swap_out().await
     }
 
     /// Stops every machine's sandbox. The engine stays usable; machines start again on their

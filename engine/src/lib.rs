@@ -10,6 +10,7 @@ pub mod guest;
 mod machine;
 mod pool;
 pub mod sandbox;
+pub mod snapshot;
 pub mod store;
 mod types;
 

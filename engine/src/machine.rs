@@ -6,13 +6,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::engine::EngineInner;
 use crate::error::{Error, Result};
 use crate::guest::channel::{AgentEvent, AgentOutcome, AgentRequest};
-use crate::pool::{Pool, Resident, Shape};
+use crate::guest::connection::AgentConnection;
+use crate::pool::{Pool, Resident, Shape, sandbox_id};
+use crate::sandbox::SandboxSpec;
+use crate::snapshot;
 use crate::types::{
     ExecEvent, ExecResult, FailureCause, MachineName, Outcome, OutputChunk, OutputStream,
 };
@@ -160,6 +163,8 @@ pub(crate) struct MachineHandle {
     pub shape: Shape,
     state: Mutex<MachineState>,
     jobs: mpsc::UnboundedSender<Job>,
+    /// Requests to save the machine to disk and release its sandbox.
+    swaps: mpsc::UnboundedSender<oneshot::Sender<Result<()>>>,
     /// Wakes the machine's task to look at `interrupt_requested` and `deleted`.
     wake: Notify,
     interrupt_requested: AtomicBool,
@@ -178,18 +183,26 @@ impl MachineHandle {
         eager: bool,
     ) -> Arc<Self> {
         let (jobs, queue) = mpsc::unbounded_channel();
+        let (swaps, swap_requests) = mpsc::unbounded_channel();
         let handle = Arc::new(Self {
             name,
             account_id,
             shape,
             state: Mutex::new(MachineState::default()),
             jobs,
+            swaps,
             wake: Notify::new(),
             interrupt_requested: AtomicBool::new(false),
             deleted: AtomicBool::new(false),
             stopped: watch::channel(false).0,
         });
-        tokio::spawn(run(engine, Arc::clone(&handle), queue, eager));
+        tokio::spawn(run(
+            engine,
+            Arc::clone(&handle),
+            queue,
+            swap_requests,
+            eager,
+        ));
         handle
     }
 
@@ -264,6 +277,17 @@ impl MachineHandle {
         any
     }
 
+    /// Saves the machine to disk and releases its sandbox (between instructions).
+    pub(crate) async fn swap_out(&self) -> Result<()> {
+        let (reply, answer) = oneshot::channel();
+        self.swaps
+            .send(reply)
+            .map_err(|_| Error::machine_not_found(self.name.as_str()))?;
+        answer
+            .await
+            .map_err(|_| Error::machine_not_found(self.name.as_str()))?
+    }
+
     /// Stops the machine's task and its sandbox; pending instructions end as interrupted.
     pub(crate) async fn stop(&self) {
         self.deleted.store(true, Ordering::SeqCst);
@@ -334,6 +358,7 @@ async fn run(
     engine: Arc<EngineInner>,
     machine: Arc<MachineHandle>,
     mut queue: mpsc::UnboundedReceiver<Job>,
+    mut swap_requests: mpsc::UnboundedReceiver<oneshot::Sender<Result<()>>>,
     eager: bool,
 ) {
     let mut resident: Option<Resident> = None;
@@ -349,6 +374,12 @@ async fn run(
     loop {
         let job = tokio::select! {
             job = queue.recv() => job,
+            Some(reply) = swap_requests.recv() => {
+                let swapped = swap_out(&engine, &machine, &mut resident).await;
+                lock(&machine.state).resident = resident.is_some();
+                let _ = reply.send(swapped);
+                continue;
+            }
             () = machine.wake.notified() => {
                 if machine.deleted.load(Ordering::SeqCst) { None } else { continue }
             }
@@ -405,6 +436,66 @@ async fn run(
     machine.stopped.send_replace(true);
 }
 
+/// A sandbox for a machine that has none: its snapshot restored when it has one (refused, with
+/// the reason, when the snapshot is damaged), else a fresh one from the pool.
+async fn acquire(engine: &Arc<EngineInner>, machine: &MachineHandle) -> Result<Resident> {
+    let home = &engine.config.home;
+    let name = machine.name.as_str();
+    let Some(manifest) = snapshot::verify(home, name, &engine.backend.describe())? else {
+        return Pool::take(engine, machine.shape).await;
+    };
+    let spec = SandboxSpec {
+        id: sandbox_id(),
+        memory_mb: machine.shape.memory_mb,
+        profile: machine.shape.profile,
+        image_id: manifest.image_id,
+    };
+    let mut sandbox = engine
+        .backend
+        .restore(&spec, &snapshot::snapshot_dir(home, name))
+        .await?;
+    let Some((reader, writer)) = sandbox.take_channel() else {
+        let _ = sandbox.kill().await;
+        return Err(Error::internal("the restored sandbox has no agent channel"));
+    };
+    Ok(Resident {
+        sandbox,
+        agent: AgentConnection::resume(reader, writer),
+    })
+}
+
+/// Checkpoints the resident sandbox into the machine's snapshot and releases it.
+async fn swap_out(
+    engine: &Arc<EngineInner>,
+    machine: &MachineHandle,
+    resident: &mut Option<Resident>,
+) -> Result<()> {
+    let Some(mut current) = resident.take() else {
+        // Nothing in memory: the snapshot on disk (if any) is already the machine.
+        return Ok(());
+    };
+    let home = engine.config.home.clone();
+    let name = machine.name.to_string();
+    let staging = snapshot::staging_dir(&home, &name)?;
+    let image_id = current.sandbox.image_id();
+    if let Err(e) = current.sandbox.checkpoint(&staging).await {
+        let _ = std::fs::remove_dir_all(&staging);
+        if e.kind() == crate::ErrorKind::Unsupported {
+            *resident = Some(current);
+        } else {
+            current.kill().await;
+        }
+        return Err(e);
+    }
+    drop(current);
+    let runtime = engine.backend.describe();
+    tokio::task::spawn_blocking(move || {
+        snapshot::commit(&home, &name, &staging, &runtime, image_id).map(drop)
+    })
+    .await
+    .map_err(|e| Error::internal(format!("saving the snapshot stopped: {e}")))?
+}
+
 async fn run_job(
     engine: &Arc<EngineInner>,
     machine: &MachineHandle,
@@ -413,7 +504,7 @@ async fn run_job(
 ) -> ExecResult {
     let mut current = match resident.take() {
         Some(r) => r,
-        None => match Pool::take(engine, machine.shape).await {
+        None => match acquire(engine, machine).await {
             Ok(r) => {
                 lock(&machine.state).resident = true;
                 r
@@ -422,7 +513,7 @@ async fn run_job(
                 engine.record_machine_error(&machine.name, &e.to_string());
                 return ExecResult::failure(
                     FailureCause::MachineCrashed,
-                    format!("the machine could not start: {e}"),
+                    format!("MachineCrashed: the machine could not start: {e}"),
                 );
             }
         },

@@ -40,7 +40,7 @@ pub(crate) struct Pool {
     starting: Mutex<HashMap<Shape, usize>>,
 }
 
-fn sandbox_id() -> String {
+pub(crate) fn sandbox_id() -> String {
     use rand::Rng;
     let n: u64 = rand::rng().random();
     format!("evm-{n:016x}")
@@ -52,6 +52,7 @@ pub(crate) async fn start_sandbox(engine: &EngineInner, shape: Shape) -> Result<
         id: sandbox_id(),
         memory_mb: shape.memory_mb,
         profile: shape.profile,
+        image_id: None,
     };
     let mut sandbox = engine.backend.start(&spec).await?;
     let Some((reader, writer)) = sandbox.take_channel() else {

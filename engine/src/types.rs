@@ -149,6 +149,8 @@ pub struct CreateMachine {
 pub enum MachineState {
     /// Its sandbox is running and holds the interpreter.
     Resident,
+    /// Saved to disk, no sandbox: the next instruction restores it.
+    Swapped,
     /// No sandbox yet or any more; the next instruction starts one. On a backend without
     /// snapshots a fresh interpreter is started and earlier state is gone.
     Stopped,
@@ -158,6 +160,7 @@ impl MachineState {
     pub fn as_str(self) -> &'static str {
         match self {
             MachineState::Resident => "resident",
+            MachineState::Swapped => "swapped",
             MachineState::Stopped => "stopped",
         }
     }

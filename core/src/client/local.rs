@@ -114,6 +114,10 @@ impl Transport for LocalTransport {
         Ok(self.engine.delete_machine(&self.account, name).await?)
     }
 
+    async fn swap_out(&self, name: &str) -> Result<()> {
+        Ok(self.engine.swap_out(&self.account, name).await?)
+    }
+
     async fn connect(&self, name: Option<&str>) -> Result<Box<dyn SessionTransport>> {
         let name = match name {
             Some(name) => {

@@ -36,6 +36,7 @@ pub(crate) trait Transport: Send + Sync + 'static {
     async fn events(&self, name: &str, seq: i64) -> Result<EventStream>;
     async fn interrupt(&self, name: &str) -> Result<bool>;
     async fn delete_machine(&self, name: &str) -> Result<()>;
+    async fn swap_out(&self, name: &str) -> Result<()>;
     /// A session on a machine (`None`: a new one): over WebSocket for a remote server.
     async fn connect(&self, name: Option<&str>) -> Result<Box<dyn SessionTransport>>;
 }
@@ -207,6 +208,12 @@ impl Machine {
 
     pub async fn delete(&self) -> Result<()> {
         self.transport.delete_machine(&self.name).await
+    }
+
+    /// Saves the machine (memory and files) to disk and releases its sandbox; the next
+    /// instruction restores it. Not available on the process backend.
+    pub async fn swap_out(&self) -> Result<()> {
+        self.transport.swap_out(&self.name).await
     }
 
     /// Opens a session (a WebSocket REPL on a remote server) on this machine.

@@ -302,6 +302,17 @@ impl Transport for RemoteTransport {
         Ok(())
     }
 
+    async fn swap_out(&self, name: &str) -> Result<()> {
+        let _: protocol::SwapResponse = self
+            .call(
+                Method::POST,
+                &format!("/v1/machine/{}/swap", segment(name)?),
+                None,
+            )
+            .await?;
+        Ok(())
+    }
+
     async fn connect(&self, name: Option<&str>) -> Result<Box<dyn SessionTransport>> {
         let name = match name {
             Some(name) => segment(name)?.to_owned(),

@@ -219,6 +219,12 @@ pub struct DeleteMachineResponse {
     pub deleted: bool,
 }
 
+/// `POST /v1/machine/{name}/swap`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SwapResponse {
+    pub swapped: bool,
+}
+
 /// `POST /v1/machine/{name}/interrupt`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InterruptResponse {

@@ -11,7 +11,7 @@ use super::extract::{OptionalJsonBody, WirePath};
 use crate::convert::server::{create_machine_from_wire, list_filter_from_wire, machine_to_wire};
 use crate::protocol::{
     CreateMachineRequest, CreateMachineResponse, DeleteMachineResponse, InterruptResponse,
-    ListMachinesRequest, ListMachinesResponse, MachineInfoResponse, WhoamiResponse,
+    ListMachinesRequest, ListMachinesResponse, MachineInfoResponse, SwapResponse, WhoamiResponse,
 };
 
 type ApiResult<T> = Result<Json<T>, ApiFailure>;
@@ -94,4 +94,15 @@ pub(crate) async fn interrupt(
 ) -> ApiResult<InterruptResponse> {
     let interrupted = state.engine.interrupt(&account, &name)?;
     Ok(Json(InterruptResponse { interrupted }))
+}
+
+/// `POST /v1/machine/{machine_name}/swap` (evervm): saves the machine to disk and releases its
+/// sandbox; the next instruction restores it.
+pub(crate) async fn swap(
+    State(state): State<AppState>,
+    Authed(account): Authed,
+    WirePath(name): WirePath<String>,
+) -> ApiResult<SwapResponse> {
+    state.engine.swap_out(&account, &name).await?;
+    Ok(Json(SwapResponse { swapped: true }))
 }

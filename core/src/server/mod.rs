@@ -58,6 +58,7 @@ pub(crate) mod paths {
     pub(crate) const MACHINE_LIST: &str = "/v1/machine/list";
     pub(crate) const MACHINE: &str = "/v1/machine/{machine_name}";
     pub(crate) const INTERRUPT: &str = "/v1/machine/{machine_name}/interrupt";
+    pub(crate) const SWAP: &str = "/v1/machine/{machine_name}/swap";
     pub(crate) const EXEC: &str = "/v1/machine/{machine_name}/exec";
     pub(crate) const RESULT: &str = "/v1/machine/{machine_name}/exec/{instruction_seq}/result";
     pub(crate) const STREAM_RESULT: &str =
@@ -74,6 +75,7 @@ pub(crate) mod paths {
         MACHINE_LIST,
         MACHINE,
         INTERRUPT,
+        SWAP,
         EXEC,
         RESULT,
         STREAM_RESULT,
@@ -101,6 +103,7 @@ pub fn router(engine: Engine) -> Router {
         )
         .route(paths::MACHINE, get(machines::info).delete(machines::delete))
         .route(paths::INTERRUPT, post(machines::interrupt))
+        .route(paths::SWAP, post(machines::swap))
         .route(paths::EXEC, post(exec::exec))
         .route(paths::RESULT, get(exec::result))
         .route(paths::STREAM_RESULT, get(exec::stream_result))

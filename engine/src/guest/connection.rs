@@ -68,6 +68,19 @@ impl AgentConnection {
         })
     }
 
+    /// Connects to an agent restored from a snapshot: it is mid-conversation, so there is no
+    /// `ready` to wait for; the first request finds out whether it lives.
+    pub fn resume(reader: ChannelReader, writer: ChannelWriter) -> Self {
+        let (tx, events) = mpsc::channel(EVENT_QUEUE);
+        let reader_task = tokio::spawn(read_events(reader, tx));
+        Self {
+            writer,
+            events,
+            reader_task,
+            python: String::new(),
+        }
+    }
+
     /// The Python version the agent reported.
     pub fn python_version(&self) -> &str {
         &self.python

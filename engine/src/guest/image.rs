@@ -504,6 +504,20 @@ impl ImageBuilder {
         Ok(file)
     }
 
+    /// A built image by its exact id.
+    pub fn by_id(&self, id: &str) -> Result<Image> {
+        let profile = Profile::parse(id.split('-').next().unwrap_or(""))?;
+        Self::load(&self.images_dir.join(id), id, profile)?.ok_or_else(|| {
+            Error::new(
+                crate::error::ErrorKind::NotFound,
+                format!(
+                    "image {id} is not in {}: a snapshot needs the image it was taken on",
+                    self.images_dir.display()
+                ),
+            )
+        })
+    }
+
     /// The newest image of a profile that is already built, without asking apt.
     pub fn find_built(&self, profile: Profile) -> Result<Option<Image>> {
         let Ok(entries) = std::fs::read_dir(&self.images_dir) else {

@@ -357,12 +357,24 @@ fn write_bundle(bundles_dir: &Path, id: &str, image: &Image, memory_mb: u32) -> 
 
 /// Starts `runsc run` for a bundle, with the container's stdin and stdout piped to us.
 fn spawn_run(runsc: &Runsc, state_dir: &Path, bundle: &Path, id: &str) -> Result<Child> {
+    spawn_runsc(runsc, state_dir, bundle, &["run".to_owned()], id)
+}
+
+/// Starts `runsc <command...> --bundle=B ID` (`run`, or `restore --image-path=...`), with the
+/// container's stdin and stdout piped to us.
+fn spawn_runsc(
+    runsc: &Runsc,
+    state_dir: &Path,
+    bundle: &Path,
+    command_args: &[String],
+    id: &str,
+) -> Result<Child> {
     let log = std::fs::File::create(bundle.join("runsc.log"))
         .map_err(|e| Error::internal(format!("cannot create a sandbox log: {e}")))?;
     let mut command = Command::new(&runsc.path);
     command
         .args(global_args(runsc, state_dir))
-        .arg("run")
+        .args(command_args)
         .arg(format!("--bundle={}", bundle.display()))
         .arg(id)
         .stdin(Stdio::piped())
@@ -493,7 +505,10 @@ impl SandboxBackend for GvisorBackend {
     }
 
     async fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>> {
-        let image = self.image(spec.profile).await?;
+        let image = match &spec.image_id {
+            Some(id) => self.builder.by_id(id)?,
+            None => self.image(spec.profile).await?,
+        };
         let bundle = write_bundle(&self.bundles_dir, &spec.id, &image, spec.memory_mb)?;
         let mut child = match spawn_run(&self.runsc, &self.state_dir, &bundle, &spec.id) {
             Ok(child) => child,
@@ -514,6 +529,41 @@ impl SandboxBackend for GvisorBackend {
             bundle,
             runsc: self.runsc.clone(),
             state_dir: self.state_dir.clone(),
+            image_id: image.id,
+        }))
+    }
+
+    async fn restore(&self, spec: &SandboxSpec, dir: &Path) -> Result<Box<dyn Sandbox>> {
+        let image = match &spec.image_id {
+            Some(id) => self.builder.by_id(id)?,
+            None => self.image(spec.profile).await?,
+        };
+        let bundle = write_bundle(&self.bundles_dir, &spec.id, &image, spec.memory_mb)?;
+        let restore = [
+            "restore".to_owned(),
+            format!("--image-path={}", dir.display()),
+        ];
+        let mut child = match spawn_runsc(&self.runsc, &self.state_dir, &bundle, &restore, &spec.id)
+        {
+            Ok(child) => child,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&bundle);
+                return Err(e);
+            }
+        };
+        let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
+            let _ = child.kill().await;
+            return Err(Error::internal("runsc has no stdio pipes"));
+        };
+        super::widen_pipe(&stdout);
+        Ok(Box::new(GvisorSandbox {
+            id: spec.id.clone(),
+            child,
+            channel: Some((Box::new(stdout), Box::new(stdin))),
+            bundle,
+            runsc: self.runsc.clone(),
+            state_dir: self.state_dir.clone(),
+            image_id: image.id,
         }))
     }
 
@@ -532,12 +582,38 @@ struct GvisorSandbox {
     bundle: PathBuf,
     runsc: Runsc,
     state_dir: PathBuf,
+    image_id: String,
 }
 
 #[async_trait]
 impl Sandbox for GvisorSandbox {
     fn take_channel(&mut self) -> Option<(ChannelReader, ChannelWriter)> {
         self.channel.take()
+    }
+
+    async fn checkpoint(&mut self, dir: &Path) -> Result<()> {
+        let output = Command::new(&self.runsc.path)
+            .args(global_args(&self.runsc, &self.state_dir))
+            .arg("checkpoint")
+            .arg(format!("--image-path={}", dir.display()))
+            .arg(&self.id)
+            .output()
+            .await
+            .map_err(|e| Error::internal(format!("cannot run runsc checkpoint: {e}")))?;
+        if !output.status.success() {
+            return Err(Error::crashed(format!(
+                "runsc checkpoint failed ({}): {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            )));
+        }
+        // The checkpoint stops the sandbox: `runsc run` exits; then its state goes.
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
+        self.kill().await
+    }
+
+    fn image_id(&self) -> Option<String> {
+        Some(self.image_id.clone())
     }
 
     async fn kill(&mut self) -> Result<()> {

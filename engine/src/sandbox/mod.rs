@@ -20,6 +20,9 @@ pub struct SandboxSpec {
     pub memory_mb: u32,
     /// The image the sandbox runs (backends without images ignore it).
     pub profile: Profile,
+    /// An exact image (a restore needs the one its snapshot was taken on); the newest image of
+    /// the profile when `None`.
+    pub image_id: Option<String>,
 }
 
 /// What a backend can do beyond running an agent.
@@ -40,9 +43,19 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// Starts a sandbox running the agent.
     async fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>>;
 
-    /// The backend and its exact version, for logs and machine info.
+    /// The backend and its exact version, for logs and machine info. Snapshots record it and
+    /// are restored only by the same.
     fn describe(&self) -> String {
         self.name().to_owned()
+    }
+
+    /// Brings back a sandbox saved by [`Sandbox::checkpoint`] into `dir`.
+    async fn restore(&self, spec: &SandboxSpec, dir: &std::path::Path) -> Result<Box<dyn Sandbox>> {
+        let _ = (spec, dir);
+        Err(crate::error::Error::unsupported(format!(
+            "the {} backend cannot restore snapshots",
+            self.name()
+        )))
     }
 }
 
@@ -58,6 +71,19 @@ pub trait Sandbox: Send {
 
     /// If the sandbox has ended, why (exit status, signal).
     fn exit_reason(&mut self) -> Option<String>;
+
+    /// Saves the whole sandbox, memory and files, into `dir` and stops it.
+    async fn checkpoint(&mut self, dir: &std::path::Path) -> Result<()> {
+        let _ = dir;
+        Err(crate::error::Error::unsupported(
+            "this backend cannot snapshot a machine (the gVisor backend can)",
+        ))
+    }
+
+    /// The exact image the sandbox runs, if it runs one.
+    fn image_id(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Enlarges a pipe's buffer (to 1 MiB where the host allows), so that a burst of output crosses

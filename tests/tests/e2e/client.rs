@@ -91,6 +91,10 @@ async fn machines_tags_info_and_delete() {
         assert!(info.backend.is_some(), "{label}");
 
         a.exec("x = 1").await.unwrap();
+        if info.backend.as_deref() == Some("process") {
+            let err = a.swap_out().await.unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Unsupported, "{label}: {err}");
+        }
         assert_eq!(
             a.info().await.unwrap().instruction_count,
             Some(1),

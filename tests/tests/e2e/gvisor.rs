@@ -219,3 +219,68 @@ async fn memory_the_address_space_limit_misses_is_stopped_by_the_backstop() {
     // The machine starts again, with a fresh interpreter.
     assert_eq!(value(&m, "6 * 7").await, "42");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn state_survives_swap_out_and_restore() {
+    let home = tempfile::tempdir().unwrap();
+    let Some(client) = gvisor_client(&home).await else {
+        return;
+    };
+    let m = machine(&client, None).await;
+    let bystander = machine(&client, None).await;
+    value(&bystander, "mine = 'untouched'").await;
+    value(
+        &m,
+        "import json, os, time\nx = 41\ndef f(n):\n    return n + x\nclass Point:\n    \
+         def __init__(self, a):\n        self.a = a\np = Point(3)\n\
+         g = (i * i for i in range(10))\nnext(g); next(g)\n\
+         open('/tmp/t.txt', 'w').write('in tmp')\nopen(os.path.expanduser('~/h.txt'), 'w').write('in home')",
+    )
+    .await;
+    m.swap_out().await.unwrap();
+    let info = m.info().await.unwrap();
+    assert_eq!(info.state.as_deref(), Some("swapped"));
+    assert!(!info.running);
+    let snapshot = home.path().join("machines").join(m.name()).join("snapshot");
+    assert!(snapshot.join("manifest.json").is_file());
+
+    let restored = value(
+        &m,
+        "(f(1), p.a, next(g), json.dumps([1]), open('/tmp/t.txt').read(), \
+         open(os.path.expanduser('~/h.txt')).read(), abs(time.time() - __import__('time').time()) < 1)",
+    )
+    .await;
+    assert_eq!(restored, "(42, 3, 4, '[1]', 'in tmp', 'in home', True)");
+    let host_now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let clock: f64 = value(&m, "time.time()").await.parse().unwrap();
+    assert!(
+        (clock - host_now).abs() < 5.0,
+        "guest clock {clock}, host {host_now}"
+    );
+    assert_eq!(m.info().await.unwrap().state.as_deref(), Some("resident"));
+
+    // A damaged snapshot is refused, with a clear error, for that machine only.
+    m.swap_out().await.unwrap();
+    let image = snapshot.join("checkpoint.img");
+    let mut bytes = std::fs::read(&image).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&image, &bytes).unwrap();
+    let refused = m.exec("x").await.unwrap();
+    let error = refused.result.error.unwrap_or_default();
+    assert!(
+        error.contains("snapshot") && error.contains("do not match"),
+        "{error}"
+    );
+    assert_eq!(
+        refused.result.cause,
+        Some(evervm::FailureCause::MachineCrashed)
+    );
+    assert!(m.info().await.unwrap().last_error.is_some());
+    assert_eq!(value(&bystander, "mine").await, "'untouched'");
+    m.delete().await.unwrap();
+    assert!(!snapshot.exists());
+}
