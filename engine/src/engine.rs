@@ -62,6 +62,9 @@ pub struct EngineConfig {
     pub pool_size: usize,
     /// Where root filesystem images are kept: `EVERVM_IMAGES`, else `<home>/images`.
     pub images_dir: PathBuf,
+    /// A resident machine idle this long is swapped out to disk (backends with snapshots);
+    /// `EVERVM_IDLE_SWAP_SECS`, 60 s by default, 0 for never.
+    pub idle_swap: Option<Duration>,
 }
 
 impl EngineConfig {
@@ -70,6 +73,14 @@ impl EngineConfig {
         let images_dir = std::env::var_os("EVERVM_IMAGES")
             .filter(|d| !d.is_empty())
             .map_or_else(|| home.join("images"), PathBuf::from);
+        let idle_swap = match std::env::var("EVERVM_IDLE_SWAP_SECS")
+            .ok()
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            Some(0) => None,
+            Some(secs) => Some(Duration::from_secs(secs)),
+            None => Some(Duration::from_secs(60)),
+        };
         let pool_size = std::env::var("EVERVM_POOL_SIZE")
             .ok()
             .and_then(|n| n.parse().ok())
@@ -82,6 +93,7 @@ impl EngineConfig {
             ready_timeout: Duration::from_secs(30),
             timeout_grace: Duration::from_secs(5),
             pool_size,
+            idle_swap,
         }
     }
 
@@ -105,7 +117,8 @@ pub(crate) struct EngineInner {
     pub(crate) pool: Pool,
     machines: Mutex<HashMap<String, Arc<MachineHandle>>>,
     closing: AtomicBool,
-    _lock: File,
+    /// The home's lock, held until shutdown (or drop).
+    home_lock: Mutex<Option<File>>,
 }
 
 impl EngineInner {
@@ -123,7 +136,9 @@ impl EngineInner {
     /// What a crash costs on this backend, for error texts.
     pub(crate) fn state_loss_note(&self) -> String {
         if self.backend.capabilities().snapshots {
-            "the machine will restart from its last snapshot".to_owned()
+            "its next instruction restores its last snapshot (a machine never swapped out starts \
+             a fresh interpreter)"
+                .to_owned()
         } else {
             format!(
                 "its interpreter state was lost (the {} backend cannot snapshot) and the next \
@@ -275,10 +290,15 @@ impl Engine {
                 pool: Pool::default(),
                 machines: Mutex::new(HashMap::new()),
                 closing: AtomicBool::new(false),
-                _lock: lock_file,
+                home_lock: Mutex::new(Some(lock_file)),
             }),
         };
         Pool::refill(&engine.inner, engine.default_shape());
+        if engine.inner.backend.capabilities().snapshots
+            && let Some(idle) = engine.inner.config.idle_swap
+        {
+            tokio::spawn(swap_idle_machines(Arc::downgrade(&engine.inner), idle));
+        }
         Ok(engine)
     }
 
@@ -337,6 +357,7 @@ impl Engine {
     // --- machines -------------------------------------------------------------------------
 
     pub fn create_machine(&self, account: &Account, request: CreateMachine) -> Result<MachineInfo> {
+        self.refuse_when_closed()?;
         validate_tags(&request.tags)?;
         let memory_mb = request
             .memory_mb
@@ -393,7 +414,18 @@ impl Engine {
         }
     }
 
+    fn refuse_when_closed(&self) -> Result<()> {
+        if self.inner.closing() {
+            return Err(Error::new(
+                ErrorKind::Conflict,
+                "the engine has shut down: open it again to use its machines",
+            ));
+        }
+        Ok(())
+    }
+
     fn handle(&self, account: &Account, name: &str) -> Result<Arc<MachineHandle>> {
+        self.refuse_when_closed()?;
         if let Some(handle) = lock(&self.inner.machines).get(name) {
             if handle.account_id == account.id {
                 return Ok(Arc::clone(handle));
@@ -539,15 +571,50 @@ impl Engine {
         self.handle(account, name)?.swap_out().await
     }
 
-    /// Stops every machine's sandbox. The engine stays usable; machines start again on their
-    /// next instruction.
+    /// Stops the engine: resident machines are swapped out to disk where the backend can, every
+    /// sandbox stops, and the home is released for the next engine. Afterwards every operation
+    /// on machines is refused.
     pub async fn shutdown(&self) {
         self.inner.closing.store(true, Ordering::SeqCst);
         let handles: Vec<_> = lock(&self.inner.machines).drain().map(|(_, h)| h).collect();
+        let snapshots = self.inner.backend.capabilities().snapshots;
         for handle in handles {
+            // Resident machines go to disk, so the next engine finds them as they were.
+            if snapshots
+                && handle.resident()
+                && let Err(e) = handle.swap_out().await
+            {
+                tracing::warn!(machine = %handle.name, "could not swap out at shutdown: {e}");
+            }
             handle.stop().await;
         }
         self.inner.pool.drain().await;
+        lock(&self.inner.home_lock).take();
+    }
+}
+
+/// Swaps out resident machines idle for `idle`, until the engine is gone.
+async fn swap_idle_machines(engine: std::sync::Weak<EngineInner>, idle: Duration) {
+    let period = (idle / 4).clamp(Duration::from_millis(200), Duration::from_secs(5));
+    loop {
+        tokio::time::sleep(period).await;
+        let Some(engine) = engine.upgrade() else {
+            return;
+        };
+        if engine.closing() {
+            return;
+        }
+        let idle_machines: Vec<Arc<MachineHandle>> = lock(&engine.machines)
+            .values()
+            .filter(|h| h.resident() && !h.has_pending_instruction() && h.idle_for() >= idle)
+            .cloned()
+            .collect();
+        drop(engine);
+        for handle in idle_machines {
+            if let Err(e) = handle.swap_out().await {
+                tracing::warn!(machine = %handle.name, "could not swap out an idle machine: {e}");
+            }
+        }
     }
 }
 

@@ -169,6 +169,8 @@ pub(crate) struct MachineHandle {
     wake: Notify,
     interrupt_requested: AtomicBool,
     deleted: AtomicBool,
+    /// When the machine last accepted or finished an instruction.
+    last_active: Mutex<std::time::Instant>,
     stopped: watch::Sender<bool>,
 }
 
@@ -194,6 +196,7 @@ impl MachineHandle {
             wake: Notify::new(),
             interrupt_requested: AtomicBool::new(false),
             deleted: AtomicBool::new(false),
+            last_active: Mutex::new(std::time::Instant::now()),
             stopped: watch::channel(false).0,
         });
         tokio::spawn(run(
@@ -208,6 +211,15 @@ impl MachineHandle {
 
     pub(crate) fn resident(&self) -> bool {
         lock(&self.state).resident
+    }
+
+    /// How long since the machine last accepted or finished an instruction.
+    pub(crate) fn idle_for(&self) -> Duration {
+        lock(&self.last_active).elapsed()
+    }
+
+    fn touch(&self) {
+        *lock(&self.last_active) = std::time::Instant::now();
     }
 
     pub(crate) fn has_pending_instruction(&self) -> bool {
@@ -226,6 +238,7 @@ impl MachineHandle {
         if self.deleted.load(Ordering::SeqCst) {
             return Err(Error::machine_not_found(self.name.as_str()));
         }
+        self.touch();
         let mut state = lock(&self.state);
         let seq = allocate()?;
         let live = Arc::new(LiveInstruction::new());
@@ -412,6 +425,7 @@ async fn run(
             tracing::error!(machine = %machine.name, seq = job.seq, "storing a result failed: {e}");
         }
         job.live.finish(result);
+        machine.touch();
         let mut state = lock(&machine.state);
         state.running = None;
         state.live.remove(&job.seq);

@@ -500,8 +500,7 @@ impl SandboxBackend for GvisorBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        // Checkpoint and restore come with the next issue.
-        Capabilities { snapshots: false }
+        Capabilities { snapshots: true }
     }
 
     async fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>> {

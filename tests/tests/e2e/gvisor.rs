@@ -284,3 +284,58 @@ async fn state_survives_swap_out_and_restore() {
     m.delete().await.unwrap();
     assert!(!snapshot.exists());
 }
+
+/// An engine on `home` with gVisor and a short idle time.
+async fn gvisor_engine(home: &std::path::Path, idle: Option<Duration>) -> evervm::engine::Engine {
+    let mut config = evervm::engine::EngineConfig::new(home);
+    config.backend = evervm::engine::BackendChoice::parse("gvisor");
+    config.idle_swap = idle;
+    evervm::engine::Engine::open(config).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_machines_swap_out_and_everything_survives_an_engine_restart() {
+    if !backends().iter().any(|b| b == "gvisor") {
+        eprintln!("skipping: the gVisor backend is not available here");
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let engine = gvisor_engine(home.path(), Some(Duration::from_secs(1))).await;
+    let account = engine.ensure_account("local").unwrap();
+    let client = Client::from_engine(engine.clone(), account.clone());
+    let idle = machine(&client, None).await;
+    value(&idle, "n = 7").await;
+    let mut swapped = false;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if idle.info().await.unwrap().state.as_deref() == Some("swapped") {
+            swapped = true;
+            break;
+        }
+    }
+    assert!(swapped, "an idle machine was not swapped out");
+    assert_eq!(value(&idle, "n * 6").await, "42");
+
+    let kept = machine(&client, None).await;
+    value(
+        &kept,
+        "import os\nstate = [1, 2, 3]\nopen('/tmp/k', 'w').write('k')",
+    )
+    .await;
+    engine.shutdown().await;
+    // Every handle on the old engine goes, and with them its lock on the home.
+    let (idle_name, kept_name) = (idle.name().to_owned(), kept.name().to_owned());
+    drop((idle, kept, client, engine));
+
+    let engine = gvisor_engine(home.path(), None).await;
+    let client = Client::from_engine(engine.clone(), account);
+    let kept = client.machine(&kept_name);
+    assert_eq!(kept.info().await.unwrap().state.as_deref(), Some("swapped"));
+    assert_eq!(
+        value(&kept, "state + [4], open('/tmp/k').read()").await,
+        "([1, 2, 3, 4], 'k')"
+    );
+    let idle = client.machine(&idle_name);
+    assert_eq!(value(&idle, "n").await, "7");
+    engine.shutdown().await;
+}
