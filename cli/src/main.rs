@@ -161,10 +161,12 @@ fn parse_tags(pairs: &[String]) -> Result<Tags> {
 impl Target {
     async fn client(&self) -> Result<Client> {
         if self.local {
+            // One command, one machine at most: no pool of ready sandboxes.
             return Ok(Client::local(LocalOptions {
                 home: self.home.clone(),
                 backend: self.backend.clone(),
                 account: None,
+                pool_size: Some(0),
             })
             .await?);
         }
@@ -237,20 +239,28 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
             println!("{}", image.root.display());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Machine { command } => machine(command, &target.client().await?).await,
+        Command::Machine { command } => {
+            let client = target.client().await?;
+            let done = machine(command, &client).await;
+            client.shutdown().await;
+            done
+        }
         Command::Exec {
             code,
             machine,
             timeout,
             json,
-        } => exec(&target.client().await?, code, machine, timeout, json).await,
+        } => {
+            let client = target.client().await?;
+            let done = exec(&client, code, machine, timeout, json).await;
+            client.shutdown().await;
+            done
+        }
         Command::Repl { machine, timeout } => {
-            repl::run(
-                target.client().await?,
-                machine,
-                Duration::from_secs(timeout),
-            )
-            .await?;
+            let client = target.client().await?;
+            let done = repl::run(client.clone(), machine, Duration::from_secs(timeout)).await;
+            client.shutdown().await;
+            done?;
             Ok(ExitCode::SUCCESS)
         }
     }

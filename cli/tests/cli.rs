@@ -279,6 +279,11 @@ fn local_mode_needs_no_server() {
             serde_json::from_str(&ok(local(&["machine", "info", name, "--json"]))).unwrap();
         assert_eq!(info["instruction_count"], 1);
         assert!(info["last_error"].is_null(), "{info}");
+        if backend == "gvisor" {
+            // Each command swaps its machine out when it ends; the next one restores it.
+            assert_eq!(info["state"], "swapped", "{info}");
+            assert_eq!(ok(local(&["exec", "-m", name, "r + 1"])), "3\n");
+        }
     }
 }
 

@@ -21,6 +21,9 @@ pub struct LocalOptions {
     pub backend: Option<String>,
     /// The account machines belong to (default `local`).
     pub account: Option<String>,
+    /// Ready sandboxes to keep (default: the engine's, `EVERVM_POOL_SIZE` or 2); 0 suits a
+    /// short-lived process such as one CLI command.
+    pub pool_size: Option<usize>,
 }
 
 pub(crate) struct LocalTransport {
@@ -33,6 +36,9 @@ impl LocalTransport {
         let mut config = EngineConfig::new(options.home.unwrap_or_else(EngineConfig::default_home));
         if let Some(backend) = options.backend {
             config.backend = engine::BackendChoice::parse(&backend);
+        }
+        if let Some(pool_size) = options.pool_size {
+            config.pool_size = pool_size;
         }
         let engine = Engine::open(config).await?;
         let account = engine.ensure_account(options.account.as_deref().unwrap_or("local"))?;
@@ -116,6 +122,10 @@ impl Transport for LocalTransport {
 
     async fn swap_out(&self, name: &str) -> Result<()> {
         Ok(self.engine.swap_out(&self.account, name).await?)
+    }
+
+    async fn shutdown(&self) {
+        self.engine.shutdown().await;
     }
 
     async fn connect(&self, name: Option<&str>) -> Result<Box<dyn SessionTransport>> {

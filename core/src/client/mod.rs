@@ -37,6 +37,9 @@ pub(crate) trait Transport: Send + Sync + 'static {
     async fn interrupt(&self, name: &str) -> Result<bool>;
     async fn delete_machine(&self, name: &str) -> Result<()>;
     async fn swap_out(&self, name: &str) -> Result<()>;
+    /// Stops an in-process engine (machines go to disk where the backend can); nothing for a
+    /// remote server.
+    async fn shutdown(&self) {}
     /// A session on a machine (`None`: a new one): over WebSocket for a remote server.
     async fn connect(&self, name: Option<&str>) -> Result<Box<dyn SessionTransport>>;
 }
@@ -101,6 +104,13 @@ impl Client {
         Self {
             transport: Arc::new(local::LocalTransport::new(engine, account)),
         }
+    }
+
+    /// Stops the in-process engine of a local client: resident machines are saved to disk
+    /// (gVisor) so that the next engine on the home finds them, and the home is released. A
+    /// remote client has nothing to stop.
+    pub async fn shutdown(&self) {
+        self.transport.shutdown().await;
     }
 
     /// Where this client points: a URL, or `local:<home>`.

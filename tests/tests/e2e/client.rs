@@ -28,6 +28,7 @@ async fn clients() -> Vec<(String, Client, Keep)> {
             home: Some(home.path().to_owned()),
             backend: Some(backend.clone()),
             account: None,
+            pool_size: None,
         })
         .await
         .unwrap();

@@ -17,6 +17,7 @@ async fn gvisor_client(home: &tempfile::TempDir) -> Option<Client> {
             home: Some(home.path().to_owned()),
             backend: Some("gvisor".to_owned()),
             account: None,
+            pool_size: None,
         })
         .await
         .unwrap(),

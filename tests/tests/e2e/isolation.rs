@@ -9,6 +9,7 @@ async fn local(backend: &str, home: &tempfile::TempDir) -> Client {
         home: Some(home.path().to_owned()),
         backend: Some(backend.to_owned()),
         account: None,
+        pool_size: None,
     })
     .await
     .unwrap()
