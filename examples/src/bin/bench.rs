@@ -255,7 +255,56 @@ async fn bench_backend(backend: &str, rounds: usize) -> Result<()> {
             pss as f64 / 1e6
         );
     }
+    if backend == "gvisor" {
+        swap_figures(&client, home.path()).await?;
+    }
     engine.shutdown().await;
+    Ok(())
+}
+
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .flatten()
+            .filter_map(|e| e.metadata().ok())
+            .map(|m| m.len())
+            .sum()
+    })
+}
+
+/// Swap-out time, snapshot size, and restore plus the first instruction.
+async fn swap_figures(client: &Client, home: &std::path::Path) -> Result<()> {
+    let machine = client
+        .create_machine(CreateMachineOptions::default())
+        .await?;
+    machine.exec("x = 1").await?;
+    let snapshot = home.join("machines").join(machine.name()).join("snapshot");
+    let mut swaps = Vec::new();
+    let mut restores = Vec::new();
+    for _ in 0..10 {
+        let started = Instant::now();
+        machine.swap_out().await?;
+        swaps.push(started.elapsed());
+        let started = Instant::now();
+        let run = machine.exec("x + 1").await?;
+        restores.push(started.elapsed());
+        if run.result.value.as_deref() != Some("2") {
+            bail!("after a restore x + 1 gave {:?}", run.result);
+        }
+    }
+    report("swap out (checkpoint to disk)", swaps);
+    report("restore + first instruction", restores);
+    machine.swap_out().await?;
+    println!(
+        "  snapshot of a fresh REPL on disk                       {:>8.2} MB",
+        dir_bytes(&snapshot) as f64 / 1e6
+    );
+    machine.exec("big = list(range(10**6))").await?;
+    machine.swap_out().await?;
+    println!(
+        "  snapshot after x = list(range(10**6))                  {:>8.2} MB",
+        dir_bytes(&snapshot) as f64 / 1e6
+    );
     Ok(())
 }
 
