@@ -17,11 +17,13 @@ server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT INT TERM
 
 export EVERVM_URL="http://$listen"
-export EVERVM_TOKEN="$("$evervm" token create --account default)"
-for _ in $(seq 50); do
+# The first start builds the root filesystem image (progress above): wait until it serves.
+for _ in $(seq 600); do
     curl -sf "$EVERVM_URL/healthz" >/dev/null 2>&1 && break
-    sleep 0.1
+    kill -0 $server 2>/dev/null || { echo "error: the server stopped (see above)" >&2; exit 1; }
+    sleep 0.5
 done
+export EVERVM_TOKEN="$("$evervm" token create --account default)"
 
 echo "==> a first instruction on a new machine"
 "$evervm" exec 'import sys, platform

@@ -113,10 +113,12 @@ impl Store {
     pub fn open(path: &Path) -> Result<Self> {
         let conn = Connection::open(path)
             .map_err(|e| Error::internal(format!("cannot open {}: {e}", path.display())))?;
+        // First, so that opening while another process (`evervm token create` beside a
+        // server) holds the database waits instead of failing.
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
         let version: Option<String> = conn
             .query_row(
