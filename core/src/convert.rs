@@ -105,6 +105,7 @@ impl From<ApiMachine> for MachineInfo {
             instruction_count: m.instruction_count,
             last_used_at: m.last_used_at,
             last_error: m.last_error,
+            disk_bytes: m.disk_bytes,
         }
     }
 }
@@ -125,6 +126,7 @@ impl From<MachineInfo> for ApiMachine {
             instruction_count: m.instruction_count,
             last_used_at: m.last_used_at,
             last_error: m.last_error,
+            disk_bytes: m.disk_bytes,
         }
     }
 }
@@ -206,6 +208,7 @@ mod engine {
                 instruction_count: Some(m.instruction_count),
                 last_used_at: m.last_used_at,
                 last_error: m.last_error,
+                disk_bytes: Some(m.disk_bytes),
             }
         }
     }

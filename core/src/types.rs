@@ -56,6 +56,8 @@ pub struct MachineInfo {
     pub instruction_count: Option<i64>,
     pub last_used_at: Option<DateTime<Utc>>,
     pub last_error: Option<String>,
+    /// Bytes of the machine's snapshot on disk.
+    pub disk_bytes: Option<u64>,
 }
 
 /// Which stream a chunk of output came from.

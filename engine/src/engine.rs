@@ -382,11 +382,7 @@ impl Engine {
         };
         lock(&self.inner.store).insert_machine(&record)?;
         let handle = self.spawn_handle(&record, true);
-        Ok(Self::info_of(
-            &self.inner.config.home,
-            &record,
-            Some(&handle),
-        ))
+        Ok(self.info_of(&record, Some(&handle)))
     }
 
     fn spawn_handle(&self, record: &MachineRecord, eager: bool) -> Arc<MachineHandle> {
@@ -436,11 +432,12 @@ impl Engine {
         Ok(self.spawn_handle(&record, false))
     }
 
-    fn info_of(
-        home: &Path,
-        record: &MachineRecord,
-        handle: Option<&Arc<MachineHandle>>,
-    ) -> MachineInfo {
+    fn info_of(&self, record: &MachineRecord, handle: Option<&Arc<MachineHandle>>) -> MachineInfo {
+        let snapshot = crate::snapshot::quick_check(
+            &self.inner.config.home,
+            record.name.as_str(),
+            &self.inner.backend.describe(),
+        );
         let (resident, pending) = handle.map_or((false, false), |h| {
             (h.resident(), h.has_pending_instruction())
         });
@@ -451,13 +448,13 @@ impl Engine {
             memory_mb: record.memory_mb,
             image: record.image.as_str().to_owned(),
             backend: record.backend.clone(),
-            state: if resident {
-                MachineState::Resident
-            } else if crate::snapshot::snapshot_dir(home, record.name.as_str()).exists() {
-                MachineState::Swapped
-            } else {
-                MachineState::Stopped
+            state: match (resident, snapshot) {
+                (true, _) => MachineState::Resident,
+                (false, Some((_, true))) => MachineState::Damaged,
+                (false, Some((_, false))) => MachineState::Swapped,
+                (false, None) => MachineState::Stopped,
             },
+            disk_bytes: snapshot.map_or(0, |(bytes, _)| bytes),
             has_pending_instruction: pending,
             instruction_count: record.next_seq,
             last_used_at: record.last_used_at,
@@ -472,18 +469,14 @@ impl Engine {
         Ok(records
             .iter()
             .filter(|r| filter.iter().all(|(k, v)| r.tags.get(k) == Some(v)))
-            .map(|r| Self::info_of(&self.inner.config.home, r, machines.get(r.name.as_str())))
+            .map(|r| self.info_of(r, machines.get(r.name.as_str())))
             .collect())
     }
 
     pub fn machine_info(&self, account: &Account, name: &str) -> Result<MachineInfo> {
         let record = self.record(account, name)?;
         let handle = lock(&self.inner.machines).get(name).cloned();
-        Ok(Self::info_of(
-            &self.inner.config.home,
-            &record,
-            handle.as_ref(),
-        ))
+        Ok(self.info_of(&record, handle.as_ref()))
     }
 
     /// Queues an instruction and returns at once with its seq.

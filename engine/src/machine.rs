@@ -455,7 +455,11 @@ async fn run(
 async fn acquire(engine: &Arc<EngineInner>, machine: &MachineHandle) -> Result<Resident> {
     let home = &engine.config.home;
     let name = machine.name.as_str();
-    let Some(manifest) = snapshot::verify(home, name, &engine.backend.describe())? else {
+    let verified = snapshot::verify(home, name, &engine.backend.describe());
+    if let Err(e) = &verified {
+        snapshot::mark_damaged(home, name, e.message());
+    }
+    let Some(manifest) = verified? else {
         return Pool::take(engine, machine.shape).await;
     };
     let spec = SandboxSpec {

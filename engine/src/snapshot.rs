@@ -14,6 +14,9 @@ use crate::fsutil::{fsync_dir, write_durably};
 
 const FORMAT: u32 = 1;
 const MANIFEST: &str = "manifest.json";
+/// Written beside a snapshot found unusable, with the reason, so that the machine shows as
+/// damaged (also after a restart) until it is deleted or gets a new snapshot.
+const DAMAGED: &str = "damaged.txt";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotManifest {
@@ -44,7 +47,7 @@ fn digest_dir(dir: &Path) -> Result<(String, u64)> {
         .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n != MANIFEST)
+        .filter(|n| n != MANIFEST && n != DAMAGED)
         .collect();
     names.sort();
     let mut hasher = Sha256::new();
@@ -153,6 +156,33 @@ pub fn verify(home: &Path, machine: &str, runtime: &str) -> Result<Option<Snapsh
     Ok(Some(manifest))
 }
 
+/// The snapshot's size on disk, and whether a look without reading it all finds it unusable
+/// (no manifest, another runtime, a size that differs). `None` without a snapshot.
+pub fn quick_check(home: &Path, machine: &str, runtime: &str) -> Option<(u64, bool)> {
+    let dir = snapshot_dir(home, machine);
+    let entries = std::fs::read_dir(&dir).ok()?;
+    let mut bytes = 0;
+    for entry in entries.flatten() {
+        if entry.file_name() != MANIFEST && entry.file_name() != DAMAGED {
+            bytes += entry.metadata().map_or(0, |m| m.len());
+        }
+    }
+    let manifest: Option<SnapshotManifest> = std::fs::read(dir.join(MANIFEST))
+        .ok()
+        .and_then(|text| serde_json::from_slice(&text).ok());
+    let damaged = dir.join(DAMAGED).exists()
+        || manifest.is_none_or(|m| m.format != FORMAT || m.runtime != runtime || m.bytes != bytes);
+    Some((bytes, damaged))
+}
+
+/// Records why a machine's snapshot cannot be used.
+pub fn mark_damaged(home: &Path, machine: &str, reason: &str) {
+    let path = snapshot_dir(home, machine).join(DAMAGED);
+    if let Err(e) = write_durably(&path, reason.as_bytes()) {
+        tracing::warn!(machine, "cannot mark the snapshot damaged: {e}");
+    }
+}
+
 /// Removes a machine's snapshot and everything else under its directory.
 pub fn remove(home: &Path, machine: &str) -> Result<()> {
     let dir = machine_dir(home, machine);
@@ -186,6 +216,16 @@ mod tests {
                 .is_none()
         );
 
+        assert_eq!(
+            quick_check(home.path(), "m", "runsc 1 ptrace"),
+            Some((4096, false))
+        );
+        assert_eq!(
+            quick_check(home.path(), "m", "runsc 2 ptrace"),
+            Some((4096, true))
+        );
+        assert_eq!(quick_check(home.path(), "other", "runsc 1 ptrace"), None);
+
         let err = verify(home.path(), "m", "runsc 2 ptrace").unwrap_err();
         assert!(err.message().contains("written by runsc 1"), "{err}");
 
@@ -200,6 +240,11 @@ mod tests {
         let err = verify(home.path(), "m", "runsc 1 ptrace").unwrap_err();
         assert!(err.message().contains("10 bytes"), "{err}");
 
+        mark_damaged(home.path(), "m", "checksum differs");
+        assert_eq!(
+            quick_check(home.path(), "m", "runsc 1 ptrace").map(|(_, damaged)| damaged),
+            Some(true)
+        );
         std::fs::remove_file(snapshot_dir(home.path(), "m").join(MANIFEST)).unwrap();
         let err = verify(home.path(), "m", "runsc 1 ptrace").unwrap_err();
         assert!(err.message().contains("manifest is unreadable"), "{err}");

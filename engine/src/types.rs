@@ -151,6 +151,8 @@ pub enum MachineState {
     Resident,
     /// Saved to disk, no sandbox: the next instruction restores it.
     Swapped,
+    /// Its snapshot cannot be used (the reason is in `last_error`); it can still be deleted.
+    Damaged,
     /// No sandbox yet or any more; the next instruction starts one. On a backend without
     /// snapshots a fresh interpreter is started and earlier state is gone.
     Stopped,
@@ -161,6 +163,7 @@ impl MachineState {
         match self {
             MachineState::Resident => "resident",
             MachineState::Swapped => "swapped",
+            MachineState::Damaged => "damaged",
             MachineState::Stopped => "stopped",
         }
     }
@@ -185,6 +188,8 @@ pub struct MachineInfo {
     pub last_used_at: Option<DateTime<Utc>>,
     /// Why the last sandbox ended abnormally, if it did.
     pub last_error: Option<String>,
+    /// Bytes of the machine's snapshot on disk (0 without one).
+    pub disk_bytes: u64,
 }
 
 /// One instruction to run.

@@ -242,6 +242,7 @@ async fn state_survives_swap_out_and_restore() {
     let info = m.info().await.unwrap();
     assert_eq!(info.state.as_deref(), Some("swapped"));
     assert!(!info.running);
+    assert!(info.disk_bytes.is_some_and(|b| b > 100_000), "{info:?}");
     let snapshot = home.path().join("machines").join(m.name()).join("snapshot");
     assert!(snapshot.join("manifest.json").is_file());
 
@@ -280,7 +281,9 @@ async fn state_survives_swap_out_and_restore() {
         refused.result.cause,
         Some(evervm::FailureCause::MachineCrashed)
     );
-    assert!(m.info().await.unwrap().last_error.is_some());
+    let info = m.info().await.unwrap();
+    assert_eq!(info.state.as_deref(), Some("damaged"));
+    assert!(info.last_error.is_some_and(|e| e.contains("do not match")));
     assert_eq!(value(&bystander, "mine").await, "'untouched'");
     m.delete().await.unwrap();
     assert!(!snapshot.exists());
