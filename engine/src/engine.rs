@@ -232,7 +232,6 @@ async fn gvisor_backend(config: &EngineConfig) -> Result<Box<dyn SandboxBackend>
     let gvisor = GvisorConfig {
         home: config.home.clone(),
         images_dir: config.images_dir.clone(),
-        debug_log: None,
     };
     Ok(Box::new(
         GvisorBackend::open(gvisor, Arc::new(StderrProgress::default())).await?,

@@ -80,8 +80,6 @@ pub struct GvisorConfig {
     pub home: PathBuf,
     /// Where images are built and kept.
     pub images_dir: PathBuf,
-    /// Where runsc writes its debug logs, if anywhere.
-    pub debug_log: Option<PathBuf>,
 }
 
 /// The gVisor backend.
@@ -218,6 +216,38 @@ impl GvisorBackend {
             images.insert(profile, image.clone());
         }
         Ok(image)
+    }
+
+    /// Writes the sandbox's bundle and starts `runsc <command>` on it (`run`, or `restore`
+    /// from a snapshot), with the container's stdio as the agent channel.
+    async fn launch(&self, spec: &SandboxSpec, command: &[String]) -> Result<Box<dyn Sandbox>> {
+        let image = match &spec.image_id {
+            Some(id) => self.builder.by_id(id)?,
+            None => self.image(spec.profile).await?,
+        };
+        let bundle = write_bundle(&self.bundles_dir, &spec.id, &image, spec.memory_mb)?;
+        let mut child = match spawn_runsc(&self.runsc, &self.state_dir, &bundle, command, &spec.id)
+        {
+            Ok(child) => child,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&bundle);
+                return Err(e);
+            }
+        };
+        let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
+            let _ = child.kill().await;
+            return Err(Error::internal("runsc has no stdio pipes"));
+        };
+        super::widen_pipe(&stdout);
+        Ok(Box::new(GvisorSandbox {
+            id: spec.id.clone(),
+            child,
+            channel: Some((Box::new(stdout), Box::new(stdin))),
+            bundle,
+            runsc: self.runsc.clone(),
+            state_dir: self.state_dir.clone(),
+            image_id: image.id,
+        }))
     }
 
     /// Sandboxes a crashed engine left: stopped and deleted, with their bundles.
@@ -504,66 +534,15 @@ impl SandboxBackend for GvisorBackend {
     }
 
     async fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>> {
-        let image = match &spec.image_id {
-            Some(id) => self.builder.by_id(id)?,
-            None => self.image(spec.profile).await?,
-        };
-        let bundle = write_bundle(&self.bundles_dir, &spec.id, &image, spec.memory_mb)?;
-        let mut child = match spawn_run(&self.runsc, &self.state_dir, &bundle, &spec.id) {
-            Ok(child) => child,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&bundle);
-                return Err(e);
-            }
-        };
-        let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
-            let _ = child.kill().await;
-            return Err(Error::internal("runsc has no stdio pipes"));
-        };
-        super::widen_pipe(&stdout);
-        Ok(Box::new(GvisorSandbox {
-            id: spec.id.clone(),
-            child,
-            channel: Some((Box::new(stdout), Box::new(stdin))),
-            bundle,
-            runsc: self.runsc.clone(),
-            state_dir: self.state_dir.clone(),
-            image_id: image.id,
-        }))
+        self.launch(spec, &["run".to_owned()]).await
     }
 
     async fn restore(&self, spec: &SandboxSpec, dir: &Path) -> Result<Box<dyn Sandbox>> {
-        let image = match &spec.image_id {
-            Some(id) => self.builder.by_id(id)?,
-            None => self.image(spec.profile).await?,
-        };
-        let bundle = write_bundle(&self.bundles_dir, &spec.id, &image, spec.memory_mb)?;
         let restore = [
             "restore".to_owned(),
             format!("--image-path={}", dir.display()),
         ];
-        let mut child = match spawn_runsc(&self.runsc, &self.state_dir, &bundle, &restore, &spec.id)
-        {
-            Ok(child) => child,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&bundle);
-                return Err(e);
-            }
-        };
-        let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
-            let _ = child.kill().await;
-            return Err(Error::internal("runsc has no stdio pipes"));
-        };
-        super::widen_pipe(&stdout);
-        Ok(Box::new(GvisorSandbox {
-            id: spec.id.clone(),
-            child,
-            channel: Some((Box::new(stdout), Box::new(stdin))),
-            bundle,
-            runsc: self.runsc.clone(),
-            state_dir: self.state_dir.clone(),
-            image_id: image.id,
-        }))
+        self.launch(spec, &restore).await
     }
 
     fn describe(&self) -> String {
