@@ -128,6 +128,10 @@ enum MachineCommand {
         /// The image: `minimal` (default) or `data` (numpy, pandas, matplotlib).
         #[arg(long)]
         image: Option<String>,
+        /// When state is saved to disk: `idle` (default) or `instruction` (after every
+        /// instruction, before its result is reported; slower).
+        #[arg(long)]
+        durability: Option<String>,
     },
     /// List machines, newest first; with --tag only those carrying every tag.
     List {
@@ -147,6 +151,36 @@ enum MachineCommand {
     Delete { name: String },
     /// Save a machine to disk and release its memory (gVisor); its next instruction restores it.
     Swap { name: String },
+    /// Create a new machine from a machine's current state and print its name (gVisor).
+    Fork {
+        name: String,
+        /// The fork's tags, KEY=VALUE (repeatable); the parent's when none are given.
+        #[arg(long = "tag", value_name = "KEY=VALUE")]
+        tags: Vec<String>,
+    },
+    /// Named, kept snapshots of a machine (gVisor).
+    #[command(subcommand)]
+    Checkpoint(CheckpointCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum CheckpointCommand {
+    /// Save a machine's current state under a name (generated when not given).
+    Create {
+        machine: String,
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// List a machine's checkpoints, oldest first.
+    List {
+        machine: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Return a machine to a checkpoint's state.
+    Rollback { machine: String, checkpoint: String },
+    /// Delete a checkpoint.
+    Delete { machine: String, checkpoint: String },
 }
 
 fn parse_tags(pairs: &[String]) -> Result<Tags> {
@@ -334,8 +368,17 @@ fn print_machine(info: &evervm::MachineInfo) {
     if let Some(memory) = info.memory_mb {
         println!("  memory_mb:    {memory}");
     }
+    if let Some(durability) = &info.durability {
+        println!("  durability:   {durability}");
+    }
     if let Some(count) = info.instruction_count {
         println!("  instructions: {count}");
+    }
+    if let Some(bytes) = info.resident_bytes.filter(|b| *b > 0) {
+        println!("  memory used:  {:.1} MB", bytes as f64 / 1e6);
+    }
+    if let Some(bytes) = info.disk_bytes.filter(|b| *b > 0) {
+        println!("  on disk:      {:.2} MB", bytes as f64 / 1e6);
     }
     if let Some(last) = info.last_used_at {
         println!("  last used:    {}", last.to_rfc3339());
@@ -354,12 +397,14 @@ async fn machine(command: MachineCommand, client: &Client) -> Result<ExitCode> {
             tags,
             memory_mb,
             image,
+            durability,
         } => {
             let machine = client
                 .create_machine(CreateMachineOptions {
                     tags: parse_tags(&tags)?,
                     memory_mb,
                     image,
+                    durability,
                 })
                 .await?;
             println!("{}", machine.name());
@@ -392,8 +437,63 @@ async fn machine(command: MachineCommand, client: &Client) -> Result<ExitCode> {
             client.machine(&name).swap_out().await?;
             eprintln!("swapped out {name}");
         }
+        MachineCommand::Fork { name, tags } => {
+            let tags = if tags.is_empty() {
+                None
+            } else {
+                Some(parse_tags(&tags)?)
+            };
+            let fork = client.machine(&name).fork(tags).await?;
+            println!("{}", fork.name());
+        }
+        MachineCommand::Checkpoint(command) => checkpoint(command, client).await?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+async fn checkpoint(command: CheckpointCommand, client: &Client) -> Result<()> {
+    match command {
+        CheckpointCommand::Create { machine, name } => {
+            let checkpoint = client.machine(&machine).checkpoint(name.as_deref()).await?;
+            println!("{}", checkpoint.name);
+        }
+        CheckpointCommand::List { machine, json } => {
+            let checkpoints = client.machine(&machine).checkpoints().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&checkpoints)?);
+            } else if checkpoints.is_empty() {
+                eprintln!("no checkpoints");
+            } else {
+                for c in &checkpoints {
+                    println!(
+                        "{}  {}  after {} instructions  {} bytes",
+                        c.name,
+                        c.created_at.to_rfc3339(),
+                        c.instruction_count,
+                        c.disk_bytes
+                    );
+                }
+            }
+        }
+        CheckpointCommand::Rollback {
+            machine,
+            checkpoint,
+        } => {
+            client.machine(&machine).rollback(&checkpoint).await?;
+            eprintln!("rolled {machine} back to {checkpoint}");
+        }
+        CheckpointCommand::Delete {
+            machine,
+            checkpoint,
+        } => {
+            client
+                .machine(&machine)
+                .delete_checkpoint(&checkpoint)
+                .await?;
+            eprintln!("deleted checkpoint {checkpoint} of {machine}");
+        }
+    }
+    Ok(())
 }
 
 async fn exec(

@@ -106,6 +106,8 @@ impl From<ApiMachine> for MachineInfo {
             last_used_at: m.last_used_at,
             last_error: m.last_error,
             disk_bytes: m.disk_bytes,
+            resident_bytes: m.resident_bytes,
+            durability: m.durability,
         }
     }
 }
@@ -127,16 +129,19 @@ impl From<MachineInfo> for ApiMachine {
             last_used_at: m.last_used_at,
             last_error: m.last_error,
             disk_bytes: m.disk_bytes,
+            resident_bytes: m.resident_bytes,
+            durability: m.durability,
         }
     }
 }
 
 #[cfg(feature = "local")]
-mod engine {
+pub(crate) mod engine {
     use evervm_engine as engine;
 
     use crate::types::{
-        ExecEvent, ExecResult, FailureCause, MachineInfo, OutputChunk, OutputStream,
+        CheckpointInfo, CreateMachineOptions, ExecEvent, ExecResult, FailureCause, MachineInfo,
+        OutputChunk, OutputStream,
     };
 
     impl From<engine::FailureCause> for FailureCause {
@@ -209,8 +214,37 @@ mod engine {
                 last_used_at: m.last_used_at,
                 last_error: m.last_error,
                 disk_bytes: Some(m.disk_bytes),
+                resident_bytes: Some(m.resident_bytes),
+                durability: Some(m.durability.as_str().to_owned()),
             }
         }
+    }
+
+    impl From<engine::CheckpointInfo> for CheckpointInfo {
+        fn from(c: engine::CheckpointInfo) -> Self {
+            CheckpointInfo {
+                name: c.name,
+                created_at: c.created_at,
+                instruction_count: c.instruction_count,
+                disk_bytes: c.disk_bytes,
+            }
+        }
+    }
+
+    /// A new machine's options as the engine takes them; an unknown durability is refused.
+    pub(crate) fn create_machine_to_engine(
+        options: CreateMachineOptions,
+    ) -> engine::Result<engine::CreateMachine> {
+        Ok(engine::CreateMachine {
+            tags: options.tags,
+            memory_mb: options.memory_mb,
+            image: options.image,
+            durability: options
+                .durability
+                .as_deref()
+                .map(engine::Durability::parse)
+                .transpose()?,
+        })
     }
 }
 
@@ -259,18 +293,14 @@ pub(crate) mod server {
     /// `None` (an empty or `null` body) means every default.
     pub(crate) fn create_machine_from_wire(
         request: Option<CreateMachineRequest>,
-    ) -> engine::CreateMachine {
+    ) -> engine::Result<engine::CreateMachine> {
         let request = request.unwrap_or_default();
-        let options = CreateMachineOptions {
+        super::engine::create_machine_to_engine(CreateMachineOptions {
             tags: request.tags.unwrap_or_default(),
             memory_mb: request.memory_mb,
             image: request.image,
-        };
-        engine::CreateMachine {
-            tags: options.tags,
-            memory_mb: options.memory_mb,
-            image: options.image,
-        }
+            durability: request.durability,
+        })
     }
 
     /// The tags a list must match; none (every machine) when the body is empty or `null`.
@@ -328,17 +358,27 @@ pub(crate) mod server {
 
         #[test]
         fn empty_requests_mean_defaults() {
-            let create = create_machine_from_wire(None);
+            let create = create_machine_from_wire(None).unwrap();
             assert!(create.tags.is_empty());
             assert_eq!(create.memory_mb, None);
+            assert_eq!(create.durability, None);
             let create = create_machine_from_wire(Some(CreateMachineRequest {
                 tags: Some([("a".to_owned(), "b".to_owned())].into()),
                 memory_mb: Some(256),
                 image: Some("data".into()),
-            }));
+                durability: Some("instruction".into()),
+            }))
+            .unwrap();
             assert_eq!(create.tags.get("a").map(String::as_str), Some("b"));
             assert_eq!(create.memory_mb, Some(256));
             assert_eq!(create.image.as_deref(), Some("data"));
+            assert_eq!(create.durability, Some(engine::Durability::Instruction));
+            let err = create_machine_from_wire(Some(CreateMachineRequest {
+                durability: Some("sometimes".into()),
+                ..CreateMachineRequest::default()
+            }))
+            .unwrap_err();
+            assert!(err.message().contains("sometimes"), "{err}");
             assert!(list_filter_from_wire(None).is_empty());
             assert!(list_filter_from_wire(Some(ListMachinesRequest { tags: None })).is_empty());
         }

@@ -17,6 +17,10 @@ pub struct CreateMachineOptions {
     pub memory_mb: Option<u32>,
     /// The image profile: `minimal` (default) or `data` (numpy, pandas, matplotlib).
     pub image: Option<String>,
+    /// When the machine's state is saved to disk: `idle` (default: at swap-out, checkpoints and
+    /// engine stop) or `instruction` (also after every instruction, before its result is
+    /// reported; costs a snapshot and a restore per instruction).
+    pub durability: Option<String>,
 }
 
 /// Options for one instruction.
@@ -51,13 +55,28 @@ pub struct MachineInfo {
     /// The image profile (`minimal`, `data`).
     pub image: Option<String>,
     pub backend: Option<String>,
-    /// `resident` or `stopped`.
+    /// `resident`, `swapped`, `damaged` or `stopped`.
     pub state: Option<String>,
     pub instruction_count: Option<i64>,
     pub last_used_at: Option<DateTime<Utc>>,
     pub last_error: Option<String>,
-    /// Bytes of the machine's snapshot on disk.
+    /// Bytes of the machine's snapshot and checkpoints on disk.
     pub disk_bytes: Option<u64>,
+    /// Memory its sandbox holds now (0 when not resident).
+    pub resident_bytes: Option<u64>,
+    /// `idle` or `instruction`.
+    pub durability: Option<String>,
+}
+
+/// A named, kept snapshot of a machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointInfo {
+    pub name: String,
+    pub created_at: DateTime<Utc>,
+    /// The machine's instruction count when it was taken; a rollback marks the instructions
+    /// from this seq on as rolled back.
+    pub instruction_count: i64,
+    pub disk_bytes: u64,
 }
 
 /// Which stream a chunk of output came from.

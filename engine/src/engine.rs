@@ -19,10 +19,12 @@ use crate::pool::{Pool, Shape};
 use crate::sandbox::SandboxBackend;
 use crate::sandbox::gvisor::{GvisorBackend, GvisorConfig};
 use crate::sandbox::process::{ProcessBackend, ProcessBackendConfig};
+use crate::store::CheckpointRecord;
 use crate::store::{MachineRecord, Store};
 use crate::types::{
-    Account, CreateMachine, ExecAccepted, ExecEvent, ExecRequest, ExecResult, MAX_MEMORY_MB,
-    MIN_MEMORY_MB, MachineInfo, MachineName, MachineState, Tags, validate_tags,
+    Account, CheckpointInfo, CreateMachine, Durability, ExecAccepted, ExecEvent, ExecRequest,
+    ExecResult, ForkMachine, MAX_MEMORY_MB, MIN_MEMORY_MB, MachineInfo, MachineName, MachineState,
+    Tags, validate_checkpoint_name, validate_tags,
 };
 
 /// Which sandbox backend machines run on.
@@ -65,6 +67,13 @@ pub struct EngineConfig {
     /// A resident machine idle this long is swapped out to disk (backends with snapshots);
     /// `EVERVM_IDLE_SWAP_SECS`, 60 s by default, 0 for never.
     pub idle_swap: Option<Duration>,
+    /// At most this many machines resident at once; past it the least recently used idle ones
+    /// are swapped out (backends with snapshots). `EVERVM_MAX_RESIDENT`; unlimited when `None`.
+    pub max_resident: Option<usize>,
+    /// At most this much memory (MiB, measured: the sandboxes' proportional set size) held by
+    /// resident machines; past it the least recently used idle ones are swapped out.
+    /// `EVERVM_RESIDENT_MEMORY_MB`; unlimited when `None`.
+    pub resident_memory_mb: Option<u64>,
 }
 
 impl EngineConfig {
@@ -85,6 +94,12 @@ impl EngineConfig {
             .ok()
             .and_then(|n| n.parse().ok())
             .unwrap_or(2);
+        let positive = |key: &str| {
+            std::env::var(key)
+                .ok()
+                .and_then(|n| n.parse::<u64>().ok())
+                .filter(|n| *n > 0)
+        };
         Self {
             home,
             images_dir,
@@ -94,6 +109,8 @@ impl EngineConfig {
             timeout_grace: Duration::from_secs(5),
             pool_size,
             idle_swap,
+            max_resident: positive("EVERVM_MAX_RESIDENT").map(|n| n as usize),
+            resident_memory_mb: positive("EVERVM_RESIDENT_MEMORY_MB"),
         }
     }
 
@@ -117,6 +134,8 @@ pub(crate) struct EngineInner {
     pub(crate) pool: Pool,
     machines: Mutex<HashMap<String, Arc<MachineHandle>>>,
     closing: AtomicBool,
+    /// True while a task is swapping machines out to get back within the resident budget.
+    trimming: AtomicBool,
     /// The home's lock, held until shutdown (or drop).
     home_lock: Mutex<Option<File>>,
 }
@@ -127,10 +146,67 @@ impl EngineInner {
         self.closing.load(Ordering::SeqCst)
     }
 
-    pub(crate) fn record_machine_error(&self, name: &MachineName, text: &str) {
-        if let Err(e) = lock(&self.store).set_last_error(name.as_str(), Some(text)) {
+    pub(crate) fn record_machine_error(&self, name: &MachineName, text: Option<&str>) {
+        if let Err(e) = lock(&self.store).set_last_error(name.as_str(), text) {
             tracing::error!(machine = %name, "storing a machine error failed: {e}");
         }
+    }
+
+    /// Swaps out the least recently used idle machines (in the background) while more are
+    /// resident than `max_resident` allows or they hold more than `resident_memory_mb`.
+    pub(crate) fn keep_within_budget(self: &Arc<Self>) {
+        let (count_limit, memory_limit) =
+            (self.config.max_resident, self.config.resident_memory_mb);
+        if (count_limit.is_none() && memory_limit.is_none())
+            || !self.backend.capabilities().snapshots
+            || self.trimming.swap(true, Ordering::SeqCst)
+        {
+            return;
+        }
+        let engine = Arc::clone(self);
+        tokio::spawn(async move {
+            loop {
+                let mut resident: Vec<(Arc<MachineHandle>, Duration, u64)> = lock(&engine.machines)
+                    .values()
+                    .filter(|h| h.resident())
+                    .map(|h| (Arc::clone(h), h.idle_for(), 0))
+                    .collect();
+                let mut over_count =
+                    count_limit.map_or(0, |limit| resident.len().saturating_sub(limit));
+                let mut over_bytes = 0;
+                if let Some(limit) = memory_limit {
+                    for entry in &mut resident {
+                        entry.2 = entry.0.resident_bytes();
+                    }
+                    let total: u64 = resident.iter().map(|e| e.2).sum();
+                    over_bytes = total.saturating_sub(limit * 1024 * 1024);
+                }
+                if (over_count == 0 && over_bytes == 0) || engine.closing() {
+                    break;
+                }
+                // Least recently used first; a machine with work to do stays.
+                resident.retain(|(h, _, _)| !h.has_pending_instruction());
+                resident.sort_by(|a, b| b.1.cmp(&a.1));
+                let mut victims = Vec::new();
+                for (handle, _, bytes) in resident {
+                    if over_count == 0 && over_bytes == 0 {
+                        break;
+                    }
+                    over_count = over_count.saturating_sub(1);
+                    over_bytes = over_bytes.saturating_sub(bytes);
+                    victims.push(handle);
+                }
+                if victims.is_empty() {
+                    break;
+                }
+                for handle in victims {
+                    if let Err(e) = handle.swap_out().await {
+                        tracing::warn!(machine = %handle.name, "could not swap out to stay within the resident budget: {e}");
+                    }
+                }
+            }
+            engine.trimming.store(false, Ordering::SeqCst);
+        });
     }
 
     /// What a crash costs on this backend, for error texts.
@@ -274,6 +350,7 @@ impl Engine {
         })?;
         let lock_file = lock_home(&config.home)?;
         let mut store = Store::open(&config.home.join("evervm.db"))?;
+        crate::snapshot::recover(&config.home);
         let backend = choose_backend(&config).await?;
         let unfinished = store.fail_unfinished(
             "MachineCrashed: the engine stopped before this instruction finished",
@@ -289,6 +366,7 @@ impl Engine {
                 pool: Pool::default(),
                 machines: Mutex::new(HashMap::new()),
                 closing: AtomicBool::new(false),
+                trimming: AtomicBool::new(false),
                 home_lock: Mutex::new(Some(lock_file)),
             }),
         };
@@ -367,6 +445,14 @@ impl Engine {
             )));
         }
         let profile = Profile::parse(request.image.as_deref().unwrap_or("minimal"))?;
+        let durability = request.durability.unwrap_or_default();
+        if durability == Durability::Instruction && !self.inner.backend.capabilities().snapshots {
+            return Err(Error::unsupported(format!(
+                "durability `instruction` needs snapshots, which the {} backend cannot take (the \
+                 gVisor backend can)",
+                self.inner.backend.name()
+            )));
+        }
         let record = MachineRecord {
             name: MachineName::generate(),
             account_id: account.id,
@@ -378,6 +464,7 @@ impl Engine {
             next_seq: 0,
             last_used_at: None,
             last_error: None,
+            durability,
         };
         lock(&self.inner.store).insert_machine(&record)?;
         let handle = self.spawn_handle(&record, true);
@@ -396,6 +483,7 @@ impl Engine {
                 record.name.clone(),
                 record.account_id,
                 shape,
+                record.durability,
                 eager,
             )
         }))
@@ -432,11 +520,10 @@ impl Engine {
     }
 
     fn info_of(&self, record: &MachineRecord, handle: Option<&Arc<MachineHandle>>) -> MachineInfo {
-        let snapshot = crate::snapshot::quick_check(
-            &self.inner.config.home,
-            record.name.as_str(),
-            &self.inner.backend.describe(),
-        );
+        let home = &self.inner.config.home;
+        let name = record.name.as_str();
+        let restorable = |runtime: &str| self.inner.backend.restorable(runtime);
+        let damaged = crate::snapshot::quick_check(home, name, &restorable);
         let (resident, pending) = handle.map_or((false, false), |h| {
             (h.resident(), h.has_pending_instruction())
         });
@@ -447,13 +534,15 @@ impl Engine {
             memory_mb: record.memory_mb,
             image: record.image.as_str().to_owned(),
             backend: record.backend.clone(),
-            state: match (resident, snapshot) {
+            state: match (resident, damaged) {
                 (true, _) => MachineState::Resident,
-                (false, Some((_, true))) => MachineState::Damaged,
-                (false, Some((_, false))) => MachineState::Swapped,
+                (false, Some(true)) => MachineState::Damaged,
+                (false, Some(false)) => MachineState::Swapped,
                 (false, None) => MachineState::Stopped,
             },
-            disk_bytes: snapshot.map_or(0, |(bytes, _)| bytes),
+            disk_bytes: crate::snapshot::disk_bytes(home, name),
+            resident_bytes: handle.map_or(0, |h| h.resident_bytes()),
+            durability: record.durability,
             has_pending_instruction: pending,
             instruction_count: record.next_seq,
             last_used_at: record.last_used_at,
@@ -561,6 +650,156 @@ impl Engine {
     /// instruction restores it. Waits for the running instruction to finish first.
     pub async fn swap_out(&self, account: &Account, name: &str) -> Result<()> {
         self.handle(account, name)?.swap_out().await
+    }
+
+    /// A new machine from another's current state (memory, files, everything), with its own
+    /// tags (the parent's when `None`). The parent waits for its running instruction, is saved,
+    /// and carries on where it was; the fork's random generators are reseeded, so the two never
+    /// draw the same numbers.
+    pub async fn fork_machine(
+        &self,
+        account: &Account,
+        name: &str,
+        request: ForkMachine,
+    ) -> Result<MachineInfo> {
+        let parent = self.record(account, name)?;
+        let tags = request.tags.unwrap_or_else(|| parent.tags.clone());
+        validate_tags(&tags)?;
+        let handle = self.handle(account, name)?;
+        let child = MachineRecord {
+            name: MachineName::generate(),
+            created_at: Utc::now(),
+            tags,
+            next_seq: 0,
+            last_used_at: None,
+            last_error: None,
+            ..parent
+        };
+        let home = &self.inner.config.home;
+        let target = crate::snapshot::snapshot_dir(home, child.name.as_str());
+        if let Err(e) = handle.copy_out(target, true).await {
+            let _ = crate::snapshot::remove(home, child.name.as_str());
+            return Err(e);
+        }
+        if let Err(e) = lock(&self.inner.store).insert_machine(&child) {
+            let _ = crate::snapshot::remove(home, child.name.as_str());
+            return Err(e);
+        }
+        let handle = self.spawn_handle(&child, true);
+        Ok(self.info_of(&child, Some(&handle)))
+    }
+
+    /// Saves the machine's current state as a named checkpoint (a generated name when `None`);
+    /// the machine carries on. Waits for its running instruction first.
+    pub async fn create_checkpoint(
+        &self,
+        account: &Account,
+        name: &str,
+        checkpoint: Option<String>,
+    ) -> Result<CheckpointInfo> {
+        let _ = self.record(account, name)?;
+        let checkpoint =
+            checkpoint.unwrap_or_else(|| Utc::now().format("cp-%Y%m%d-%H%M%S-%3f").to_string());
+        validate_checkpoint_name(&checkpoint)?;
+        let handle = self.handle(account, name)?;
+        let home = &self.inner.config.home;
+        let dir = crate::snapshot::checkpoint_dir(home, name, &checkpoint);
+        // The row first: it reserves the name.
+        let mut record = CheckpointRecord {
+            name: checkpoint.clone(),
+            created_at: Utc::now(),
+            instruction_count: 0,
+        };
+        lock(&self.inner.store).insert_checkpoint(name, &record)?;
+        let copied = handle.copy_out(dir.clone(), false).await;
+        let stored = copied.and_then(|first_excluded| {
+            record.instruction_count = first_excluded;
+            record.created_at = Utc::now();
+            let mut store = lock(&self.inner.store);
+            store.delete_checkpoint(name, &checkpoint)?;
+            store.insert_checkpoint(name, &record)
+        });
+        if let Err(e) = stored {
+            let _ = lock(&self.inner.store).delete_checkpoint(name, &checkpoint);
+            let _ = crate::snapshot::remove_checkpoint(home, name, &checkpoint);
+            return Err(e);
+        }
+        Ok(self.checkpoint_info(name, record))
+    }
+
+    fn checkpoint_info(&self, machine: &str, record: CheckpointRecord) -> CheckpointInfo {
+        let dir = crate::snapshot::checkpoint_dir(&self.inner.config.home, machine, &record.name);
+        let disk_bytes = std::fs::read_dir(&dir)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter(|e| e.file_name() != "manifest.json")
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0);
+        CheckpointInfo {
+            name: record.name,
+            created_at: record.created_at,
+            instruction_count: record.instruction_count,
+            disk_bytes,
+        }
+    }
+
+    /// The machine's checkpoints, oldest first.
+    pub fn list_checkpoints(&self, account: &Account, name: &str) -> Result<Vec<CheckpointInfo>> {
+        let _ = self.record(account, name)?;
+        let records = lock(&self.inner.store).checkpoints(name)?;
+        Ok(records
+            .into_iter()
+            .map(|r| self.checkpoint_info(name, r))
+            .collect())
+    }
+
+    fn find_checkpoint(&self, machine: &str, checkpoint: &str) -> Result<CheckpointRecord> {
+        lock(&self.inner.store)
+            .checkpoints(machine)?
+            .into_iter()
+            .find(|c| c.name == checkpoint)
+            .ok_or_else(|| Error::checkpoint_not_found(machine, checkpoint))
+    }
+
+    /// Returns the machine to a checkpoint's state (also a damaged machine). Waits for its
+    /// running instruction first; instructions run since the checkpoint stay in the history,
+    /// marked as rolled back.
+    pub async fn rollback(
+        &self,
+        account: &Account,
+        name: &str,
+        checkpoint: &str,
+    ) -> Result<MachineInfo> {
+        let record = self.record(account, name)?;
+        let found = self.find_checkpoint(name, checkpoint)?;
+        let dir = crate::snapshot::checkpoint_dir(&self.inner.config.home, name, checkpoint);
+        let restorable = |runtime: &str| self.inner.backend.restorable(runtime);
+        if crate::snapshot::verify_dir(&dir, &restorable)?.is_none() {
+            return Err(Error::new(
+                ErrorKind::MachineCrashed,
+                format!(
+                    "the files of checkpoint {checkpoint:?} of {name} are missing ({})",
+                    dir.display()
+                ),
+            ));
+        }
+        let handle = self.handle(account, name)?;
+        handle.rollback(dir).await?;
+        lock(&self.inner.store).mark_rolled_back(name, &found)?;
+        Ok(self.info_of(&record, Some(&handle)))
+    }
+
+    /// Deletes a checkpoint (the machine itself is untouched).
+    pub fn delete_checkpoint(&self, account: &Account, name: &str, checkpoint: &str) -> Result<()> {
+        let _ = self.record(account, name)?;
+        self.find_checkpoint(name, checkpoint)?;
+        crate::snapshot::remove_checkpoint(&self.inner.config.home, name, checkpoint)?;
+        lock(&self.inner.store).delete_checkpoint(name, checkpoint)?;
+        Ok(())
     }
 
     /// Stops the engine: resident machines are swapped out to disk where the backend can, every

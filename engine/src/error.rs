@@ -91,6 +91,14 @@ impl Error {
         }
     }
 
+    pub fn checkpoint_not_found(machine: &str, checkpoint: &str) -> Self {
+        Self {
+            kind: ErrorKind::NotFound,
+            message: format!("machine {machine:?} has no checkpoint {checkpoint:?}"),
+            resource: Some("checkpoint"),
+        }
+    }
+
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::InvalidInput, message)
     }

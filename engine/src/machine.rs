@@ -2,6 +2,7 @@
 //! at a time, in the order they were accepted, and the live state that streams read.
 
 use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -17,7 +18,8 @@ use crate::pool::{Pool, Resident, Shape, sandbox_id};
 use crate::sandbox::SandboxSpec;
 use crate::snapshot;
 use crate::types::{
-    ExecEvent, ExecResult, FailureCause, MachineName, Outcome, OutputChunk, OutputStream,
+    Durability, ExecEvent, ExecResult, FailureCause, MachineName, Outcome, OutputChunk,
+    OutputStream,
 };
 
 /// Locks a mutex, recovering the data if a holder panicked (the data is always left consistent).
@@ -152,8 +154,29 @@ struct MachineState {
     queued: HashSet<i64>,
     cancelled: HashSet<i64>,
     running: Option<i64>,
-    resident: bool,
+    /// The host process at the root of the machine's sandbox while it is resident.
+    resident_pid: Option<Option<u32>>,
     live: HashMap<i64, Arc<LiveInstruction>>,
+    /// Why the machine's last sandbox ended abnormally, until its next start says so.
+    recovering_from: Option<String>,
+}
+
+/// Work on a machine's state that its task does between instructions.
+enum Control {
+    /// Save the machine to disk and release its sandbox.
+    SwapOut(oneshot::Sender<Result<()>>),
+    /// Save the machine and copy its snapshot to `to` (a checkpoint, a fork); answers the seq of
+    /// the first instruction the copy does not include.
+    CopyOut {
+        to: PathBuf,
+        reseed: bool,
+        reply: oneshot::Sender<Result<i64>>,
+    },
+    /// Replace the machine's state with the snapshot in `from` (a checkpoint).
+    Rollback {
+        from: PathBuf,
+        reply: oneshot::Sender<Result<()>>,
+    },
 }
 
 /// The engine's handle on one machine.
@@ -162,9 +185,9 @@ pub(crate) struct MachineHandle {
     pub account_id: i64,
     pub shape: Shape,
     state: Mutex<MachineState>,
+    pub durability: Durability,
     jobs: mpsc::UnboundedSender<Job>,
-    /// Requests to save the machine to disk and release its sandbox.
-    swaps: mpsc::UnboundedSender<oneshot::Sender<Result<()>>>,
+    controls: mpsc::UnboundedSender<Control>,
     /// Wakes the machine's task to look at `interrupt_requested` and `deleted`.
     wake: Notify,
     interrupt_requested: AtomicBool,
@@ -182,17 +205,19 @@ impl MachineHandle {
         name: MachineName,
         account_id: i64,
         shape: Shape,
+        durability: Durability,
         eager: bool,
     ) -> Arc<Self> {
         let (jobs, queue) = mpsc::unbounded_channel();
-        let (swaps, swap_requests) = mpsc::unbounded_channel();
+        let (controls, control_requests) = mpsc::unbounded_channel();
         let handle = Arc::new(Self {
             name,
             account_id,
             shape,
+            durability,
             state: Mutex::new(MachineState::default()),
             jobs,
-            swaps,
+            controls,
             wake: Notify::new(),
             interrupt_requested: AtomicBool::new(false),
             deleted: AtomicBool::new(false),
@@ -203,14 +228,24 @@ impl MachineHandle {
             engine,
             Arc::clone(&handle),
             queue,
-            swap_requests,
+            control_requests,
             eager,
         ));
         handle
     }
 
     pub(crate) fn resident(&self) -> bool {
-        lock(&self.state).resident
+        lock(&self.state).resident_pid.is_some()
+    }
+
+    /// Memory the machine's sandbox holds now; 0 when it is not resident.
+    pub(crate) fn resident_bytes(&self) -> u64 {
+        let pid = lock(&self.state).resident_pid.flatten();
+        pid.map_or(0, crate::sandbox::process_tree_pss)
+    }
+
+    fn set_resident(&self, resident: Option<&Resident>) {
+        lock(&self.state).resident_pid = resident.map(|r| r.sandbox.pid());
     }
 
     /// How long since the machine last accepted or finished an instruction.
@@ -290,15 +325,36 @@ impl MachineHandle {
         any
     }
 
-    /// Saves the machine to disk and releases its sandbox (between instructions).
-    pub(crate) async fn swap_out(&self) -> Result<()> {
+    async fn control<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T>>) -> Control,
+    ) -> Result<T> {
         let (reply, answer) = oneshot::channel();
-        self.swaps
-            .send(reply)
+        self.controls
+            .send(make(reply))
             .map_err(|_| Error::machine_not_found(self.name.as_str()))?;
         answer
             .await
             .map_err(|_| Error::machine_not_found(self.name.as_str()))?
+    }
+
+    /// Saves the machine to disk and releases its sandbox (between instructions).
+    pub(crate) async fn swap_out(&self) -> Result<()> {
+        self.control(Control::SwapOut).await
+    }
+
+    /// Saves the machine and copies its snapshot to `to` (between instructions); a machine that
+    /// was resident is restored again. Returns the seq of the first instruction the copy does
+    /// not include.
+    pub(crate) async fn copy_out(&self, to: PathBuf, reseed: bool) -> Result<i64> {
+        self.control(|reply| Control::CopyOut { to, reseed, reply })
+            .await
+    }
+
+    /// Replaces the machine's state with the snapshot in `from` (between instructions).
+    pub(crate) async fn rollback(&self, from: PathBuf) -> Result<()> {
+        self.control(|reply| Control::Rollback { from, reply })
+            .await
     }
 
     /// Stops the machine's task and its sandbox; pending instructions end as interrupted.
@@ -371,26 +427,18 @@ async fn run(
     engine: Arc<EngineInner>,
     machine: Arc<MachineHandle>,
     mut queue: mpsc::UnboundedReceiver<Job>,
-    mut swap_requests: mpsc::UnboundedReceiver<oneshot::Sender<Result<()>>>,
+    mut controls: mpsc::UnboundedReceiver<Control>,
     eager: bool,
 ) {
     let mut resident: Option<Resident> = None;
     if eager {
-        match Pool::take(&engine, machine.shape).await {
-            Ok(ready) => {
-                resident = Some(ready);
-                lock(&machine.state).resident = true;
-            }
-            Err(e) => tracing::warn!(machine = %machine.name, "no sandbox yet: {e}"),
-        }
+        become_resident(&engine, &machine, &mut resident).await;
     }
     loop {
         let job = tokio::select! {
             job = queue.recv() => job,
-            Some(reply) = swap_requests.recv() => {
-                let swapped = swap_out(&engine, &machine, &mut resident).await;
-                lock(&machine.state).resident = resident.is_some();
-                let _ = reply.send(swapped);
+            Some(control) = controls.recv() => {
+                handle_control(&engine, &machine, &mut resident, control).await;
                 continue;
             }
             () = machine.wake.notified() => {
@@ -409,6 +457,22 @@ async fn run(
             machine.interrupt_requested.store(false, Ordering::SeqCst);
             run_job(&engine, &machine, &mut resident, &job).await
         };
+        // With `durability = instruction` the state the result reflects is on disk before
+        // anyone sees the result.
+        let saved_for_durability = machine.durability == Durability::Instruction
+            && resident.is_some()
+            && engine.backend.capabilities().snapshots;
+        if saved_for_durability {
+            if let Err(e) = swap_out(&engine, &machine, &mut resident).await {
+                let note = format!(
+                    "[evervm] warning: the machine's state after this instruction could not be \
+                     saved ({e}); a crash before its next save would lose it"
+                );
+                job.live.push_chunks([(OutputStream::Stderr, note)]);
+                tracing::error!(machine = %machine.name, "durability snapshot failed: {e}");
+            }
+            machine.set_resident(resident.as_ref());
+        }
         // Stored before it is reported: a result anyone has seen is never lost.
         let (chunks, _) = job.live.snapshot();
         let persisted = {
@@ -426,10 +490,17 @@ async fn run(
         }
         job.live.finish(result);
         machine.touch();
-        let mut state = lock(&machine.state);
-        state.running = None;
-        state.live.remove(&job.seq);
-        state.resident = resident.is_some();
+        {
+            let mut state = lock(&machine.state);
+            state.running = None;
+            state.live.remove(&job.seq);
+        }
+        machine.set_resident(resident.as_ref());
+        // A machine saved after its instruction is brought back at once, so that the next one
+        // does not wait for the restore.
+        if saved_for_durability && !machine.deleted.load(Ordering::SeqCst) {
+            become_resident(&engine, &machine, &mut resident).await;
+        }
     }
     if let Some(resident) = resident.take() {
         resident.kill().await;
@@ -442,44 +513,199 @@ async fn run(
             "Instruction interrupted: the machine was deleted",
         ));
     }
+    controls.close();
+    while let Ok(control) = controls.try_recv() {
+        let gone = || Error::machine_not_found(machine.name.as_str());
+        match control {
+            Control::SwapOut(reply) | Control::Rollback { reply, .. } => {
+                let _ = reply.send(Err(gone()));
+            }
+            Control::CopyOut { reply, .. } => {
+                let _ = reply.send(Err(gone()));
+            }
+        }
+    }
     {
         let mut state = lock(&machine.state);
-        state.resident = false;
+        state.resident_pid = None;
         state.running = None;
     }
     machine.stopped.send_replace(true);
 }
 
+/// Gives the machine a sandbox now (its snapshot restored, or a fresh one), logging a failure:
+/// the next instruction tries again and reports it.
+async fn become_resident(
+    engine: &Arc<EngineInner>,
+    machine: &MachineHandle,
+    resident: &mut Option<Resident>,
+) {
+    if resident.is_some() {
+        return;
+    }
+    match acquire(engine, machine).await {
+        Ok(ready) => {
+            machine.set_resident(Some(&ready));
+            *resident = Some(ready);
+            engine.keep_within_budget();
+        }
+        Err(e) => tracing::warn!(machine = %machine.name, "no sandbox yet: {e}"),
+    }
+}
+
+async fn handle_control(
+    engine: &Arc<EngineInner>,
+    machine: &MachineHandle,
+    resident: &mut Option<Resident>,
+    control: Control,
+) {
+    match control {
+        Control::SwapOut(reply) => {
+            let swapped = swap_out(engine, machine, resident).await;
+            machine.set_resident(resident.as_ref());
+            let _ = reply.send(swapped);
+        }
+        Control::CopyOut { to, reseed, reply } => {
+            let was_resident = resident.is_some();
+            let copied = copy_out(engine, machine, resident, to, reseed).await;
+            machine.set_resident(resident.as_ref());
+            let _ = reply.send(copied);
+            if was_resident {
+                become_resident(engine, machine, resident).await;
+            }
+        }
+        Control::Rollback { from, reply } => {
+            let was_resident = resident.is_some();
+            if let Some(current) = resident.take() {
+                current.kill().await;
+            }
+            machine.set_resident(None);
+            let home = engine.config.home.clone();
+            let name = machine.name.to_string();
+            let copied = tokio::task::spawn_blocking(move || {
+                snapshot::copy(&from, &snapshot::snapshot_dir(&home, &name), false)
+            })
+            .await
+            .map_err(|e| Error::internal(format!("the rollback stopped: {e}")))
+            .and_then(|r| r);
+            if copied.is_ok() {
+                lock(&machine.state).recovering_from = None;
+                engine.record_machine_error(&machine.name, None);
+            }
+            let _ = reply.send(copied);
+            if was_resident {
+                become_resident(engine, machine, resident).await;
+            }
+        }
+    }
+}
+
+/// Saves the machine (starting it first if it has no state yet) and copies its snapshot to `to`.
+async fn copy_out(
+    engine: &Arc<EngineInner>,
+    machine: &MachineHandle,
+    resident: &mut Option<Resident>,
+    to: PathBuf,
+    reseed: bool,
+) -> Result<i64> {
+    if !engine.backend.capabilities().snapshots {
+        return Err(Error::unsupported(format!(
+            "the {} backend cannot snapshot a machine, so it cannot fork or checkpoint one (the \
+             gVisor backend can)",
+            engine.backend.name()
+        )));
+    }
+    let home = engine.config.home.clone();
+    let name = machine.name.to_string();
+    let from = snapshot::snapshot_dir(&home, &name);
+    if resident.is_none() && !from.exists() {
+        // A machine that never ran: its state is a fresh interpreter.
+        *resident = Some(acquire(engine, machine).await?);
+    }
+    swap_out(engine, machine, resident).await?;
+    let first_excluded = machine.first_unrun_seq(engine)?;
+    tokio::task::spawn_blocking(move || snapshot::copy(&from, &to, reseed))
+        .await
+        .map_err(|e| Error::internal(format!("copying the snapshot stopped: {e}")))??;
+    Ok(first_excluded)
+}
+
 /// A sandbox for a machine that has none: its snapshot restored when it has one (refused, with
-/// the reason, when the snapshot is damaged), else a fresh one from the pool.
+/// the reason, when the snapshot is damaged), else a fresh one from the pool. After a crash, the
+/// machine's next instruction says what it came back from.
 async fn acquire(engine: &Arc<EngineInner>, machine: &MachineHandle) -> Result<Resident> {
     let home = &engine.config.home;
     let name = machine.name.as_str();
-    let verified = snapshot::verify(home, name, &engine.backend.describe());
+    let restorable = |runtime: &str| engine.backend.restorable(runtime);
+    let verified = snapshot::verify(home, name, &restorable);
     if let Err(e) = &verified {
         snapshot::mark_damaged(home, name, e.message());
     }
     let Some(manifest) = verified? else {
         return Pool::take(engine, machine.shape).await;
     };
+    let dir = snapshot::snapshot_dir(home, name);
     let spec = SandboxSpec {
         id: sandbox_id(),
         memory_mb: machine.shape.memory_mb,
         profile: machine.shape.profile,
-        image_id: manifest.image_id,
+        image_id: manifest.image_id.clone(),
     };
     let mut sandbox = engine
         .backend
-        .restore(&spec, &snapshot::snapshot_dir(home, name))
+        .restore(&spec, &dir, &manifest.runtime)
         .await?;
     let Some((reader, writer)) = sandbox.take_channel() else {
         let _ = sandbox.kill().await;
         return Err(Error::internal("the restored sandbox has no agent channel"));
     };
-    Ok(Resident {
-        sandbox,
-        agent: AgentConnection::resume(reader, writer),
-    })
+    let mut agent = AgentConnection::resume(reader, writer);
+    if snapshot::needs_reseed(&dir)
+        && let Err(e) = agent.reseed(engine.config.ready_timeout).await
+    {
+        let reason = sandbox.exit_reason();
+        let _ = sandbox.kill().await;
+        return Err(match reason {
+            Some(reason) => e.context(reason),
+            None => e,
+        });
+    }
+    Ok(Resident { sandbox, agent })
+}
+
+impl MachineHandle {
+    /// The seq of the first instruction that has not run: the first queued one, else the next
+    /// to be accepted. Only meaningful between instructions (in the machine's task).
+    fn first_unrun_seq(&self, engine: &EngineInner) -> Result<i64> {
+        let state = lock(&self.state);
+        if let Some(first) = state.queued.iter().min() {
+            return Ok(*first);
+        }
+        let record = lock(&engine.store).machine(self.name.as_str())?;
+        Ok(record.map_or(0, |r| r.next_seq))
+    }
+
+    /// What the next instruction's output starts with after the machine's sandbox ended
+    /// abnormally: how it came back.
+    fn recovery_note(&self, engine: &EngineInner) -> Option<String> {
+        let why = lock(&self.state).recovering_from.take()?;
+        let home = &engine.config.home;
+        let restorable = |runtime: &str| engine.backend.restorable(runtime);
+        let restored = snapshot::verify(home, self.name.as_str(), &restorable)
+            .ok()
+            .flatten();
+        Some(match restored {
+            Some(manifest) => format!(
+                "[evervm] this machine's sandbox stopped ({why}); it was restored from its \
+                 snapshot of {}, and changes made after that were lost",
+                manifest.created_at
+            ),
+            None => format!(
+                "[evervm] this machine's sandbox stopped ({why}); it had no snapshot, so this \
+                 instruction runs in a fresh interpreter and earlier state was lost"
+            ),
+        })
+    }
 }
 
 /// Checkpoints the resident sandbox into the machine's snapshot and releases it.
@@ -496,6 +722,10 @@ async fn swap_out(
     let name = machine.name.to_string();
     let staging = snapshot::staging_dir(&home, &name)?;
     let image_id = current.sandbox.image_id();
+    let runtime = current
+        .sandbox
+        .runtime()
+        .unwrap_or_else(|| engine.backend.describe());
     if let Err(e) = current.sandbox.checkpoint(&staging).await {
         let _ = std::fs::remove_dir_all(&staging);
         if e.kind() == crate::ErrorKind::Unsupported {
@@ -506,7 +736,6 @@ async fn swap_out(
         return Err(e);
     }
     drop(current);
-    let runtime = engine.backend.describe();
     tokio::task::spawn_blocking(move || {
         snapshot::commit(&home, &name, &staging, &runtime, image_id).map(drop)
     })
@@ -520,15 +749,17 @@ async fn run_job(
     resident: &mut Option<Resident>,
     job: &Job,
 ) -> ExecResult {
+    let note = machine.recovery_note(engine);
     let mut current = match resident.take() {
         Some(r) => r,
         None => match acquire(engine, machine).await {
             Ok(r) => {
-                lock(&machine.state).resident = true;
+                machine.set_resident(Some(&r));
+                engine.keep_within_budget();
                 r
             }
             Err(e) => {
-                engine.record_machine_error(&machine.name, &e.to_string());
+                engine.record_machine_error(&machine.name, Some(&e.to_string()));
                 return ExecResult::failure(
                     FailureCause::MachineCrashed,
                     format!("MachineCrashed: the machine could not start: {e}"),
@@ -536,6 +767,9 @@ async fn run_job(
             }
         },
     };
+    if let Some(note) = note {
+        job.live.push_chunks([(OutputStream::Stderr, note)]);
+    }
     let request = AgentRequest::Exec {
         id: job.seq,
         code: job.code.clone(),
@@ -596,7 +830,9 @@ async fn run_job(
                     grace.as_secs(),
                     engine.state_loss_note(),
                 );
-                engine.record_machine_error(&machine.name, &text);
+                engine.record_machine_error(&machine.name, Some(&text));
+                lock(&machine.state).recovering_from =
+                    Some(format!("an instruction {what} and did not stop"));
                 let cause = if interrupted_by_request { FailureCause::Interrupted } else { FailureCause::Timeout };
                 let mut result = ExecResult::failure(cause, text);
                 result.runtime_ms = started.elapsed().as_millis() as u64;
@@ -626,6 +862,7 @@ async fn crashed(
         "MachineCrashed: the machine stopped unexpectedly ({cause}); {}",
         engine.state_loss_note()
     );
-    engine.record_machine_error(&machine.name, &text);
+    engine.record_machine_error(&machine.name, Some(&text));
+    lock(&machine.state).recovering_from = Some(cause);
     ExecResult::failure(FailureCause::MachineCrashed, text)
 }

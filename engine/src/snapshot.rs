@@ -17,6 +17,9 @@ const MANIFEST: &str = "manifest.json";
 /// Written beside a snapshot found unusable, with the reason, so that the machine shows as
 /// damaged (also after a restart) until it is deleted or gets a new snapshot.
 const DAMAGED: &str = "damaged.txt";
+/// Marks a snapshot whose next restore must reseed the interpreter's random generators (a fork's
+/// or a base snapshot's copy): every copy would otherwise draw the same numbers.
+const RESEED: &str = "reseed";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotManifest {
@@ -47,7 +50,7 @@ fn digest_dir(dir: &Path) -> Result<(String, u64)> {
         .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n != MANIFEST && n != DAMAGED)
+        .filter(|n| n != MANIFEST && n != DAMAGED && n != RESEED)
         .collect();
     names.sort();
     let mut hasher = Sha256::new();
@@ -62,9 +65,22 @@ fn digest_dir(dir: &Path) -> Result<(String, u64)> {
     Ok((hex::encode(hasher.finalize()), bytes))
 }
 
-/// A fresh, empty directory for a checkpoint to write into.
-pub fn staging_dir(home: &Path, machine: &str) -> Result<PathBuf> {
-    let dir = machine_dir(home, machine).join(format!("snapshot.tmp-{}", std::process::id()));
+/// `<home>/machines/<name>/checkpoints/<checkpoint>`: a named, kept snapshot.
+pub fn checkpoint_dir(home: &Path, machine: &str, checkpoint: &str) -> PathBuf {
+    machine_dir(home, machine)
+        .join("checkpoints")
+        .join(checkpoint)
+}
+
+/// A fresh, empty directory beside `target` to build a snapshot in before it is renamed into
+/// place.
+fn staging_for(target: &Path) -> Result<PathBuf> {
+    use rand::Rng;
+    let name = target
+        .file_name()
+        .map_or_else(|| "snapshot".into(), |n| n.to_string_lossy().into_owned());
+    let suffix: u32 = rand::rng().random();
+    let dir = target.with_file_name(format!("{name}.tmp-{}-{suffix:08x}", std::process::id()));
     if dir.exists() {
         std::fs::remove_dir_all(&dir)?;
     }
@@ -73,8 +89,44 @@ pub fn staging_dir(home: &Path, machine: &str) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Seals a checkpoint written into `staging`: manifest, fsync, and rename into place (the old
-/// snapshot is replaced only once the new one is whole).
+/// A fresh, empty directory for a checkpoint of the machine to write into.
+pub fn staging_dir(home: &Path, machine: &str) -> Result<PathBuf> {
+    staging_for(&snapshot_dir(home, machine))
+}
+
+/// Renames a finished `staging` directory to `target`, replacing what was there only once the
+/// new one is whole (a crash in between leaves `<target>.old`, which [`recover`] puts back).
+fn install(staging: &Path, target: &Path) -> Result<()> {
+    let parent = target
+        .parent()
+        .ok_or_else(|| Error::internal(format!("{} has no parent", target.display())))?;
+    let old = target.with_file_name(format!(
+        "{}.old",
+        target
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+    ));
+    if old.exists() {
+        if target.exists() {
+            std::fs::remove_dir_all(&old)?;
+        } else {
+            // A crash between the two renames: the old one is the last whole snapshot.
+            std::fs::rename(&old, target)?;
+        }
+    }
+    if target.exists() {
+        std::fs::rename(target, &old)?;
+    }
+    std::fs::rename(staging, target)?;
+    fsync_dir(parent)?;
+    if old.exists() {
+        std::fs::remove_dir_all(&old)?;
+    }
+    Ok(())
+}
+
+/// Seals a checkpoint written into `staging` as the machine's snapshot: manifest, fsync, and
+/// rename into place (the old snapshot is replaced only once the new one is whole).
 pub fn commit(
     home: &Path,
     machine: &str,
@@ -97,25 +149,76 @@ pub fn commit(
     write_durably(&staging.join(MANIFEST), &text)?;
     fsync_dir(staging)?;
     let target = snapshot_dir(home, machine);
-    let old = machine_dir(home, machine).join("snapshot.old");
-    if old.exists() {
-        std::fs::remove_dir_all(&old)?;
-    }
-    if target.exists() {
-        std::fs::rename(&target, &old)?;
-    }
-    std::fs::rename(staging, &target)?;
-    fsync_dir(&machine_dir(home, machine))?;
-    if old.exists() {
-        std::fs::remove_dir_all(&old)?;
-    }
+    std::fs::create_dir_all(machine_dir(home, machine))?;
+    install(staging, &target)?;
     Ok(manifest)
 }
 
+/// Copies a whole snapshot (`from`, manifest included, its damage note not) to `to`, replacing
+/// what is there once the copy is whole. Files are hard-linked where the file system allows:
+/// snapshot files are never changed in place, only replaced. With `reseed`, the copy is marked
+/// so that its first restore reseeds the interpreter's random generators (a fork, a base
+/// snapshot).
+pub fn copy(from: &Path, to: &Path, reseed: bool) -> Result<()> {
+    if let Some(parent) = to.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| Error::internal(format!("cannot create {}: {e}", parent.display())))?;
+    }
+    let staging = staging_for(to)?;
+    let copied = (|| -> Result<()> {
+        for entry in std::fs::read_dir(from)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            if name == DAMAGED || name == RESEED || !entry.file_type()?.is_file() {
+                continue;
+            }
+            let target = staging.join(&name);
+            if std::fs::hard_link(entry.path(), &target).is_err() {
+                std::fs::copy(entry.path(), &target)?;
+                std::fs::File::open(&target)?.sync_all()?;
+            }
+        }
+        if reseed {
+            write_durably(
+                &staging.join(RESEED),
+                b"reseed the interpreter after restore\n",
+            )?;
+        }
+        fsync_dir(&staging)?;
+        install(&staging, to)
+    })();
+    if copied.is_err() {
+        let _ = std::fs::remove_dir_all(&staging);
+    }
+    copied.map_err(|e| {
+        e.context(format!(
+            "copying the snapshot {} to {}",
+            from.display(),
+            to.display()
+        ))
+    })
+}
+
+/// Whether a restore of this snapshot must reseed the interpreter (a fork's first restore).
+pub fn needs_reseed(dir: &Path) -> bool {
+    dir.join(RESEED).exists()
+}
+
 /// The machine's snapshot, checked: `Ok(None)` when it has none; an error naming what is wrong
-/// when it is missing a part, truncated, corrupt, or from another runtime.
-pub fn verify(home: &Path, machine: &str, runtime: &str) -> Result<Option<SnapshotManifest>> {
-    let dir = snapshot_dir(home, machine);
+/// when it is missing a part, truncated, corrupt, or from a runtime `restorable` refuses.
+pub fn verify(
+    home: &Path,
+    machine: &str,
+    restorable: &dyn Fn(&str) -> bool,
+) -> Result<Option<SnapshotManifest>> {
+    verify_dir(&snapshot_dir(home, machine), restorable)
+}
+
+/// [`verify`] for any snapshot directory (a checkpoint, a base snapshot).
+pub fn verify_dir(
+    dir: &Path,
+    restorable: &dyn Fn(&str) -> bool,
+) -> Result<Option<SnapshotManifest>> {
     if !dir.exists() {
         return Ok(None);
     }
@@ -135,13 +238,14 @@ pub fn verify(home: &Path, machine: &str, runtime: &str) -> Result<Option<Snapsh
             manifest.format
         )));
     }
-    if manifest.runtime != runtime {
+    if !restorable(&manifest.runtime) {
         return Err(damaged(format!(
-            "it was written by {}, and this engine runs {runtime}",
+            "it was written by {}, which this engine does not have (keep that runsc, or delete \
+             the machine)",
             manifest.runtime
         )));
     }
-    let (sha256, bytes) = digest_dir(&dir).map_err(|e| damaged(e.to_string()))?;
+    let (sha256, bytes) = digest_dir(dir).map_err(|e| damaged(e.to_string()))?;
     if bytes != manifest.bytes || sha256 != manifest.sha256 {
         return Err(damaged(format!(
             "its files do not match the manifest ({bytes} bytes, expected {}; checksum {})",
@@ -156,23 +260,89 @@ pub fn verify(home: &Path, machine: &str, runtime: &str) -> Result<Option<Snapsh
     Ok(Some(manifest))
 }
 
-/// The snapshot's size on disk, and whether a look without reading it all finds it unusable
-/// (no manifest, another runtime, a size that differs). `None` without a snapshot.
-pub fn quick_check(home: &Path, machine: &str, runtime: &str) -> Option<(u64, bool)> {
-    let dir = snapshot_dir(home, machine);
-    let entries = std::fs::read_dir(&dir).ok()?;
+/// Bytes of the files under `dir` (snapshot files only), counting hard-linked files once
+/// (`seen` holds the inodes counted so far).
+fn snapshot_bytes(dir: &Path, seen: &mut std::collections::HashSet<(u64, u64)>) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
     let mut bytes = 0;
     for entry in entries.flatten() {
-        if entry.file_name() != MANIFEST && entry.file_name() != DAMAGED {
-            bytes += entry.metadata().map_or(0, |m| m.len());
+        let name = entry.file_name();
+        if name == MANIFEST || name == DAMAGED || name == RESEED {
+            continue;
+        }
+        if let Ok(meta) = entry.metadata()
+            && meta.is_file()
+            && seen.insert((meta.dev(), meta.ino()))
+        {
+            bytes += meta.len();
         }
     }
+    bytes
+}
+
+/// Bytes of the machine's snapshot and checkpoints on disk (hard-linked files counted once).
+pub fn disk_bytes(home: &Path, machine: &str) -> u64 {
+    let mut seen = std::collections::HashSet::new();
+    let mut bytes = snapshot_bytes(&snapshot_dir(home, machine), &mut seen);
+    if let Ok(entries) = std::fs::read_dir(machine_dir(home, machine).join("checkpoints")) {
+        for entry in entries.flatten() {
+            bytes += snapshot_bytes(&entry.path(), &mut seen);
+        }
+    }
+    bytes
+}
+
+/// Whether the machine has a snapshot, and whether a look without reading it all finds it
+/// unusable (no manifest, a runtime `restorable` refuses, a size that differs).
+/// `None` without a snapshot.
+pub fn quick_check(home: &Path, machine: &str, restorable: &dyn Fn(&str) -> bool) -> Option<bool> {
+    let dir = snapshot_dir(home, machine);
+    if !dir.is_dir() {
+        return None;
+    }
+    let bytes = snapshot_bytes(&dir, &mut std::collections::HashSet::new());
     let manifest: Option<SnapshotManifest> = std::fs::read(dir.join(MANIFEST))
         .ok()
         .and_then(|text| serde_json::from_slice(&text).ok());
     let damaged = dir.join(DAMAGED).exists()
-        || manifest.is_none_or(|m| m.format != FORMAT || m.runtime != runtime || m.bytes != bytes);
-    Some((bytes, damaged))
+        || manifest
+            .is_none_or(|m| m.format != FORMAT || !restorable(&m.runtime) || m.bytes != bytes);
+    Some(damaged)
+}
+
+/// Puts back what a crash in the middle of replacing snapshots left (`X.old` without `X`) and
+/// removes unfinished copies (`*.tmp-*`) under every machine's directory.
+pub fn recover(home: &Path) {
+    let Ok(machines) = std::fs::read_dir(home.join("machines")) else {
+        return;
+    };
+    for machine in machines.flatten() {
+        let mut dirs = vec![machine.path()];
+        dirs.push(machine.path().join("checkpoints"));
+        for dir in dirs {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let path = entry.path();
+                if name.contains(".tmp-") {
+                    let _ = std::fs::remove_dir_all(&path);
+                } else if let Some(base) = name.strip_suffix(".old") {
+                    let target = dir.join(base);
+                    if target.exists() {
+                        let _ = std::fs::remove_dir_all(&path);
+                    } else {
+                        tracing::warn!(path = %target.display(), "putting back a snapshot an interrupted swap left");
+                        let _ = std::fs::rename(&path, &target);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Records why a machine's snapshot cannot be used.
@@ -196,9 +366,26 @@ pub fn remove(home: &Path, machine: &str) -> Result<()> {
     }
 }
 
+/// Removes one checkpoint's files.
+pub fn remove_checkpoint(home: &Path, machine: &str, checkpoint: &str) -> Result<()> {
+    let dir = checkpoint_dir(home, machine, checkpoint);
+    match std::fs::remove_dir_all(&dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::internal(format!(
+            "cannot remove {}: {e}",
+            dir.display()
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn runsc(version: &'static str) -> impl Fn(&str) -> bool {
+        move |runtime| runtime == version
+    }
 
     #[test]
     fn a_committed_snapshot_verifies_and_damage_is_refused() {
@@ -206,49 +393,71 @@ mod tests {
         let staging = staging_dir(home.path(), "m").unwrap();
         std::fs::write(staging.join("checkpoint.img"), vec![7u8; 4096]).unwrap();
         let written = commit(home.path(), "m", &staging, "runsc 1 ptrace", None).unwrap();
-        assert_eq!(
-            verify(home.path(), "m", "runsc 1 ptrace").unwrap(),
-            Some(written)
-        );
-        assert!(
-            verify(home.path(), "other", "runsc 1 ptrace")
-                .unwrap()
-                .is_none()
-        );
+        let v1 = runsc("runsc 1 ptrace");
+        let v2 = runsc("runsc 2 ptrace");
+        assert_eq!(verify(home.path(), "m", &v1).unwrap(), Some(written));
+        assert!(verify(home.path(), "other", &v1).unwrap().is_none());
 
-        assert_eq!(
-            quick_check(home.path(), "m", "runsc 1 ptrace"),
-            Some((4096, false))
-        );
-        assert_eq!(
-            quick_check(home.path(), "m", "runsc 2 ptrace"),
-            Some((4096, true))
-        );
-        assert_eq!(quick_check(home.path(), "other", "runsc 1 ptrace"), None);
+        assert_eq!(quick_check(home.path(), "m", &v1), Some(false));
+        assert_eq!(quick_check(home.path(), "m", &v2), Some(true));
+        assert_eq!(quick_check(home.path(), "other", &v1), None);
+        assert_eq!(disk_bytes(home.path(), "m"), 4096);
 
-        let err = verify(home.path(), "m", "runsc 2 ptrace").unwrap_err();
+        let err = verify(home.path(), "m", &v2).unwrap_err();
         assert!(err.message().contains("written by runsc 1"), "{err}");
 
         let image = snapshot_dir(home.path(), "m").join("checkpoint.img");
         let mut bytes = std::fs::read(&image).unwrap();
         bytes[100] ^= 1;
         std::fs::write(&image, &bytes).unwrap();
-        let err = verify(home.path(), "m", "runsc 1 ptrace").unwrap_err();
+        let err = verify(home.path(), "m", &v1).unwrap_err();
         assert!(err.message().contains("checksum differs"), "{err}");
 
         std::fs::write(&image, &bytes[..10]).unwrap();
-        let err = verify(home.path(), "m", "runsc 1 ptrace").unwrap_err();
+        let err = verify(home.path(), "m", &v1).unwrap_err();
         assert!(err.message().contains("10 bytes"), "{err}");
 
         mark_damaged(home.path(), "m", "checksum differs");
-        assert_eq!(
-            quick_check(home.path(), "m", "runsc 1 ptrace").map(|(_, damaged)| damaged),
-            Some(true)
-        );
+        assert_eq!(quick_check(home.path(), "m", &v1), Some(true));
         std::fs::remove_file(snapshot_dir(home.path(), "m").join(MANIFEST)).unwrap();
-        let err = verify(home.path(), "m", "runsc 1 ptrace").unwrap_err();
+        let err = verify(home.path(), "m", &v1).unwrap_err();
         assert!(err.message().contains("manifest is unreadable"), "{err}");
         remove(home.path(), "m").unwrap();
-        assert!(verify(home.path(), "m", "x").unwrap().is_none());
+        assert!(verify(home.path(), "m", &v1).unwrap().is_none());
+    }
+
+    #[test]
+    fn copies_share_files_verify_and_carry_the_reseed_mark() {
+        let home = tempfile::tempdir().unwrap();
+        let v1 = runsc("r");
+        let staging = staging_dir(home.path(), "m").unwrap();
+        std::fs::write(staging.join("checkpoint.img"), vec![1u8; 1000]).unwrap();
+        commit(home.path(), "m", &staging, "r", None).unwrap();
+        let checkpoint = checkpoint_dir(home.path(), "m", "before");
+        copy(&snapshot_dir(home.path(), "m"), &checkpoint, false).unwrap();
+        assert!(verify_dir(&checkpoint, &v1).unwrap().is_some());
+        assert!(!needs_reseed(&checkpoint));
+        // Hard links: the checkpoint costs no extra bytes.
+        assert_eq!(disk_bytes(home.path(), "m"), 1000);
+
+        let fork = snapshot_dir(home.path(), "f");
+        copy(&snapshot_dir(home.path(), "m"), &fork, true).unwrap();
+        assert!(needs_reseed(&fork));
+        assert!(verify(home.path(), "f", &v1).unwrap().is_some());
+
+        // A damaged snapshot is replaced whole by a rollback's copy, damage note gone.
+        mark_damaged(home.path(), "m", "bad");
+        copy(&checkpoint, &snapshot_dir(home.path(), "m"), false).unwrap();
+        assert_eq!(quick_check(home.path(), "m", &v1), Some(false));
+
+        // An interrupted replacement is put back.
+        let target = snapshot_dir(home.path(), "m");
+        std::fs::rename(&target, target.with_file_name("snapshot.old")).unwrap();
+        std::fs::create_dir_all(target.with_file_name("snapshot.tmp-1-0")).unwrap();
+        recover(home.path());
+        assert!(verify(home.path(), "m", &v1).unwrap().is_some());
+        assert!(!target.with_file_name("snapshot.tmp-1-0").exists());
+        remove_checkpoint(home.path(), "m", "before").unwrap();
+        assert!(!checkpoint.exists());
     }
 }

@@ -141,6 +141,76 @@ pub struct CreateMachine {
     /// The image profile (`minimal`, `data`); `minimal` when `None`. The process backend runs
     /// the host's Python whatever the profile.
     pub image: Option<String>,
+    /// When the machine's state is saved to disk; `idle` when `None`.
+    pub durability: Option<Durability>,
+}
+
+/// What a fork of a machine gets.
+#[derive(Debug, Clone, Default)]
+pub struct ForkMachine {
+    /// The fork's tags; the parent's when `None`.
+    pub tags: Option<Tags>,
+}
+
+/// When a machine's state is saved to disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Durability {
+    /// At swap-out, at checkpoints and at a graceful engine stop: a crash of the engine or the
+    /// host can lose what happened since the last of these.
+    #[default]
+    Idle,
+    /// Also after every instruction, before its result is reported: a crash never loses an
+    /// acknowledged instruction's state. Costs a checkpoint and a restore per instruction.
+    Instruction,
+}
+
+impl Durability {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Durability::Idle => "idle",
+            Durability::Instruction => "instruction",
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<Self> {
+        match text {
+            "idle" => Ok(Durability::Idle),
+            "instruction" => Ok(Durability::Instruction),
+            other => Err(Error::invalid(format!(
+                "unknown durability {other:?}: use `idle` or `instruction`"
+            ))),
+        }
+    }
+}
+
+/// A named, kept snapshot of a machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointInfo {
+    pub name: String,
+    pub created_at: DateTime<Utc>,
+    /// The machine's instruction count when it was taken: rolling back marks instructions from
+    /// this seq on as rolled back.
+    pub instruction_count: i64,
+    pub disk_bytes: u64,
+}
+
+/// Checks a checkpoint name: 1 to 64 letters, digits, `_`, `-` or `.`, not starting with `.`.
+pub fn validate_checkpoint_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "checkpoint name {name:?} must be 1 to 64 letters, digits, '_', '-' or '.' (not \
+             starting with '.')"
+        )))
+    }
 }
 
 /// Where a machine is in its life.
@@ -188,8 +258,12 @@ pub struct MachineInfo {
     pub last_used_at: Option<DateTime<Utc>>,
     /// Why the last sandbox ended abnormally, if it did.
     pub last_error: Option<String>,
-    /// Bytes of the machine's snapshot on disk (0 without one).
+    /// Bytes of the machine's snapshot and checkpoints on disk (0 without any).
     pub disk_bytes: u64,
+    /// Memory its sandbox holds now (proportional set size of the sandbox's processes); 0 when
+    /// not resident.
+    pub resident_bytes: u64,
+    pub durability: Durability,
 }
 
 /// One instruction to run.

@@ -167,8 +167,7 @@ async fn tags_filter_and_accounts_are_separate() {
             &alice,
             CreateMachine {
                 tags: tags(&[("env", "a"), ("team", "x")]),
-                memory_mb: None,
-                image: None,
+                ..CreateMachine::default()
             },
         )
         .unwrap();
@@ -177,8 +176,7 @@ async fn tags_filter_and_accounts_are_separate() {
             &alice,
             CreateMachine {
                 tags: tags(&[("env", "b"), ("team", "x")]),
-                memory_mb: None,
-                image: None,
+                ..CreateMachine::default()
             },
         )
         .unwrap();
@@ -209,8 +207,7 @@ async fn tags_filter_and_accounts_are_separate() {
             &alice,
             CreateMachine {
                 tags: tags(&[("bad key", "v")]),
-                memory_mb: None,
-                image: None,
+                ..CreateMachine::default()
             },
         )
         .unwrap_err();

@@ -8,7 +8,8 @@ use futures::StreamExt;
 use super::{EventStream, SessionTransport, Transport};
 use crate::error::Result;
 use crate::types::{
-    Accepted, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult, MachineInfo, Tags,
+    Accepted, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult,
+    MachineInfo, Tags,
 };
 use evervm_engine::{self as engine, Account, Engine, EngineConfig};
 
@@ -69,14 +70,8 @@ impl Transport for LocalTransport {
     }
 
     async fn create_machine(&self, options: CreateMachineOptions) -> Result<String> {
-        let info = self.engine.create_machine(
-            &self.account,
-            engine::CreateMachine {
-                tags: options.tags,
-                memory_mb: options.memory_mb,
-                image: options.image,
-            },
-        )?;
+        let request = crate::convert::engine::create_machine_to_engine(options)?;
+        let info = self.engine.create_machine(&self.account, request)?;
         Ok(info.name.to_string())
     }
 
@@ -122,6 +117,49 @@ impl Transport for LocalTransport {
 
     async fn swap_out(&self, name: &str) -> Result<()> {
         Ok(self.engine.swap_out(&self.account, name).await?)
+    }
+
+    async fn fork(&self, name: &str, tags: Option<Tags>) -> Result<String> {
+        let info = self
+            .engine
+            .fork_machine(&self.account, name, engine::ForkMachine { tags })
+            .await?;
+        Ok(info.name.to_string())
+    }
+
+    async fn create_checkpoint(
+        &self,
+        name: &str,
+        checkpoint: Option<&str>,
+    ) -> Result<CheckpointInfo> {
+        Ok(self
+            .engine
+            .create_checkpoint(&self.account, name, checkpoint.map(str::to_owned))
+            .await?
+            .into())
+    }
+
+    async fn list_checkpoints(&self, name: &str) -> Result<Vec<CheckpointInfo>> {
+        Ok(self
+            .engine
+            .list_checkpoints(&self.account, name)?
+            .into_iter()
+            .map(Into::into)
+            .collect())
+    }
+
+    async fn rollback(&self, name: &str, checkpoint: &str) -> Result<MachineInfo> {
+        Ok(self
+            .engine
+            .rollback(&self.account, name, checkpoint)
+            .await?
+            .into())
+    }
+
+    async fn delete_checkpoint(&self, name: &str, checkpoint: &str) -> Result<()> {
+        Ok(self
+            .engine
+            .delete_checkpoint(&self.account, name, checkpoint)?)
     }
 
     async fn shutdown(&self) {

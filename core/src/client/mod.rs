@@ -13,8 +13,8 @@ use futures::stream::BoxStream;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::types::{
-    Accepted, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult, Execution, MachineInfo,
-    OutputChunk, Tags,
+    Accepted, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult, Execution,
+    MachineInfo, OutputChunk, Tags,
 };
 
 #[cfg(feature = "local")]
@@ -37,6 +37,15 @@ pub(crate) trait Transport: Send + Sync + 'static {
     async fn interrupt(&self, name: &str) -> Result<bool>;
     async fn delete_machine(&self, name: &str) -> Result<()>;
     async fn swap_out(&self, name: &str) -> Result<()>;
+    async fn fork(&self, name: &str, tags: Option<Tags>) -> Result<String>;
+    async fn create_checkpoint(
+        &self,
+        name: &str,
+        checkpoint: Option<&str>,
+    ) -> Result<CheckpointInfo>;
+    async fn list_checkpoints(&self, name: &str) -> Result<Vec<CheckpointInfo>>;
+    async fn rollback(&self, name: &str, checkpoint: &str) -> Result<MachineInfo>;
+    async fn delete_checkpoint(&self, name: &str, checkpoint: &str) -> Result<()>;
     /// Stops an in-process engine (machines go to disk where the backend can); nothing for a
     /// remote server.
     async fn shutdown(&self) {}
@@ -224,6 +233,39 @@ impl Machine {
     /// instruction restores it. Not available on the process backend.
     pub async fn swap_out(&self) -> Result<()> {
         self.transport.swap_out(&self.name).await
+    }
+
+    /// A new machine from this one's current state (memory, files, everything), with its own
+    /// tags (this machine's when `None`). Both carry on independently; the fork's `random` is
+    /// reseeded. Not available on the process backend.
+    pub async fn fork(&self, tags: Option<Tags>) -> Result<Machine> {
+        let name = self.transport.fork(&self.name, tags).await?;
+        Ok(Machine {
+            transport: Arc::clone(&self.transport),
+            name,
+        })
+    }
+
+    /// Saves the machine's current state as a named checkpoint (a generated name when `None`).
+    pub async fn checkpoint(&self, name: Option<&str>) -> Result<CheckpointInfo> {
+        self.transport.create_checkpoint(&self.name, name).await
+    }
+
+    /// The machine's checkpoints, oldest first.
+    pub async fn checkpoints(&self) -> Result<Vec<CheckpointInfo>> {
+        self.transport.list_checkpoints(&self.name).await
+    }
+
+    /// Returns the machine to a checkpoint's state; the instructions run since stay in its
+    /// history, marked as rolled back.
+    pub async fn rollback(&self, checkpoint: &str) -> Result<MachineInfo> {
+        self.transport.rollback(&self.name, checkpoint).await
+    }
+
+    pub async fn delete_checkpoint(&self, checkpoint: &str) -> Result<()> {
+        self.transport
+            .delete_checkpoint(&self.name, checkpoint)
+            .await
     }
 
     /// Opens a session (a WebSocket REPL on a remote server) on this machine.

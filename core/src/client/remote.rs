@@ -17,7 +17,8 @@ use crate::protocol::{
     MessageFromServer, MessageToServer, WhoamiResponse, WireInstruction,
 };
 use crate::types::{
-    Accepted, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult, MachineInfo, Tags,
+    Accepted, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult,
+    MachineInfo, Tags,
 };
 
 pub(crate) struct RemoteTransport {
@@ -175,6 +176,7 @@ impl Transport for RemoteTransport {
             tags: (!options.tags.is_empty()).then_some(options.tags),
             memory_mb: options.memory_mb,
             image: options.image,
+            durability: options.durability,
         };
         let answer: CreateMachineResponse = self
             .call(Method::POST, "/v1/machine/new", Some(body(&request)))
@@ -307,6 +309,75 @@ impl Transport for RemoteTransport {
             .call(
                 Method::POST,
                 &format!("/v1/machine/{}/swap", segment(name)?),
+                None,
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn fork(&self, name: &str, tags: Option<Tags>) -> Result<String> {
+        let request = protocol::ForkMachineRequest { tags };
+        let answer: CreateMachineResponse = self
+            .call(
+                Method::POST,
+                &format!("/v1/machine/{}/fork", segment(name)?),
+                Some(body(&request)),
+            )
+            .await?;
+        Ok(answer.machine_name)
+    }
+
+    async fn create_checkpoint(
+        &self,
+        name: &str,
+        checkpoint: Option<&str>,
+    ) -> Result<CheckpointInfo> {
+        let request = protocol::CreateCheckpointRequest {
+            name: checkpoint.map(str::to_owned),
+        };
+        self.call(
+            Method::POST,
+            &format!("/v1/machine/{}/checkpoints", segment(name)?),
+            Some(body(&request)),
+        )
+        .await
+    }
+
+    async fn list_checkpoints(&self, name: &str) -> Result<Vec<CheckpointInfo>> {
+        let answer: protocol::ListCheckpointsResponse = self
+            .call(
+                Method::GET,
+                &format!("/v1/machine/{}/checkpoints", segment(name)?),
+                None,
+            )
+            .await?;
+        Ok(answer.checkpoints)
+    }
+
+    async fn rollback(&self, name: &str, checkpoint: &str) -> Result<MachineInfo> {
+        let answer: protocol::MachineInfoResponse = self
+            .call(
+                Method::POST,
+                &format!(
+                    "/v1/machine/{}/checkpoints/{}/rollback",
+                    segment(name)?,
+                    segment(checkpoint)?
+                ),
+                None,
+            )
+            .await?;
+        Ok(answer.into())
+    }
+
+    async fn delete_checkpoint(&self, name: &str, checkpoint: &str) -> Result<()> {
+        let _: protocol::DeleteCheckpointResponse = self
+            .call(
+                Method::DELETE,
+                &format!(
+                    "/v1/machine/{}/checkpoints/{}",
+                    segment(name)?,
+                    segment(checkpoint)?
+                ),
                 None,
             )
             .await?;

@@ -38,6 +38,9 @@ pub struct CreateMachineRequest {
     /// evervm addition: the image profile (`minimal`, `data`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// evervm addition: `idle` (default) or `instruction`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durability: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,6 +88,10 @@ pub struct ApiMachine {
     pub last_error: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resident_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durability: Option<String>,
 }
 
 /// An instruction: code and a timeout in seconds (15 when absent).
@@ -225,6 +232,36 @@ pub struct DeleteMachineResponse {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SwapResponse {
     pub swapped: bool,
+}
+
+/// `POST /v1/machine/{name}/fork`: the fork's tags (the parent's when absent). Answered with
+/// [`CreateMachineResponse`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkMachineRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tags: Option<WireTags>,
+}
+
+/// `POST /v1/machine/{name}/checkpoints`: the checkpoint's name (generated when absent).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateCheckpointRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// A checkpoint: the answer to its creation, and an item of a list.
+pub type ApiCheckpoint = crate::types::CheckpointInfo;
+
+/// `GET /v1/machine/{name}/checkpoints`: oldest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListCheckpointsResponse {
+    pub checkpoints: Vec<ApiCheckpoint>,
+}
+
+/// `DELETE /v1/machine/{name}/checkpoints/{checkpoint}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeleteCheckpointResponse {
+    pub deleted: bool,
 }
 
 /// `POST /v1/machine/{name}/interrupt`.

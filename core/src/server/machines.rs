@@ -1,4 +1,5 @@
-//! Accounts and machines: whoami, create, list, info, delete, interrupt.
+//! Accounts and machines: whoami, create, list, info, delete, interrupt, swap, fork,
+//! checkpoints.
 
 use axum::Json;
 use axum::extract::State;
@@ -10,8 +11,10 @@ use super::error::ApiFailure;
 use super::extract::{OptionalJsonBody, WirePath};
 use crate::convert::server::{create_machine_from_wire, list_filter_from_wire, machine_to_wire};
 use crate::protocol::{
-    CreateMachineRequest, CreateMachineResponse, DeleteMachineResponse, InterruptResponse,
-    ListMachinesRequest, ListMachinesResponse, MachineInfoResponse, SwapResponse, WhoamiResponse,
+    ApiCheckpoint, CreateCheckpointRequest, CreateMachineRequest, CreateMachineResponse,
+    DeleteCheckpointResponse, DeleteMachineResponse, ForkMachineRequest, InterruptResponse,
+    ListCheckpointsResponse, ListMachinesRequest, ListMachinesResponse, MachineInfoResponse,
+    SwapResponse, WhoamiResponse,
 };
 
 type ApiResult<T> = Result<Json<T>, ApiFailure>;
@@ -31,7 +34,7 @@ pub(crate) async fn create(
 ) -> ApiResult<CreateMachineResponse> {
     let info = state
         .engine
-        .create_machine(&account, create_machine_from_wire(request))?;
+        .create_machine(&account, create_machine_from_wire(request)?)?;
     Ok(Json(CreateMachineResponse {
         machine_name: info.name.to_string(),
     }))
@@ -105,4 +108,68 @@ pub(crate) async fn swap(
 ) -> ApiResult<SwapResponse> {
     state.engine.swap_out(&account, &name).await?;
     Ok(Json(SwapResponse { swapped: true }))
+}
+
+/// `POST /v1/machine/{machine_name}/fork` (evervm): a new machine from this one's current state.
+pub(crate) async fn fork(
+    State(state): State<AppState>,
+    Authed(account): Authed,
+    WirePath(name): WirePath<String>,
+    OptionalJsonBody(request): OptionalJsonBody<ForkMachineRequest>,
+) -> ApiResult<CreateMachineResponse> {
+    let request = evervm_engine::ForkMachine {
+        tags: request.and_then(|r| r.tags),
+    };
+    let info = state.engine.fork_machine(&account, &name, request).await?;
+    Ok(Json(CreateMachineResponse {
+        machine_name: info.name.to_string(),
+    }))
+}
+
+/// `POST /v1/machine/{machine_name}/checkpoints` (evervm): saves the current state, named.
+pub(crate) async fn create_checkpoint(
+    State(state): State<AppState>,
+    Authed(account): Authed,
+    WirePath(name): WirePath<String>,
+    OptionalJsonBody(request): OptionalJsonBody<CreateCheckpointRequest>,
+) -> ApiResult<ApiCheckpoint> {
+    let checkpoint = state
+        .engine
+        .create_checkpoint(&account, &name, request.and_then(|r| r.name))
+        .await?;
+    Ok(Json(checkpoint.into()))
+}
+
+/// `GET /v1/machine/{machine_name}/checkpoints` (evervm): oldest first.
+pub(crate) async fn list_checkpoints(
+    State(state): State<AppState>,
+    Authed(account): Authed,
+    WirePath(name): WirePath<String>,
+) -> ApiResult<ListCheckpointsResponse> {
+    let checkpoints = state.engine.list_checkpoints(&account, &name)?;
+    Ok(Json(ListCheckpointsResponse {
+        checkpoints: checkpoints.into_iter().map(Into::into).collect(),
+    }))
+}
+
+/// `POST /v1/machine/{machine_name}/checkpoints/{checkpoint}/rollback` (evervm).
+pub(crate) async fn rollback(
+    State(state): State<AppState>,
+    Authed(account): Authed,
+    WirePath((name, checkpoint)): WirePath<(String, String)>,
+) -> ApiResult<MachineInfoResponse> {
+    let info = state.engine.rollback(&account, &name, &checkpoint).await?;
+    Ok(Json(machine_to_wire(info)))
+}
+
+/// `DELETE /v1/machine/{machine_name}/checkpoints/{checkpoint}` (evervm).
+pub(crate) async fn delete_checkpoint(
+    State(state): State<AppState>,
+    Authed(account): Authed,
+    WirePath((name, checkpoint)): WirePath<(String, String)>,
+) -> ApiResult<DeleteCheckpointResponse> {
+    state
+        .engine
+        .delete_checkpoint(&account, &name, &checkpoint)?;
+    Ok(Json(DeleteCheckpointResponse { deleted: true }))
 }

@@ -32,7 +32,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::{Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use evervm_engine::Engine;
 
 use self::error::ApiFailure;
@@ -59,6 +59,11 @@ pub(crate) mod paths {
     pub(crate) const MACHINE: &str = "/v1/machine/{machine_name}";
     pub(crate) const INTERRUPT: &str = "/v1/machine/{machine_name}/interrupt";
     pub(crate) const SWAP: &str = "/v1/machine/{machine_name}/swap";
+    pub(crate) const FORK: &str = "/v1/machine/{machine_name}/fork";
+    pub(crate) const CHECKPOINTS: &str = "/v1/machine/{machine_name}/checkpoints";
+    pub(crate) const CHECKPOINT: &str = "/v1/machine/{machine_name}/checkpoints/{checkpoint}";
+    pub(crate) const ROLLBACK: &str =
+        "/v1/machine/{machine_name}/checkpoints/{checkpoint}/rollback";
     pub(crate) const EXEC: &str = "/v1/machine/{machine_name}/exec";
     pub(crate) const RESULT: &str = "/v1/machine/{machine_name}/exec/{instruction_seq}/result";
     pub(crate) const STREAM_RESULT: &str =
@@ -76,6 +81,10 @@ pub(crate) mod paths {
         MACHINE,
         INTERRUPT,
         SWAP,
+        FORK,
+        CHECKPOINTS,
+        CHECKPOINT,
+        ROLLBACK,
         EXEC,
         RESULT,
         STREAM_RESULT,
@@ -104,6 +113,13 @@ pub fn router(engine: Engine) -> Router {
         .route(paths::MACHINE, get(machines::info).delete(machines::delete))
         .route(paths::INTERRUPT, post(machines::interrupt))
         .route(paths::SWAP, post(machines::swap))
+        .route(paths::FORK, post(machines::fork))
+        .route(
+            paths::CHECKPOINTS,
+            get(machines::list_checkpoints).post(machines::create_checkpoint),
+        )
+        .route(paths::CHECKPOINT, delete(machines::delete_checkpoint))
+        .route(paths::ROLLBACK, post(machines::rollback))
         .route(paths::EXEC, post(exec::exec))
         .route(paths::RESULT, get(exec::result))
         .route(paths::STREAM_RESULT, get(exec::stream_result))

@@ -10,6 +10,7 @@ Frames, both directions: a 4-byte big-endian length, then that many bytes of UTF
 Host -> agent:
   {"op": "exec", "id": N, "code": "...", "timeout_ms": T}
   {"op": "interrupt", "id": N}
+  {"op": "reseed"}   (after a fork: new seeds for random and numpy.random; answered by `ready`)
 Agent -> host:
   {"ev": "ready", "python": "3.11.2", "pid": P}
   output, as a binary frame (no JSON escaping of large text): the byte "O", the byte "o"
@@ -472,6 +473,19 @@ def run_instruction(machine, captures, request):
     send(event)
 
 
+def reseed():
+    """New seeds from the kernel for the generators a copy of this process would share."""
+    import random
+
+    random.seed()
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        try:
+            numpy_random.seed()
+        except Exception:
+            pass
+
+
 def _reader(requests):
     """Reads requests from the host; interrupts act at once, the rest queue for the main thread."""
     while True:
@@ -526,6 +540,9 @@ def main():
                 break
             if request.get("op") == "exec":
                 run_instruction(machine, captures, request)
+            elif request.get("op") == "reseed":
+                reseed()
+                send({"ev": "ready", "python": sys.version.split()[0], "pid": os.getpid()})
         except KeyboardInterrupt:
             continue
     os._exit(0)

@@ -93,6 +93,9 @@ pub enum AgentRequest {
     Interrupt {
         id: i64,
     },
+    /// Reseed the interpreter's random generators (after a fork or a base snapshot's restore:
+    /// every copy would draw the same numbers); the agent answers `ready`.
+    Reseed,
 }
 
 impl AgentRequest {

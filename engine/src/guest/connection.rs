@@ -81,6 +81,26 @@ impl AgentConnection {
         }
     }
 
+    /// Asks a restored agent to reseed its random generators and waits for its answer, which
+    /// also proves it alive.
+    pub async fn reseed(&mut self, timeout: Duration) -> Result<()> {
+        self.send(&AgentRequest::Reseed).await?;
+        match tokio::time::timeout(timeout, self.next_event()).await {
+            Ok(Ok(AgentEvent::Ready { python })) => {
+                self.python = python;
+                Ok(())
+            }
+            Ok(Ok(other)) => Err(Error::crashed(format!(
+                "the restored agent answered a reseed with {other:?}"
+            ))),
+            Ok(Err(e)) => Err(e.context("the restored agent did not answer")),
+            Err(_) => Err(Error::crashed(format!(
+                "the restored agent did not answer within {} s",
+                timeout.as_secs_f32()
+            ))),
+        }
+    }
+
     /// The Python version the agent reported.
     pub fn python_version(&self) -> &str {
         &self.python

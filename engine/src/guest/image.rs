@@ -524,17 +524,22 @@ impl ImageBuilder {
             return Ok(None);
         };
         let mut newest: Option<(String, Image)> = None;
+        let agent_digest = hex::encode(Sha256::digest(AGENT_SOURCE));
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             if !name.starts_with(profile.as_str()) || name.starts_with('.') {
                 continue;
             }
             if let Ok(Some(image)) = Self::load(&entry.path(), &name, profile) {
-                let created = std::fs::read_to_string(entry.path().join("manifest.json"))
+                let manifest = std::fs::read_to_string(entry.path().join("manifest.json"))
                     .ok()
-                    .and_then(|t| serde_json::from_str::<ImageManifest>(&t).ok())
-                    .map(|m| m.created_at)
-                    .unwrap_or_default();
+                    .and_then(|t| serde_json::from_str::<ImageManifest>(&t).ok());
+                // An image with another agent still restores the snapshots taken on it, but
+                // new sandboxes get this engine's agent.
+                let Some(manifest) = manifest.filter(|m| m.agent_sha256 == agent_digest) else {
+                    continue;
+                };
+                let created = manifest.created_at;
                 if newest.as_ref().is_none_or(|(c, _)| created > *c) {
                     newest = Some((created, image));
                 }

@@ -40,6 +40,13 @@ pub struct Runsc {
     pub platform: String,
 }
 
+impl Runsc {
+    /// What snapshots record as their runtime: only the same runsc restores them.
+    pub fn describe(&self) -> String {
+        format!("gvisor ({}, platform {})", self.version, self.platform)
+    }
+}
+
 /// What to install when no usable runsc is found.
 const INSTALL_HINT: &str = "install gVisor's runsc (`apt-get install runsc` on Debian, or `go \
      install gvisor.dev/gvisor/runsc@latest`), or set EVERVM_RUNSC to its path";
@@ -537,7 +544,12 @@ impl SandboxBackend for GvisorBackend {
         self.launch(spec, &["run".to_owned()]).await
     }
 
-    async fn restore(&self, spec: &SandboxSpec, dir: &Path) -> Result<Box<dyn Sandbox>> {
+    async fn restore(
+        &self,
+        spec: &SandboxSpec,
+        dir: &Path,
+        _runtime: &str,
+    ) -> Result<Box<dyn Sandbox>> {
         let restore = [
             "restore".to_owned(),
             format!("--image-path={}", dir.display()),
@@ -546,10 +558,7 @@ impl SandboxBackend for GvisorBackend {
     }
 
     fn describe(&self) -> String {
-        format!(
-            "gvisor ({}, platform {})",
-            self.runsc.version, self.runsc.platform
-        )
+        self.runsc.describe()
     }
 }
 
@@ -592,6 +601,14 @@ impl Sandbox for GvisorSandbox {
 
     fn image_id(&self) -> Option<String> {
         Some(self.image_id.clone())
+    }
+
+    fn runtime(&self) -> Option<String> {
+        Some(self.runsc.describe())
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child.id()
     }
 
     async fn kill(&mut self) -> Result<()> {

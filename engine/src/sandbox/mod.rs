@@ -49,9 +49,20 @@ pub trait SandboxBackend: Send + Sync + 'static {
         self.name().to_owned()
     }
 
-    /// Brings back a sandbox saved by [`Sandbox::checkpoint`] into `dir`.
-    async fn restore(&self, spec: &SandboxSpec, dir: &std::path::Path) -> Result<Box<dyn Sandbox>> {
-        let _ = (spec, dir);
+    /// Whether this backend can restore a snapshot written by `runtime` (a [`Self::describe`]
+    /// of this or an earlier engine).
+    fn restorable(&self, runtime: &str) -> bool {
+        runtime == self.describe()
+    }
+
+    /// Brings back a sandbox saved by [`Sandbox::checkpoint`] into `dir` by `runtime`.
+    async fn restore(
+        &self,
+        spec: &SandboxSpec,
+        dir: &std::path::Path,
+        runtime: &str,
+    ) -> Result<Box<dyn Sandbox>> {
+        let _ = (spec, dir, runtime);
         Err(crate::error::Error::unsupported(format!(
             "the {} backend cannot restore snapshots",
             self.name()
@@ -84,6 +95,54 @@ pub trait Sandbox: Send {
     fn image_id(&self) -> Option<String> {
         None
     }
+
+    /// What a checkpoint of this sandbox records as its runtime (the backend's description, or
+    /// that of the older runtime that restored it).
+    fn runtime(&self) -> Option<String> {
+        None
+    }
+
+    /// The host process at the root of the sandbox (its memory is that process tree's).
+    fn pid(&self) -> Option<u32>;
+}
+
+/// Memory a process tree holds: the sum of each process's proportional set size (shared pages
+/// divided among their sharers), from `/proc/<pid>/smaps_rollup`. 0 when the tree is gone.
+pub fn process_tree_pss(root: u32) -> u64 {
+    let mut total = 0;
+    let mut pending = vec![root];
+    let mut seen = std::collections::HashSet::new();
+    while let Some(pid) = pending.pop() {
+        if !seen.insert(pid) || seen.len() > 4096 {
+            continue;
+        }
+        if let Ok(rollup) = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")) {
+            total += rollup
+                .lines()
+                .find_map(|line| line.strip_prefix("Pss:"))
+                .and_then(|rest| {
+                    rest.trim()
+                        .trim_end_matches("kB")
+                        .trim()
+                        .parse::<u64>()
+                        .ok()
+                })
+                .map_or(0, |kb| kb * 1024);
+        }
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            if let Ok(children) = std::fs::read_to_string(task.path().join("children")) {
+                pending.extend(
+                    children
+                        .split_whitespace()
+                        .filter_map(|c| c.parse::<u32>().ok()),
+                );
+            }
+        }
+    }
+    total
 }
 
 /// Enlarges a pipe's buffer (to 1 MiB where the host allows), so that a burst of output crosses

@@ -232,6 +232,10 @@ impl Sandbox for ProcessSandbox {
         killed
     }
 
+    fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     fn exit_reason(&mut self) -> Option<String> {
         use std::os::unix::process::ExitStatusExt;
         let status = self.child.try_wait().ok().flatten()?;

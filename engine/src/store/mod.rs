@@ -10,10 +10,10 @@ use sha2::{Digest, Sha256};
 use crate::error::{Error, Result};
 use crate::guest::image::Profile;
 use crate::types::{
-    Account, ExecResult, FailureCause, MachineName, OutputChunk, OutputStream, Tags,
+    Account, Durability, ExecResult, FailureCause, MachineName, OutputChunk, OutputStream, Tags,
 };
 
-const SCHEMA_VERSION: i64 = 2;
+const SCHEMA_VERSION: i64 = 3;
 
 const SCHEMA: &str = r"
 CREATE TABLE IF NOT EXISTS meta (
@@ -42,7 +42,8 @@ CREATE TABLE IF NOT EXISTS machines (
     backend TEXT NOT NULL,
     next_seq INTEGER NOT NULL DEFAULT 0,
     last_used_at TEXT,
-    last_error TEXT
+    last_error TEXT,
+    durability TEXT NOT NULL DEFAULT 'idle'
 );
 CREATE TABLE IF NOT EXISTS instructions (
     machine TEXT NOT NULL,
@@ -52,7 +53,16 @@ CREATE TABLE IF NOT EXISTS instructions (
     created_at TEXT NOT NULL,
     result TEXT,
     finished_at TEXT,
+    rolled_back_to TEXT,
     PRIMARY KEY (machine, seq)
+);
+-- Named, kept snapshots of a machine (the files are under machines/<name>/checkpoints/).
+CREATE TABLE IF NOT EXISTS checkpoints (
+    machine TEXT NOT NULL,
+    name TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    instruction_count INTEGER NOT NULL,
+    PRIMARY KEY (machine, name)
 );
 -- Output is stored in batches of consecutive chunks (a JSON array of [stream, data] pairs whose
 -- seqs start at first_seq): one row per line would make large outputs slow to store.
@@ -78,6 +88,16 @@ pub struct MachineRecord {
     pub next_seq: i64,
     pub last_used_at: Option<DateTime<Utc>>,
     pub last_error: Option<String>,
+    pub durability: Durability,
+}
+
+/// A checkpoint's row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointRecord {
+    pub name: String,
+    pub created_at: DateTime<Utc>,
+    /// The machine's instruction count when the checkpoint was taken.
+    pub instruction_count: i64,
 }
 
 /// The database. Not `Sync`: the engine keeps it behind a mutex.
@@ -135,14 +155,20 @@ impl Store {
                 )?;
             }
             Some(v) if v == SCHEMA_VERSION.to_string() => {}
-            Some(v) if v == "1" => {
-                // Version 2 added the machines' image profile.
-                conn.execute_batch(
-                    "BEGIN;
-                     ALTER TABLE machines ADD COLUMN image TEXT NOT NULL DEFAULT 'minimal';
-                     UPDATE meta SET value = '2' WHERE key = 'schema_version';
-                     COMMIT;",
-                )?;
+            Some(v) if v == "1" || v == "2" => {
+                // Version 2 added the machines' image profile; version 3 their durability and
+                // the marks rollbacks leave on instructions (the checkpoints table is created
+                // above).
+                let mut steps = String::from("BEGIN;");
+                if v == "1" {
+                    steps +=
+                        "ALTER TABLE machines ADD COLUMN image TEXT NOT NULL DEFAULT 'minimal';";
+                }
+                steps += "ALTER TABLE machines ADD COLUMN durability TEXT NOT NULL DEFAULT 'idle';
+                     ALTER TABLE instructions ADD COLUMN rolled_back_to TEXT;
+                     UPDATE meta SET value = '3' WHERE key = 'schema_version';
+                     COMMIT;";
+                conn.execute_batch(&steps)?;
             }
             Some(v) => {
                 return Err(Error::internal(format!(
@@ -234,7 +260,7 @@ impl Store {
             .map_err(|e| Error::internal(format!("cannot encode tags: {e}")))?;
         self.conn.execute(
             "INSERT INTO machines (name, account_id, created_at, tags, memory_mb, image, backend,
-             next_seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 0)",
+             next_seq, durability) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 0, ?8)",
             params![
                 record.name.as_str(),
                 record.account_id,
@@ -244,7 +270,8 @@ impl Store {
                 tags,
                 record.memory_mb,
                 record.image.as_str(),
-                record.backend
+                record.backend,
+                record.durability.as_str()
             ],
         )?;
         Ok(())
@@ -262,11 +289,12 @@ impl Store {
             last_used_at: row.get(7)?,
             last_error: row.get(8)?,
             image: row.get(9)?,
+            durability: row.get(10)?,
         })
     }
 
     const MACHINE_COLUMNS: &'static str = "name, account_id, created_at, tags, memory_mb, \
-        backend, next_seq, last_used_at, last_error, image";
+        backend, next_seq, last_used_at, last_error, image, durability";
 
     pub fn machine(&self, name: &str) -> Result<Option<MachineRecord>> {
         let raw = self
@@ -309,9 +337,103 @@ impl Store {
         let tx = self.conn.transaction()?;
         tx.execute("DELETE FROM outputs WHERE machine = ?1", params![name])?;
         tx.execute("DELETE FROM instructions WHERE machine = ?1", params![name])?;
+        tx.execute("DELETE FROM checkpoints WHERE machine = ?1", params![name])?;
         tx.execute("DELETE FROM machines WHERE name = ?1", params![name])?;
         tx.commit()?;
         Ok(())
+    }
+
+    // --- checkpoints ----------------------------------------------------------------------
+
+    /// Records a checkpoint; refused when the machine already has one by that name.
+    pub fn insert_checkpoint(
+        &mut self,
+        machine: &str,
+        checkpoint: &CheckpointRecord,
+    ) -> Result<()> {
+        let inserted = self.conn.execute(
+            "INSERT OR IGNORE INTO checkpoints (machine, name, created_at, instruction_count)
+             VALUES (?1, ?2, ?3, ?4)",
+            params![
+                machine,
+                checkpoint.name,
+                checkpoint
+                    .created_at
+                    .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                checkpoint.instruction_count
+            ],
+        )?;
+        if inserted == 0 {
+            return Err(Error::new(
+                crate::ErrorKind::Conflict,
+                format!(
+                    "machine {machine} already has a checkpoint named {:?}",
+                    checkpoint.name
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The machine's checkpoints, oldest first.
+    pub fn checkpoints(&self, machine: &str) -> Result<Vec<CheckpointRecord>> {
+        let mut statement = self.conn.prepare_cached(
+            "SELECT name, created_at, instruction_count FROM checkpoints WHERE machine = ?1
+             ORDER BY created_at, name",
+        )?;
+        let rows = statement.query_map(params![machine], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        })?;
+        let mut checkpoints = Vec::new();
+        for row in rows {
+            let (name, created_at, instruction_count) = row?;
+            checkpoints.push(CheckpointRecord {
+                name,
+                created_at: parse_time(&created_at)?,
+                instruction_count,
+            });
+        }
+        Ok(checkpoints)
+    }
+
+    /// Removes a checkpoint's row; false if there was none.
+    pub fn delete_checkpoint(&mut self, machine: &str, name: &str) -> Result<bool> {
+        let deleted = self.conn.execute(
+            "DELETE FROM checkpoints WHERE machine = ?1 AND name = ?2",
+            params![machine, name],
+        )?;
+        Ok(deleted > 0)
+    }
+
+    /// Marks the instructions run since a checkpoint as rolled back by it (they stay in the
+    /// history). Returns how many were marked.
+    pub fn mark_rolled_back(
+        &mut self,
+        machine: &str,
+        checkpoint: &CheckpointRecord,
+    ) -> Result<usize> {
+        Ok(self.conn.execute(
+            "UPDATE instructions SET rolled_back_to = ?3
+             WHERE machine = ?1 AND seq >= ?2 AND rolled_back_to IS NULL",
+            params![machine, checkpoint.instruction_count, checkpoint.name],
+        )?)
+    }
+
+    /// The checkpoint an instruction was rolled back by, if any.
+    pub fn rolled_back_to(&self, machine: &str, seq: i64) -> Result<Option<String>> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT rolled_back_to FROM instructions WHERE machine = ?1 AND seq = ?2",
+                params![machine, seq],
+                |r| r.get(0),
+            )
+            .optional()?
+            .flatten())
     }
 
     // --- instructions ---------------------------------------------------------------------
@@ -479,6 +601,7 @@ struct RawMachine {
     last_used_at: Option<String>,
     last_error: Option<String>,
     image: String,
+    durability: String,
 }
 
 impl RawMachine {
@@ -497,6 +620,7 @@ impl RawMachine {
             next_seq: self.next_seq,
             last_used_at: self.last_used_at.as_deref().map(parse_time).transpose()?,
             last_error: self.last_error,
+            durability: Durability::parse(&self.durability)?,
         })
     }
 }
@@ -522,6 +646,7 @@ mod tests {
                     next_seq: 0,
                     last_used_at: None,
                     last_error: None,
+                    durability: Durability::Idle,
                 })
                 .unwrap();
         }

@@ -52,6 +52,7 @@ async fn machines_tags_info_and_delete() {
                 tags: tags(&[("role", "worker"), ("n", "1")]),
                 memory_mb: Some(300),
                 image: None,
+                ..CreateMachineOptions::default()
             })
             .await
             .unwrap();
@@ -60,6 +61,7 @@ async fn machines_tags_info_and_delete() {
                 tags: tags(&[("role", "worker"), ("n", "2")]),
                 memory_mb: None,
                 image: None,
+                ..CreateMachineOptions::default()
             })
             .await
             .unwrap();

@@ -197,6 +197,8 @@ async fn memory_the_address_space_limit_misses_is_stopped_by_the_backstop() {
         .await
         .unwrap();
     value(&m, "before = 1").await;
+    m.swap_out().await.unwrap();
+    value(&m, "after = 2").await;
     // Files in /tmp live in the sandbox's memory, which RLIMIT_AS does not count.
     let run = m
         .exec_with(
@@ -217,8 +219,18 @@ async fn memory_the_address_space_limit_misses_is_stopped_by_the_backstop() {
     assert!(error.contains("memory"), "{error}");
     let info = m.info().await.unwrap();
     assert!(info.last_error.is_some_and(|e| e.contains("memory")));
-    // The machine starts again, with a fresh interpreter.
-    assert_eq!(value(&m, "6 * 7").await, "42");
+    // The machine comes back from its last snapshot (taken at the swap), and says so.
+    let run = m.exec("before, 'after' in globals()").await.unwrap();
+    assert_eq!(run.result.value.as_deref(), Some("(1, False)"), "{run:?}");
+    let note: Vec<&str> = run.output.iter().map(|c| c.data.as_str()).collect();
+    assert!(
+        note.iter()
+            .any(|line| line.contains("sandbox stopped")
+                && line.contains("restored from its snapshot")),
+        "{note:?}"
+    );
+    // Only the first instruction after the crash carries the note.
+    assert!(m.exec("6 * 7").await.unwrap().output.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread")]

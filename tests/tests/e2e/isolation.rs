@@ -97,6 +97,7 @@ async fn memory_limit_gives_memory_error_and_hurts_no_one_else() {
                 tags: evervm::Tags::new(),
                 memory_mb: Some(128),
                 image: None,
+                ..CreateMachineOptions::default()
             })
             .await
             .unwrap();
