@@ -434,3 +434,69 @@ fn a_killed_server_leaves_no_sandbox_behind() {
         "4\n"
     );
 }
+
+/// The value an `evervm exec` printed, if it succeeded.
+fn acknowledged(output: &Output) -> Option<i64> {
+    if !output.status.success() {
+        return None;
+    }
+    stdout(output).trim().parse().ok()
+}
+
+#[test]
+fn with_instruction_durability_a_sigkilled_engine_loses_no_acknowledged_state() {
+    if !backends().iter().any(|b| b == "gvisor") {
+        eprintln!("skipping: the gVisor backend is not available here");
+        return;
+    }
+    let mut server = Server::start("gvisor");
+    let name = ok(server.evervm(&["machine", "new", "--durability", "instruction"]));
+    let name = name.trim().to_owned();
+    let step = "n = globals().get('n', 0) + 1\nopen('/tmp/n', 'w').write(str(n))\nn";
+    let mut last_acknowledged = 0;
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    for round in 0..3u32 {
+        // Kill the engine at a random point of a loop of instructions.
+        let delay = 400 + u64::from(seed.rotate_left(round * 7) % 1600);
+        let pid = server.child.id();
+        let killer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(delay));
+            // SAFETY: kill has no memory effects; the pid is our own child, not yet reaped.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        });
+        loop {
+            let run = server.evervm(&["exec", "-m", &name, step]);
+            match acknowledged(&run) {
+                Some(n) => {
+                    assert_eq!(n, last_acknowledged + 1, "round {round}");
+                    last_acknowledged = n;
+                }
+                None => break,
+            }
+        }
+        killer.join().unwrap();
+        let _ = server.child.wait();
+        let token = server.token.clone();
+        let home = std::mem::replace(&mut server.home, tempfile::tempdir().unwrap());
+        drop(server);
+        server = Server::start_in("gvisor", home, Some(token));
+        // Every acknowledged instruction's state is there; at most the one in flight when the
+        // engine died (saved, but its result never reported) is there too.
+        let now = ok(server.evervm(&["exec", "-m", &name, "n, int(open('/tmp/n').read())"]));
+        let (n, file): (i64, i64) = {
+            let inner = now.trim().trim_start_matches('(').trim_end_matches(')');
+            let mut parts = inner.split(',').map(|p| p.trim().parse::<i64>().unwrap());
+            (parts.next().unwrap(), parts.next().unwrap())
+        };
+        assert_eq!(n, file);
+        assert!(
+            n == last_acknowledged || n == last_acknowledged + 1,
+            "round {round}: acknowledged {last_acknowledged}, machine has {n}"
+        );
+        last_acknowledged = n;
+    }
+    assert!(last_acknowledged >= 3, "the loop ran instructions");
+}

@@ -74,6 +74,10 @@ pub struct EngineConfig {
     /// resident machines; past it the least recently used idle ones are swapped out.
     /// `EVERVM_RESIDENT_MEMORY_MB`; unlimited when `None`.
     pub resident_memory_mb: Option<u64>,
+    /// The runsc binary for the gVisor backend; `EVERVM_RUNSC` (or a search) when `None`.
+    pub runsc: Option<PathBuf>,
+    /// The gVisor platform; `EVERVM_RUNSC_PLATFORM` (or a probe) when `None`.
+    pub runsc_platform: Option<String>,
 }
 
 impl EngineConfig {
@@ -111,6 +115,8 @@ impl EngineConfig {
             idle_swap,
             max_resident: positive("EVERVM_MAX_RESIDENT").map(|n| n as usize),
             resident_memory_mb: positive("EVERVM_RESIDENT_MEMORY_MB"),
+            runsc: None,
+            runsc_platform: None,
         }
     }
 
@@ -186,7 +192,7 @@ impl EngineInner {
                 }
                 // Least recently used first; a machine with work to do stays.
                 resident.retain(|(h, _, _)| !h.has_pending_instruction());
-                resident.sort_by(|a, b| b.1.cmp(&a.1));
+                resident.sort_by_key(|entry| std::cmp::Reverse(entry.1));
                 let mut victims = Vec::new();
                 for (handle, _, bytes) in resident {
                     if over_count == 0 && over_bytes == 0 {
@@ -305,10 +311,13 @@ fn process_backend(config: &EngineConfig) -> Result<Box<dyn SandboxBackend>> {
 }
 
 async fn gvisor_backend(config: &EngineConfig) -> Result<Box<dyn SandboxBackend>> {
-    let gvisor = GvisorConfig {
-        home: config.home.clone(),
-        images_dir: config.images_dir.clone(),
-    };
+    let mut gvisor = GvisorConfig::new(config.home.clone(), config.images_dir.clone());
+    if config.runsc.is_some() {
+        gvisor.runsc.clone_from(&config.runsc);
+    }
+    if config.runsc_platform.is_some() {
+        gvisor.platform.clone_from(&config.runsc_platform);
+    }
     Ok(Box::new(
         GvisorBackend::open(gvisor, Arc::new(StderrProgress::default())).await?,
     ))
@@ -729,16 +738,14 @@ impl Engine {
 
     fn checkpoint_info(&self, machine: &str, record: CheckpointRecord) -> CheckpointInfo {
         let dir = crate::snapshot::checkpoint_dir(&self.inner.config.home, machine, &record.name);
-        let disk_bytes = std::fs::read_dir(&dir)
-            .map(|entries| {
-                entries
-                    .flatten()
-                    .filter(|e| e.file_name() != "manifest.json")
-                    .filter_map(|e| e.metadata().ok())
-                    .map(|m| m.len())
-                    .sum()
-            })
-            .unwrap_or(0);
+        let disk_bytes = std::fs::read_dir(&dir).map_or(0, |entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_name() != "manifest.json")
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        });
         CheckpointInfo {
             name: record.name,
             created_at: record.created_at,

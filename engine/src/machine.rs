@@ -154,8 +154,10 @@ struct MachineState {
     queued: HashSet<i64>,
     cancelled: HashSet<i64>,
     running: Option<i64>,
-    /// The host process at the root of the machine's sandbox while it is resident.
-    resident_pid: Option<Option<u32>>,
+    /// True while the machine has a sandbox.
+    resident: bool,
+    /// The host process at the root of that sandbox.
+    resident_pid: Option<u32>,
     live: HashMap<i64, Arc<LiveInstruction>>,
     /// Why the machine's last sandbox ended abnormally, until its next start says so.
     recovering_from: Option<String>,
@@ -235,17 +237,19 @@ impl MachineHandle {
     }
 
     pub(crate) fn resident(&self) -> bool {
-        lock(&self.state).resident_pid.is_some()
+        lock(&self.state).resident
     }
 
     /// Memory the machine's sandbox holds now; 0 when it is not resident.
     pub(crate) fn resident_bytes(&self) -> u64 {
-        let pid = lock(&self.state).resident_pid.flatten();
+        let pid = lock(&self.state).resident_pid;
         pid.map_or(0, crate::sandbox::process_tree_pss)
     }
 
     fn set_resident(&self, resident: Option<&Resident>) {
-        lock(&self.state).resident_pid = resident.map(|r| r.sandbox.pid());
+        let mut state = lock(&self.state);
+        state.resident = resident.is_some();
+        state.resident_pid = resident.and_then(|r| r.sandbox.pid());
     }
 
     /// How long since the machine last accepted or finished an instruction.
@@ -527,6 +531,7 @@ async fn run(
     }
     {
         let mut state = lock(&machine.state);
+        state.resident = false;
         state.resident_pid = None;
         state.running = None;
     }

@@ -51,10 +51,10 @@ impl Runsc {
 const INSTALL_HINT: &str = "install gVisor's runsc (`apt-get install runsc` on Debian, or `go \
      install gvisor.dev/gvisor/runsc@latest`), or set EVERVM_RUNSC to its path";
 
-fn candidates() -> Vec<PathBuf> {
+fn candidates(configured: Option<&Path>) -> Vec<PathBuf> {
     let mut paths = Vec::new();
-    if let Some(path) = std::env::var_os("EVERVM_RUNSC").filter(|p| !p.is_empty()) {
-        paths.push(PathBuf::from(path));
+    if let Some(path) = configured {
+        paths.push(path.to_owned());
         return paths;
     }
     if let Some(path) = std::env::var_os("PATH") {
@@ -87,11 +87,90 @@ pub struct GvisorConfig {
     pub home: PathBuf,
     /// Where images are built and kept.
     pub images_dir: PathBuf,
+    /// The runsc to use (`EVERVM_RUNSC`); else the first that works of those on `PATH` and in
+    /// the usual places.
+    pub runsc: Option<PathBuf>,
+    /// The gVisor platform (`EVERVM_RUNSC_PLATFORM`: `ptrace`, `systrap`, `kvm`); else the first
+    /// that runs a sandbox here.
+    pub platform: Option<String>,
+}
+
+impl GvisorConfig {
+    /// Settings for `home`, with `runsc` and `platform` from the environment.
+    pub fn new(home: PathBuf, images_dir: PathBuf) -> Self {
+        let var = |key: &str| std::env::var_os(key).filter(|v| !v.is_empty());
+        Self {
+            home,
+            images_dir,
+            runsc: var("EVERVM_RUNSC").map(PathBuf::from),
+            platform: var("EVERVM_RUNSC_PLATFORM").map(|p| p.to_string_lossy().into_owned()),
+        }
+    }
+}
+
+/// What a kept runsc binary was (beside it in `<home>/runsc-bin/<digest>/runsc.json`).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct KeptRunsc {
+    version: String,
+    platform: String,
+}
+
+/// Keeps the runsc binary that writes a snapshot under `<home>/runsc-bin/<digest>/` (a hard link
+/// where the file system allows), so that an upgrade of the system's runsc does not strand the
+/// snapshots: only the runsc that wrote an image restores it.
+fn keep_binary(kept_dir: &Path, runsc: &Runsc) -> Result<()> {
+    let dir = kept_dir.join(binary_digest(&runsc.path)?);
+    if dir.join("runsc.json").is_file() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Error::internal(format!("cannot create {}: {e}", dir.display())))?;
+    let target = dir.join("runsc");
+    if !target.is_file() && std::fs::hard_link(&runsc.path, &target).is_err() {
+        let partial = dir.join("runsc.partial");
+        std::fs::copy(&runsc.path, &partial).map_err(|e| {
+            Error::internal(format!(
+                "cannot keep a copy of {}: {e}",
+                runsc.path.display()
+            ))
+        })?;
+        std::fs::File::open(&partial)?.sync_all()?;
+        std::fs::rename(&partial, &target)?;
+    }
+    let description = serde_json::to_vec(&KeptRunsc {
+        version: runsc.version.clone(),
+        platform: runsc.platform.clone(),
+    })
+    .map_err(|e| Error::internal(format!("cannot describe a kept runsc: {e}")))?;
+    crate::fsutil::write_durably(&dir.join("runsc.json"), &description)
+}
+
+/// The runsc binaries kept in `kept_dir` by earlier engines.
+fn kept_binaries(kept_dir: &Path) -> Vec<Runsc> {
+    let Ok(entries) = std::fs::read_dir(kept_dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let text = std::fs::read(entry.path().join("runsc.json")).ok()?;
+            let kept: KeptRunsc = serde_json::from_slice(&text).ok()?;
+            let path = entry.path().join("runsc");
+            path.is_file().then_some(Runsc {
+                path,
+                version: kept.version,
+                platform: kept.platform,
+            })
+        })
+        .collect()
 }
 
 /// The gVisor backend.
 pub struct GvisorBackend {
     runsc: Runsc,
+    /// Runsc binaries earlier engines kept because their snapshots need them.
+    kept: Vec<Runsc>,
+    kept_dir: PathBuf,
     state_dir: PathBuf,
     bundles_dir: PathBuf,
     images: std::sync::Mutex<std::collections::HashMap<Profile, Image>>,
@@ -109,7 +188,7 @@ impl std::fmt::Debug for GvisorBackend {
 
 /// The runsc and platform that worked last time, so that a restart probes one platform, not
 /// every one (a `kvm` probe on a host without working virtualisation waits for its timeout).
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct ProbeCache {
     path: PathBuf,
     digest: String,
@@ -139,7 +218,7 @@ impl GvisorBackend {
                 .map_err(|e| Error::internal(format!("cannot create {}: {e}", dir.display())))?;
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
         }
-        let paths = candidates();
+        let paths = candidates(config.runsc.as_deref());
         if paths.is_empty() {
             return Err(Error::unsupported(format!(
                 "no runsc found: {INSTALL_HINT}"
@@ -148,12 +227,18 @@ impl GvisorBackend {
         // What runs here is a property of the host and the runsc binary, not of a home: the
         // answer is kept in the user's cache directory.
         let cache_path = crate::guest::image::default_cache_dir().join("runsc-probe.json");
-        let cached: Option<ProbeCache> = std::fs::read(&cache_path)
+        // Newest first; older files held one entry.
+        let cached: Vec<ProbeCache> = std::fs::read(&cache_path)
             .ok()
-            .and_then(|bytes| serde_json::from_slice(&bytes).ok());
+            .and_then(|bytes| {
+                serde_json::from_slice::<Vec<ProbeCache>>(&bytes)
+                    .or_else(|_| serde_json::from_slice::<ProbeCache>(&bytes).map(|c| vec![c]))
+                    .ok()
+            })
+            .unwrap_or_default();
         // The runsc that worked last time goes first.
         let mut paths = paths;
-        if let Some(cache) = &cached
+        if let Some(cache) = cached.first()
             && let Some(position) = paths.iter().position(|p| *p == cache.path)
         {
             let path = paths.remove(position);
@@ -161,10 +246,13 @@ impl GvisorBackend {
         }
         let mut failures = Vec::new();
         for path in paths {
-            let known = cached
-                .as_ref()
-                .filter(|c| c.path == path && binary_digest(&path).ok().as_ref() == Some(&c.digest))
-                .map(|c| c.platform.clone());
+            let known = config.platform.clone().or_else(|| {
+                let digest = binary_digest(&path).ok();
+                cached
+                    .iter()
+                    .find(|c| c.path == path && digest.as_ref() == Some(&c.digest))
+                    .map(|c| c.platform.clone())
+            });
             match probe_runsc(&path, known.as_deref(), &image, &state_dir, &bundles_dir).await {
                 Ok(runsc) => {
                     let cache = ProbeCache {
@@ -172,13 +260,20 @@ impl GvisorBackend {
                         digest: binary_digest(&runsc.path)?,
                         platform: runsc.platform.clone(),
                     };
-                    if let Ok(bytes) = serde_json::to_vec(&cache)
+                    let newest = cache.path.clone();
+                    let mut entries = vec![cache];
+                    entries.extend(cached.iter().filter(|c| c.path != newest).cloned());
+                    entries.truncate(8);
+                    if let Ok(bytes) = serde_json::to_vec(&entries)
                         && std::fs::create_dir_all(crate::guest::image::default_cache_dir()).is_ok()
                     {
                         let _ = crate::fsutil::write_durably(&cache_path, &bytes);
                     }
+                    let kept_dir = config.home.join("runsc-bin");
                     let backend = Self {
                         runsc,
+                        kept: kept_binaries(&kept_dir),
+                        kept_dir,
                         state_dir,
                         bundles_dir,
                         images: std::sync::Mutex::new(
@@ -227,14 +322,18 @@ impl GvisorBackend {
 
     /// Writes the sandbox's bundle and starts `runsc <command>` on it (`run`, or `restore`
     /// from a snapshot), with the container's stdio as the agent channel.
-    async fn launch(&self, spec: &SandboxSpec, command: &[String]) -> Result<Box<dyn Sandbox>> {
+    async fn launch(
+        &self,
+        spec: &SandboxSpec,
+        runsc: &Runsc,
+        command: &[String],
+    ) -> Result<Box<dyn Sandbox>> {
         let image = match &spec.image_id {
             Some(id) => self.builder.by_id(id)?,
             None => self.image(spec.profile).await?,
         };
         let bundle = write_bundle(&self.bundles_dir, &spec.id, &image, spec.memory_mb)?;
-        let mut child = match spawn_runsc(&self.runsc, &self.state_dir, &bundle, command, &spec.id)
-        {
+        let mut child = match spawn_runsc(runsc, &self.state_dir, &bundle, command, &spec.id) {
             Ok(child) => child,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&bundle);
@@ -251,7 +350,8 @@ impl GvisorBackend {
             child,
             channel: Some((Box::new(stdout), Box::new(stdin))),
             bundle,
-            runsc: self.runsc.clone(),
+            runsc: runsc.clone(),
+            kept_dir: self.kept_dir.clone(),
             state_dir: self.state_dir.clone(),
             image_id: image.id,
         }))
@@ -541,20 +641,35 @@ impl SandboxBackend for GvisorBackend {
     }
 
     async fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>> {
-        self.launch(spec, &["run".to_owned()]).await
+        self.launch(spec, &self.runsc, &["run".to_owned()]).await
     }
 
+    fn restorable(&self, runtime: &str) -> bool {
+        self.runsc.describe() == runtime || self.kept.iter().any(|r| r.describe() == runtime)
+    }
+
+    /// Restores with the runsc that wrote the snapshot: this engine's, or one kept for it.
     async fn restore(
         &self,
         spec: &SandboxSpec,
         dir: &Path,
-        _runtime: &str,
+        runtime: &str,
     ) -> Result<Box<dyn Sandbox>> {
+        let runsc = std::iter::once(&self.runsc)
+            .chain(&self.kept)
+            .find(|r| r.describe() == runtime)
+            .ok_or_else(|| {
+                Error::crashed(format!(
+                    "the snapshot in {} was written by {runtime}, which is not kept in {}",
+                    dir.display(),
+                    self.kept_dir.display()
+                ))
+            })?;
         let restore = [
             "restore".to_owned(),
             format!("--image-path={}", dir.display()),
         ];
-        self.launch(spec, &restore).await
+        self.launch(spec, runsc, &restore).await
     }
 
     fn describe(&self) -> String {
@@ -568,6 +683,7 @@ struct GvisorSandbox {
     channel: Option<(ChannelReader, ChannelWriter)>,
     bundle: PathBuf,
     runsc: Runsc,
+    kept_dir: PathBuf,
     state_dir: PathBuf,
     image_id: String,
 }
@@ -579,6 +695,12 @@ impl Sandbox for GvisorSandbox {
     }
 
     async fn checkpoint(&mut self, dir: &Path) -> Result<()> {
+        // The binary that writes a snapshot is kept for as long as the home lives.
+        let kept_dir = self.kept_dir.clone();
+        let runsc = self.runsc.clone();
+        tokio::task::spawn_blocking(move || keep_binary(&kept_dir, &runsc))
+            .await
+            .map_err(|e| Error::internal(format!("keeping runsc stopped: {e}")))??;
         let output = Command::new(&self.runsc.path)
             .args(global_args(&self.runsc, &self.state_dir))
             .arg("checkpoint")

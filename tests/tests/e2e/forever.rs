@@ -84,7 +84,11 @@ async fn forks_are_independent_and_draw_different_numbers() {
         .collect();
     assert_eq!(forks, [fork.name().to_owned()]);
     let info = fork.info().await.unwrap();
-    assert_eq!(info.instruction_count, Some(4), "a fork numbers its own instructions from 0");
+    assert_eq!(
+        info.instruction_count,
+        Some(4),
+        "a fork numbers its own instructions from 0"
+    );
     assert!(info.disk_bytes.is_some_and(|b| b > 0), "{info:?}");
     // Deleting the parent leaves the fork whole.
     parent.delete().await.unwrap();

@@ -355,3 +355,69 @@ async fn idle_machines_swap_out_and_everything_survives_an_engine_restart() {
     assert_eq!(value(&idle, "n").await, "7");
     engine.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshots_survive_an_upgrade_of_runsc() {
+    if !backends().iter().any(|b| b == "gvisor") {
+        eprintln!("skipping: the gVisor backend is not available here");
+        return;
+    }
+    let system_runsc = std::env::var_os("EVERVM_RUNSC")
+        .map_or_else(|| "/usr/bin/runsc".into(), std::path::PathBuf::from);
+    if !system_runsc.is_file() {
+        eprintln!("skipping: no runsc at {}", system_runsc.display());
+        return;
+    }
+    // Two "releases": the same program with different bytes, so different versions to evervm.
+    let releases = tempfile::tempdir().unwrap();
+    let release = |n: u8| {
+        let path = releases.path().join(format!("runsc-{n}"));
+        let mut bytes = std::fs::read(&system_runsc).unwrap();
+        bytes.push(n);
+        std::fs::write(&path, bytes).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        path
+    };
+    let (old, new) = (release(1), release(2));
+    let home = tempfile::tempdir().unwrap();
+    let open = |runsc: std::path::PathBuf, platform: Option<String>| {
+        let mut config = evervm::engine::EngineConfig::new(home.path());
+        config.backend = evervm::engine::BackendChoice::parse("gvisor");
+        config.idle_swap = None;
+        config.pool_size = 0;
+        config.runsc = Some(runsc);
+        config.runsc_platform = platform;
+        evervm::engine::Engine::open(config)
+    };
+    let engine = open(old.clone(), None).await.unwrap();
+    let platform = engine
+        .backend_description()
+        .rsplit("platform ")
+        .next()
+        .map(|p| p.trim_end_matches(')').to_owned());
+    let account = engine.ensure_account("local").unwrap();
+    let client = Client::from_engine(engine.clone(), account.clone());
+    let m = machine(&client, None).await;
+    value(&m, "kept = 'across the upgrade'").await;
+    engine.shutdown().await;
+    let name = m.name().to_owned();
+    drop((m, client, engine));
+    // The old release is gone from where it was installed.
+    std::fs::remove_file(&old).unwrap();
+
+    let engine = open(new, platform).await.unwrap();
+    let client = Client::from_engine(engine.clone(), account);
+    let m = client.machine(&name);
+    assert_eq!(m.info().await.unwrap().state.as_deref(), Some("swapped"));
+    assert_eq!(value(&m, "kept").await, "'across the upgrade'");
+    // New machines run on the new release.
+    let fresh = machine(&client, None).await;
+    assert_eq!(value(&fresh, "1 + 1").await, "2");
+    engine.shutdown().await;
+    let kept: Vec<_> = std::fs::read_dir(home.path().join("runsc-bin"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert_eq!(kept.len(), 2, "each release that wrote a snapshot is kept");
+}
