@@ -1,15 +1,19 @@
 //! Ready sandboxes: started ahead of time per image and memory size, so that a new machine does
-//! not pay the cold start.
+//! not pay the cold start. On a backend with snapshots they are restored from a base snapshot
+//! of the image, taken once the agent is ready (for the `data` profile, after numpy, pandas and
+//! matplotlib are imported), so a new machine pays neither a boot nor the imports.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::engine::EngineInner;
 use crate::error::{Error, Result};
+use crate::guest::channel::{AgentEvent, AgentOutcome, AgentRequest};
 use crate::guest::connection::AgentConnection;
 use crate::guest::image::Profile;
 use crate::machine::lock;
 use crate::sandbox::{Sandbox, SandboxSpec};
+use crate::snapshot::{self, SnapshotManifest};
 
 /// A running sandbox with its agent ready.
 pub(crate) struct Resident {
@@ -38,6 +42,19 @@ pub(crate) struct Pool {
     ready: Mutex<HashMap<Shape, Vec<Resident>>>,
     /// Sandboxes being started for the pool, per shape.
     starting: Mutex<HashMap<Shape, usize>>,
+    /// Base snapshots checked (or made) by this engine, per shape; held while one is made.
+    bases: tokio::sync::Mutex<HashMap<Shape, SnapshotManifest>>,
+}
+
+/// What a base snapshot of the `data` profile has imported: into `sys.modules` only, so that a
+/// new machine's globals are still empty and its own `import pandas` is instant.
+const DATA_WARM_UP: &str = "for _m in ('numpy', 'pandas', 'matplotlib', 'matplotlib.pyplot'):\n    \
+                            __import__(_m)\ndel _m";
+
+/// `<home>/base/<profile>-<memory_mb>`: the base snapshot new machines of a shape start from.
+pub(crate) fn base_dir(home: &std::path::Path, shape: Shape) -> std::path::PathBuf {
+    home.join("base")
+        .join(format!("{}-{}", shape.profile.as_str(), shape.memory_mb))
 }
 
 pub(crate) fn sandbox_id() -> String {
@@ -46,8 +63,141 @@ pub(crate) fn sandbox_id() -> String {
     format!("evm-{n:016x}")
 }
 
-/// Starts one sandbox and waits for its agent.
+/// A ready sandbox: restored from the shape's base snapshot where the backend has snapshots
+/// (the base is made first if needed), else booted.
 pub(crate) async fn start_sandbox(engine: &EngineInner, shape: Shape) -> Result<Resident> {
+    if !engine.backend.capabilities().snapshots {
+        return boot_sandbox(engine, shape).await;
+    }
+    match restore_base(engine, shape).await {
+        Ok(resident) => Ok(resident),
+        Err(e) => {
+            tracing::warn!(
+                profile = shape.profile.as_str(),
+                "no base snapshot ({e}); booting a sandbox instead"
+            );
+            boot_sandbox(engine, shape).await
+        }
+    }
+}
+
+/// A sandbox restored from the shape's base snapshot, its random generators reseeded.
+async fn restore_base(engine: &EngineInner, shape: Shape) -> Result<Resident> {
+    let (dir, manifest) = ensure_base(engine, shape).await?;
+    let spec = SandboxSpec {
+        id: sandbox_id(),
+        memory_mb: shape.memory_mb,
+        profile: shape.profile,
+        image_id: manifest.image_id.clone(),
+    };
+    let mut sandbox = engine
+        .backend
+        .restore(&spec, &dir, &manifest.runtime)
+        .await?;
+    let Some((reader, writer)) = sandbox.take_channel() else {
+        let _ = sandbox.kill().await;
+        return Err(Error::internal("the restored sandbox has no agent channel"));
+    };
+    let mut agent = AgentConnection::resume(reader, writer);
+    if let Err(e) = agent.reseed(engine.config.ready_timeout).await {
+        let reason = sandbox.exit_reason();
+        let _ = sandbox.kill().await;
+        return Err(match reason {
+            Some(reason) => e.context(reason),
+            None => e,
+        });
+    }
+    Ok(Resident { sandbox, agent })
+}
+
+/// The shape's base snapshot: checked once per engine (checksum, runtime, and that it was taken
+/// on the image new sandboxes run), made when missing or stale.
+async fn ensure_base(
+    engine: &EngineInner,
+    shape: Shape,
+) -> Result<(std::path::PathBuf, SnapshotManifest)> {
+    let mut bases = engine.pool.bases.lock().await;
+    let dir = base_dir(&engine.config.home, shape);
+    if let Some(manifest) = bases.get(&shape) {
+        return Ok((dir, manifest.clone()));
+    }
+    let current = engine.backend.current_image(shape.profile).await?;
+    let restorable = |runtime: &str| runtime == engine.backend.describe();
+    let found = snapshot::verify_dir(&dir, &restorable);
+    let manifest = match found {
+        Ok(Some(manifest)) if manifest.image_id == current && snapshot::needs_reseed(&dir) => {
+            manifest
+        }
+        _ => make_base(engine, shape, &dir).await?,
+    };
+    bases.insert(shape, manifest.clone());
+    Ok((dir, manifest))
+}
+
+/// Boots a sandbox, warms it up, and checkpoints it into `dir`.
+async fn make_base(
+    engine: &EngineInner,
+    shape: Shape,
+    dir: &std::path::Path,
+) -> Result<SnapshotManifest> {
+    let started = std::time::Instant::now();
+    let mut fresh = boot_sandbox(engine, shape).await?;
+    if shape.profile == Profile::Data {
+        let warm_up = AgentRequest::Exec {
+            id: -1,
+            code: DATA_WARM_UP.to_owned(),
+            timeout_ms: 300_000,
+        };
+        let warmed = async {
+            fresh.agent.send(&warm_up).await?;
+            loop {
+                match fresh.agent.next_event().await? {
+                    AgentEvent::Result {
+                        outcome: AgentOutcome::Error { text, .. },
+                        ..
+                    } => return Err(Error::crashed(format!("the warm-up failed: {text}"))),
+                    AgentEvent::Result { .. } => return Ok(()),
+                    _ => {}
+                }
+            }
+        }
+        .await;
+        if let Err(e) = warmed {
+            fresh.kill().await;
+            return Err(e);
+        }
+    }
+    let staging = snapshot::staging_beside(dir)?;
+    let runtime = fresh
+        .sandbox
+        .runtime()
+        .unwrap_or_else(|| engine.backend.describe());
+    let image_id = fresh.sandbox.image_id();
+    if let Err(e) = fresh.sandbox.checkpoint(&staging).await {
+        let _ = std::fs::remove_dir_all(&staging);
+        fresh.kill().await;
+        return Err(e);
+    }
+    drop(fresh);
+    let target = dir.to_owned();
+    let manifest = tokio::task::spawn_blocking(move || {
+        snapshot::mark_reseed(&staging)?;
+        snapshot::commit_to(&target, &staging, &runtime, image_id)
+    })
+    .await
+    .map_err(|e| Error::internal(format!("saving the base snapshot stopped: {e}")))??;
+    tracing::info!(
+        profile = shape.profile.as_str(),
+        memory_mb = shape.memory_mb,
+        bytes = manifest.bytes,
+        "made a base snapshot in {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(manifest)
+}
+
+/// Boots one sandbox and waits for its agent.
+async fn boot_sandbox(engine: &EngineInner, shape: Shape) -> Result<Resident> {
     let spec = SandboxSpec {
         id: sandbox_id(),
         memory_mb: shape.memory_mb,

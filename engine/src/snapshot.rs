@@ -134,6 +134,26 @@ pub fn commit(
     runtime: &str,
     image_id: Option<String>,
 ) -> Result<SnapshotManifest> {
+    std::fs::create_dir_all(machine_dir(home, machine))?;
+    commit_to(&snapshot_dir(home, machine), staging, runtime, image_id)
+}
+
+/// A fresh, empty directory to build a snapshot for `target` in (see [`commit_to`]).
+pub fn staging_beside(target: &Path) -> Result<PathBuf> {
+    if let Some(parent) = target.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| Error::internal(format!("cannot create {}: {e}", parent.display())))?;
+    }
+    staging_for(target)
+}
+
+/// [`commit`] into any snapshot directory (a base snapshot).
+pub fn commit_to(
+    target: &Path,
+    staging: &Path,
+    runtime: &str,
+    image_id: Option<String>,
+) -> Result<SnapshotManifest> {
     let (sha256, bytes) = digest_dir(staging)?;
     let manifest = SnapshotManifest {
         format: FORMAT,
@@ -148,10 +168,13 @@ pub fn commit(
         .map_err(|e| Error::internal(format!("cannot encode a snapshot manifest: {e}")))?;
     write_durably(&staging.join(MANIFEST), &text)?;
     fsync_dir(staging)?;
-    let target = snapshot_dir(home, machine);
-    std::fs::create_dir_all(machine_dir(home, machine))?;
-    install(staging, &target)?;
+    install(staging, target)?;
     Ok(manifest)
+}
+
+/// Marks a snapshot so that every restore of it reseeds the interpreter's random generators.
+pub fn mark_reseed(dir: &Path) -> Result<()> {
+    write_durably(&dir.join(RESEED), b"reseed the interpreter after restore\n")
 }
 
 /// Copies a whole snapshot (`from`, manifest included, its damage note not) to `to`, replacing
@@ -179,10 +202,7 @@ pub fn copy(from: &Path, to: &Path, reseed: bool) -> Result<()> {
             }
         }
         if reseed {
-            write_durably(
-                &staging.join(RESEED),
-                b"reseed the interpreter after restore\n",
-            )?;
+            mark_reseed(&staging)?;
         }
         fsync_dir(&staging)?;
         install(&staging, to)
@@ -319,9 +339,10 @@ pub fn recover(home: &Path) {
     let Ok(machines) = std::fs::read_dir(home.join("machines")) else {
         return;
     };
-    for machine in machines.flatten() {
-        let mut dirs = vec![machine.path()];
-        dirs.push(machine.path().join("checkpoints"));
+    let machine_dirs = machines.flatten().map(|m| m.path());
+    for machine in machine_dirs.chain([home.join("base")]) {
+        let mut dirs = vec![machine.clone()];
+        dirs.push(machine.join("checkpoints"));
         for dir in dirs {
             let Ok(entries) = std::fs::read_dir(&dir) else {
                 continue;

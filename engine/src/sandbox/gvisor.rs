@@ -644,6 +644,10 @@ impl SandboxBackend for GvisorBackend {
         self.launch(spec, &self.runsc, &["run".to_owned()]).await
     }
 
+    async fn current_image(&self, profile: Profile) -> Result<Option<String>> {
+        Ok(Some(self.image(profile).await?.id))
+    }
+
     fn restorable(&self, runtime: &str) -> bool {
         self.runsc.describe() == runtime || self.kept.iter().any(|r| r.describe() == runtime)
     }

@@ -49,6 +49,12 @@ pub trait SandboxBackend: Send + Sync + 'static {
         self.name().to_owned()
     }
 
+    /// The exact image new sandboxes of `profile` run, for backends with images.
+    async fn current_image(&self, profile: Profile) -> Result<Option<String>> {
+        let _ = profile;
+        Ok(None)
+    }
+
     /// Whether this backend can restore a snapshot written by `runtime` (a [`Self::describe`]
     /// of this or an earlier engine).
     fn restorable(&self, runtime: &str) -> bool {

@@ -224,3 +224,98 @@ async fn the_process_backend_refuses_forks_and_checkpoints() {
     // The machine itself is untouched.
     assert_eq!(value(&m, "x").await, "1");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn new_machines_start_from_the_image_base_snapshot() {
+    let Some(server) = gvisor_server() else {
+        return;
+    };
+    let client = server.client();
+    let data = || CreateMachineOptions {
+        image: Some("data".to_owned()),
+        ..CreateMachineOptions::default()
+    };
+    let a = client.create_machine(data()).await.unwrap();
+    let b = client.create_machine(data()).await.unwrap();
+    // The imports were made before the base snapshot, into sys.modules only.
+    assert_eq!(
+        value(
+            &a,
+            "import sys\n'pandas' in sys.modules, 'pandas' in globals()"
+        )
+        .await,
+        "(True, False)"
+    );
+    let base = server.home().join("base");
+    assert!(
+        std::fs::read_dir(&base)
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with("data-")),
+        "no data base snapshot in {}",
+        base.display()
+    );
+    // Machines restored from one base snapshot still draw different random numbers.
+    let draws = "import random\n[random.random() for _ in range(4)]";
+    assert_ne!(value(&a, draws).await, value(&b, draws).await);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn past_the_resident_limit_the_least_recently_used_swap_out() {
+    if !backends().iter().any(|b| b == "gvisor") {
+        eprintln!("skipping: the gVisor backend is not available here");
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let mut config = evervm::engine::EngineConfig::new(home.path());
+    config.backend = evervm::engine::BackendChoice::parse("gvisor");
+    config.idle_swap = None;
+    config.max_resident = Some(2);
+    let engine = evervm::engine::Engine::open(config).await.unwrap();
+    let account = engine.ensure_account("local").unwrap();
+    let client = Client::from_engine(engine.clone(), account);
+    let mut machines = Vec::new();
+    for i in 0..4 {
+        let m = client
+            .create_machine(CreateMachineOptions::default())
+            .await
+            .unwrap();
+        value(&m, &format!("i = {i}")).await;
+        machines.push(m);
+    }
+    let resident = || async {
+        let mut names = Vec::new();
+        for m in &machines {
+            if m.info().await.unwrap().state.as_deref() == Some("resident") {
+                names.push(m.name().to_owned());
+            }
+        }
+        names
+    };
+    let mut now = resident().await;
+    for _ in 0..100 {
+        if now.len() <= 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        now = resident().await;
+    }
+    assert!(now.len() <= 2, "resident: {now:?}");
+    // The most recently used machine stays; the first ones went to disk.
+    assert!(now.contains(&machines[3].name().to_owned()), "{now:?}");
+    assert_eq!(
+        machines[0].info().await.unwrap().state.as_deref(),
+        Some("swapped")
+    );
+    for (i, m) in machines.iter().enumerate() {
+        assert_eq!(value(m, "i").await, i.to_string());
+    }
+    // The last one used is resident (the budget swaps out the least recently used).
+    let info = machines[3].info().await.unwrap();
+    assert_eq!(info.state.as_deref(), Some("resident"));
+    assert!(
+        info.resident_bytes.is_some_and(|b| b > 1_000_000),
+        "{info:?}"
+    );
+    engine.shutdown().await;
+}
