@@ -205,11 +205,14 @@ impl EngineInner {
                 if victims.is_empty() {
                     break;
                 }
-                for handle in victims {
-                    if let Err(e) = handle.swap_out().await {
-                        tracing::warn!(machine = %handle.name, "could not swap out to stay within the resident budget: {e}");
-                    }
-                }
+                // A few at a time: a checkpoint waits on disk as much as on the processor.
+                futures::stream::iter(victims)
+                    .for_each_concurrent(4, |handle| async move {
+                        if let Err(e) = handle.swap_out().await {
+                            tracing::warn!(machine = %handle.name, "could not swap out to stay within the resident budget: {e}");
+                        }
+                    })
+                    .await;
             }
             engine.trimming.store(false, Ordering::SeqCst);
         });

@@ -38,6 +38,8 @@ pub struct Runsc {
     pub version: String,
     /// `kvm`, `systrap` or `ptrace`: the first that ran a container on this host.
     pub platform: String,
+    /// The binary's SHA-256 (16 hex digits), computed once.
+    pub digest: String,
 }
 
 impl Runsc {
@@ -119,7 +121,7 @@ struct KeptRunsc {
 /// where the file system allows), so that an upgrade of the system's runsc does not strand the
 /// snapshots: only the runsc that wrote an image restores it.
 fn keep_binary(kept_dir: &Path, runsc: &Runsc) -> Result<()> {
-    let dir = kept_dir.join(binary_digest(&runsc.path)?);
+    let dir = kept_dir.join(&runsc.digest);
     if dir.join("runsc.json").is_file() {
         return Ok(());
     }
@@ -156,7 +158,8 @@ fn kept_binaries(kept_dir: &Path) -> Vec<Runsc> {
             let text = std::fs::read(entry.path().join("runsc.json")).ok()?;
             let kept: KeptRunsc = serde_json::from_slice(&text).ok()?;
             let path = entry.path().join("runsc");
-            path.is_file().then_some(Runsc {
+            path.is_file().then(|| Runsc {
+                digest: entry.file_name().to_string_lossy().into_owned(),
                 path,
                 version: kept.version,
                 platform: kept.platform,
@@ -257,7 +260,7 @@ impl GvisorBackend {
                 Ok(runsc) => {
                     let cache = ProbeCache {
                         path: runsc.path.clone(),
-                        digest: binary_digest(&runsc.path)?,
+                        digest: runsc.digest.clone(),
                         platform: runsc.platform.clone(),
                     };
                     let newest = cache.path.clone();
@@ -551,13 +554,15 @@ async fn probe_runsc(
         .next()
         .unwrap_or("runsc version unknown")
         .to_owned();
-    let version = format!("{first_line} (sha256 {})", binary_digest(path)?);
+    let digest = binary_digest(path)?;
+    let version = format!("{first_line} (sha256 {digest})");
     let mut platforms = Vec::new();
     if let Some(known) = known {
         let runsc = Runsc {
             path: path.to_owned(),
             version: version.clone(),
             platform: known.to_owned(),
+            digest: digest.clone(),
         };
         // This binary ran sandboxes on this platform before: no need to start one now (a
         // failure later is reported by the sandbox that fails).
@@ -582,6 +587,7 @@ async fn probe_runsc(
             path: path.to_owned(),
             version: version.clone(),
             platform: platform.to_owned(),
+            digest: digest.clone(),
         };
         match tokio::time::timeout(
             Duration::from_secs(10),

@@ -5,7 +5,14 @@
 //! Per backend: machine create latency (the API call; create plus the first instruction with the
 //! pool of ready sandboxes cold and warm), the round trip of `1+1` (p50/p99) in-process, over
 //! HTTP (exec then long-poll result) and over a WebSocket session, stdout throughput for 10 MB,
-//! and the resident memory (PSS) of one idle machine's sandbox processes.
+//! and the resident memory (PSS) of one idle machine's sandbox processes. On gVisor also: swap-out
+//! time, snapshot bytes (fresh REPL, after `x = list(range(10**6))`, `data` after `import
+//! pandas`), restore plus first instruction, fork latency, the cost of `durability =
+//! instruction`, and a density run (`--density N` machines, default 300; 0 skips it): create N
+//! machines and run an instruction in each, swap them all out, restore 50 at random and check
+//! their state, with the peak memory of the engine and its sandboxes.
+//!
+//! `--only swap` (or `density`) runs just that part on gVisor.
 #![allow(clippy::print_stdout)]
 
 use std::time::{Duration, Instant};
@@ -20,6 +27,10 @@ struct Args {
     rounds: usize,
     /// Only the stdout throughput (for profiling).
     throughput_only: bool,
+    /// Machines in the density run (0: none).
+    density: usize,
+    /// Only this part (`swap`, `density`).
+    only: Option<String>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -27,6 +38,8 @@ fn parse_args() -> Result<Args> {
         backends: Vec::new(),
         rounds: 300,
         throughput_only: false,
+        density: 300,
+        only: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -36,8 +49,11 @@ fn parse_args() -> Result<Args> {
                 .push(it.next().context("--backend needs a name")?),
             "--rounds" => args.rounds = it.next().context("--rounds needs a number")?.parse()?,
             "--throughput-only" => args.throughput_only = true,
+            "--density" => args.density = it.next().context("--density needs a number")?.parse()?,
+            "--only" => args.only = Some(it.next().context("--only needs swap or density")?),
             other => bail!(
-                "unknown argument {other:?}; use --backend NAME, --rounds N, --throughput-only"
+                "unknown argument {other:?}; use --backend NAME, --rounds N, --throughput-only, \
+                 --density N, --only swap|density"
             ),
         }
     }
@@ -255,9 +271,189 @@ async fn bench_backend(backend: &str, rounds: usize) -> Result<()> {
             pss as f64 / 1e6
         );
     }
-    if backend == "gvisor" {
+    engine.shutdown().await;
+    Ok(())
+}
+
+/// Everything about swap, fork and durability (gVisor).
+async fn forever_figures(density: usize, only: Option<&str>) -> Result<()> {
+    if only.is_none_or(|o| o == "swap") {
+        let (client, engine, home) = local("gvisor", 2).await?;
         swap_figures(&client, home.path()).await?;
+        fork_figures(&client, &engine).await?;
+        durability_figures(&client).await?;
+        engine.shutdown().await;
     }
+    if density > 0 && only.is_none_or(|o| o == "density") {
+        density_run(density).await?;
+    }
+    Ok(())
+}
+
+/// Fork (the API call) and fork plus the fork's first instruction.
+async fn fork_figures(client: &Client, engine: &Engine) -> Result<()> {
+    let parent = client
+        .create_machine(CreateMachineOptions::default())
+        .await?;
+    parent.exec("x = list(range(1000))").await?;
+    let mut calls = Vec::new();
+    let mut firsts = Vec::new();
+    for _ in 0..10 {
+        wait_for_pool(engine, 2).await;
+        let started = Instant::now();
+        let fork = parent.fork(None).await?;
+        calls.push(started.elapsed());
+        let run = fork.exec("len(x)").await?;
+        firsts.push(started.elapsed());
+        if run.result.value.as_deref() != Some("1000") {
+            bail!("a fork's len(x) gave {:?}", run.result);
+        }
+        fork.delete().await?;
+    }
+    report("fork (API call: parent saved, copy linked)", calls);
+    report("fork + first instruction in the fork", firsts);
+    Ok(())
+}
+
+/// What `durability = instruction` costs per instruction, against `idle`.
+async fn durability_figures(client: &Client) -> Result<()> {
+    let mut per_mode = Vec::new();
+    for durability in ["idle", "instruction"] {
+        let machine = client
+            .create_machine(CreateMachineOptions {
+                durability: Some(durability.to_owned()),
+                ..CreateMachineOptions::default()
+            })
+            .await?;
+        machine.exec("n = 0").await?;
+        let mut samples = Vec::new();
+        for _ in 0..20 {
+            let started = Instant::now();
+            machine.exec("n += 1").await?;
+            samples.push(started.elapsed());
+            // A client's think time: the restore after the snapshot happens meanwhile.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        samples.sort();
+        per_mode.push(percentile(&samples, 50.0));
+        report(
+            &format!("instruction `n += 1`, durability {durability}"),
+            samples,
+        );
+        machine.delete().await?;
+    }
+    if let [idle, instruction] = per_mode[..] {
+        println!(
+            "  durability instruction costs per instruction (p50)     {:>8}",
+            ms(instruction.saturating_sub(idle))
+        );
+    }
+    Ok(())
+}
+
+/// Memory of the engine process plus every sandbox process of `home` (PSS, bytes).
+fn engine_memory(home: &std::path::Path) -> u64 {
+    let own = std::fs::read_to_string("/proc/self/smaps_rollup")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("Pss:"))
+                .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024);
+    own + pss_of(&home.join("runsc").display().to_string())
+}
+
+/// Create `count` machines and run an instruction in each, swap them all out, restore 50 at
+/// random and check their state; peak memory of the engine and its sandboxes meanwhile.
+async fn density_run(count: usize) -> Result<()> {
+    println!("density run: {count} machines (gvisor)");
+    let home = tempfile::tempdir()?;
+    let mut config = EngineConfig::new(home.path());
+    config.backend = BackendChoice::parse("gvisor");
+    config.pool_size = 2;
+    config.idle_swap = Some(Duration::from_secs(2));
+    config.max_resident = Some(16);
+    let engine = Engine::open(config).await?;
+    let client = Client::from_engine(engine.clone(), engine.ensure_account("bench")?);
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let sampler = {
+        let peak = std::sync::Arc::clone(&peak);
+        let home = home.path().to_owned();
+        tokio::spawn(async move {
+            loop {
+                let now = engine_memory(&home);
+                peak.fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
+    };
+    let started = Instant::now();
+    let mut machines = Vec::with_capacity(count);
+    let mut firsts = Vec::with_capacity(count);
+    for i in 0..count {
+        let t = Instant::now();
+        let machine = client
+            .create_machine(CreateMachineOptions::default())
+            .await?;
+        machine.exec(&format!("mine = {i} * 7")).await?;
+        firsts.push(t.elapsed());
+        machines.push(machine);
+    }
+    let created = started.elapsed();
+    report("create + first instruction (while others swap)", firsts);
+    // Everything idle goes to disk after 2 s.
+    let waited = Instant::now();
+    loop {
+        let resident = client
+            .list_machines(&evervm::Tags::new())
+            .await?
+            .iter()
+            .filter(|m| m.running)
+            .count();
+        if resident == 0 || waited.elapsed() > Duration::from_secs(300) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let disk: u64 = client
+        .list_machines(&evervm::Tags::new())
+        .await?
+        .iter()
+        .filter_map(|m| m.disk_bytes)
+        .sum();
+    let after_swap = engine_memory(home.path());
+    let mut restores = Vec::new();
+    let mut seed = u64::from(std::process::id()) * 2_654_435_761;
+    for _ in 0..50 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let i = (seed % count as u64) as usize;
+        let t = Instant::now();
+        let run = machines[i].exec("mine").await?;
+        restores.push(t.elapsed());
+        if run.result.value != Some((i * 7).to_string()) {
+            bail!("machine {i} lost its state: {:?}", run.result);
+        }
+    }
+    report("restore + first instruction, 50 random machines", restores);
+    sampler.abort();
+    println!(
+        "  {count} machines created and run in {:.1} s; all swapped after {:.1} s more",
+        created.as_secs_f64(),
+        waited.elapsed().as_secs_f64()
+    );
+    println!(
+        "  disk: {:.1} MB in all, {:.2} MB per machine",
+        disk as f64 / 1e6,
+        disk as f64 / 1e6 / count as f64
+    );
+    println!(
+        "  memory (engine + sandboxes, PSS): peak {:.0} MB, with every machine swapped {:.0} MB",
+        peak.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e6,
+        after_swap as f64 / 1e6
+    );
     engine.shutdown().await;
     Ok(())
 }
@@ -305,6 +501,30 @@ async fn swap_figures(client: &Client, home: &std::path::Path) -> Result<()> {
         "  snapshot after x = list(range(10**6))                  {:>8.2} MB",
         dir_bytes(&snapshot) as f64 / 1e6
     );
+    let data = client
+        .create_machine(CreateMachineOptions {
+            image: Some("data".to_owned()),
+            ..CreateMachineOptions::default()
+        })
+        .await?;
+    data.exec("import pandas").await?;
+    let mut swaps = Vec::new();
+    let mut restores = Vec::new();
+    for _ in 0..10 {
+        let started = Instant::now();
+        data.swap_out().await?;
+        swaps.push(started.elapsed());
+        let started = Instant::now();
+        data.exec("pandas.__name__").await?;
+        restores.push(started.elapsed());
+    }
+    report("data profile: swap out", swaps);
+    report("data profile: restore + first instruction", restores);
+    data.swap_out().await?;
+    println!(
+        "  snapshot, data profile after import pandas             {:>8.2} MB",
+        dir_bytes(&home.join("machines").join(data.name()).join("snapshot")) as f64 / 1e6
+    );
     Ok(())
 }
 
@@ -317,6 +537,12 @@ async fn main() -> Result<()> {
         std::thread::available_parallelism().map_or(0, std::num::NonZero::get)
     );
     for backend in &args.backends {
+        if args.only.is_some() {
+            if backend == "gvisor" {
+                forever_figures(args.density, args.only.as_deref()).await?;
+            }
+            continue;
+        }
         if args.throughput_only {
             let (client, engine, _home) = local(backend, 0).await?;
             for _ in 0..args.rounds.min(20) {
@@ -329,6 +555,9 @@ async fn main() -> Result<()> {
             engine.shutdown().await;
         } else {
             bench_backend(backend, args.rounds).await?;
+            if backend == "gvisor" {
+                forever_figures(args.density, None).await?;
+            }
         }
     }
     Ok(())
