@@ -641,25 +641,42 @@ async fn copy_out(
 async fn acquire(engine: &Arc<EngineInner>, machine: &MachineHandle) -> Result<Resident> {
     let home = &engine.config.home;
     let name = machine.name.as_str();
-    let restorable = |runtime: &str| engine.backend.restorable(runtime);
-    let verified = snapshot::verify(home, name, &restorable);
-    if let Err(e) = &verified {
+    let dir = snapshot::snapshot_dir(home, name);
+    let refuse = |e: Error| {
         snapshot::mark_damaged(home, name, e.message());
-    }
-    let Some(manifest) = verified? else {
+        e
+    };
+    let restorable = |runtime: &str| engine.backend.restorable(runtime);
+    let Some(manifest) = snapshot::check_manifest(&dir, &restorable).map_err(refuse)? else {
         return Pool::take(engine, machine.shape).await;
     };
-    let dir = snapshot::snapshot_dir(home, name);
+    // The checksum is computed while runsc starts (most of a restore is starting its processes);
+    // nothing talks to the restored sandbox before it matched.
+    let checking = {
+        let dir = dir.clone();
+        let manifest = manifest.clone();
+        tokio::task::spawn_blocking(move || snapshot::check_files(&dir, &manifest))
+    };
     let spec = SandboxSpec {
         id: sandbox_id(),
         memory_mb: machine.shape.memory_mb,
         profile: machine.shape.profile,
         image_id: manifest.image_id.clone(),
     };
-    let mut sandbox = engine
-        .backend
-        .restore(&spec, &dir, &manifest.runtime)
-        .await?;
+    let restored = engine.backend.restore(&spec, &dir, &manifest.runtime).await;
+    let checked = checking
+        .await
+        .map_err(|e| Error::internal(format!("checking the snapshot stopped: {e}")))
+        .and_then(|r| r);
+    let mut sandbox = match (restored, checked) {
+        (Ok(sandbox), Ok(())) => sandbox,
+        (Ok(mut sandbox), Err(e)) => {
+            let _ = sandbox.kill().await;
+            return Err(refuse(e));
+        }
+        (Err(_), Err(e)) => return Err(refuse(e)),
+        (Err(e), Ok(())) => return Err(e),
+    };
     let Some((reader, writer)) = sandbox.take_channel() else {
         let _ = sandbox.kill().await;
         return Err(Error::internal("the restored sandbox has no agent channel"));
@@ -731,6 +748,7 @@ async fn swap_out(
         .sandbox
         .runtime()
         .unwrap_or_else(|| engine.backend.describe());
+    let started = std::time::Instant::now();
     if let Err(e) = current.sandbox.checkpoint(&staging).await {
         let _ = std::fs::remove_dir_all(&staging);
         if e.kind() == crate::ErrorKind::Unsupported {
@@ -741,11 +759,20 @@ async fn swap_out(
         return Err(e);
     }
     drop(current);
-    tokio::task::spawn_blocking(move || {
-        snapshot::commit(&home, &name, &staging, &runtime, image_id).map(drop)
+    let checkpointed = started.elapsed();
+    let manifest = tokio::task::spawn_blocking(move || {
+        snapshot::commit(&home, &name, &staging, &runtime, image_id)
     })
     .await
-    .map_err(|e| Error::internal(format!("saving the snapshot stopped: {e}")))?
+    .map_err(|e| Error::internal(format!("saving the snapshot stopped: {e}")))??;
+    tracing::debug!(
+        machine = %machine.name,
+        bytes = manifest.bytes,
+        "swapped out: checkpoint {:.1} ms, commit {:.1} ms",
+        checkpointed.as_secs_f64() * 1e3,
+        (started.elapsed() - checkpointed).as_secs_f64() * 1e3
+    );
+    Ok(())
 }
 
 async fn run_job(

@@ -239,45 +239,74 @@ pub fn verify_dir(
     dir: &Path,
     restorable: &dyn Fn(&str) -> bool,
 ) -> Result<Option<SnapshotManifest>> {
+    let Some(manifest) = check_manifest(dir, restorable)? else {
+        return Ok(None);
+    };
+    check_files(dir, &manifest)?;
+    Ok(Some(manifest))
+}
+
+fn damaged(dir: &Path, why: String) -> Error {
+    Error::new(
+        ErrorKind::MachineCrashed,
+        format!("the snapshot in {} cannot be used: {why}", dir.display()),
+    )
+}
+
+/// The cheap half of [`verify_dir`]: the manifest is readable, of this format, and from a
+/// runtime `restorable` accepts. `Ok(None)` when there is no snapshot.
+pub fn check_manifest(
+    dir: &Path,
+    restorable: &dyn Fn(&str) -> bool,
+) -> Result<Option<SnapshotManifest>> {
     if !dir.exists() {
         return Ok(None);
     }
-    let damaged = |why: String| {
-        Error::new(
-            ErrorKind::MachineCrashed,
-            format!("the snapshot in {} cannot be used: {why}", dir.display()),
-        )
-    };
     let text = std::fs::read(dir.join(MANIFEST))
-        .map_err(|e| damaged(format!("its manifest is unreadable ({e})")))?;
+        .map_err(|e| damaged(dir, format!("its manifest is unreadable ({e})")))?;
     let manifest: SnapshotManifest = serde_json::from_slice(&text)
-        .map_err(|e| damaged(format!("its manifest is invalid ({e})")))?;
+        .map_err(|e| damaged(dir, format!("its manifest is invalid ({e})")))?;
     if manifest.format != FORMAT {
-        return Err(damaged(format!(
-            "format {} (this engine reads format {FORMAT})",
-            manifest.format
-        )));
+        return Err(damaged(
+            dir,
+            format!(
+                "format {} (this engine reads format {FORMAT})",
+                manifest.format
+            ),
+        ));
     }
     if !restorable(&manifest.runtime) {
-        return Err(damaged(format!(
-            "it was written by {}, which this engine does not have (keep that runsc, or delete \
-             the machine)",
-            manifest.runtime
-        )));
-    }
-    let (sha256, bytes) = digest_dir(dir).map_err(|e| damaged(e.to_string()))?;
-    if bytes != manifest.bytes || sha256 != manifest.sha256 {
-        return Err(damaged(format!(
-            "its files do not match the manifest ({bytes} bytes, expected {}; checksum {})",
-            manifest.bytes,
-            if sha256 == manifest.sha256 {
-                "matches"
-            } else {
-                "differs"
-            }
-        )));
+        return Err(damaged(
+            dir,
+            format!(
+                "it was written by {}, which this engine does not have (keep that runsc, or \
+                 delete the machine)",
+                manifest.runtime
+            ),
+        ));
     }
     Ok(Some(manifest))
+}
+
+/// The expensive half of [`verify_dir`]: every file's bytes match the manifest's size and
+/// SHA-256.
+pub fn check_files(dir: &Path, manifest: &SnapshotManifest) -> Result<()> {
+    let (sha256, bytes) = digest_dir(dir).map_err(|e| damaged(dir, e.to_string()))?;
+    if bytes != manifest.bytes || sha256 != manifest.sha256 {
+        return Err(damaged(
+            dir,
+            format!(
+                "its files do not match the manifest ({bytes} bytes, expected {}; checksum {})",
+                manifest.bytes,
+                if sha256 == manifest.sha256 {
+                    "matches"
+                } else {
+                    "differs"
+                }
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Bytes of the files under `dir` (snapshot files only), counting hard-linked files once

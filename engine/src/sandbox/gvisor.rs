@@ -239,14 +239,14 @@ impl GvisorBackend {
                     .ok()
             })
             .unwrap_or_default();
-        // The runsc that worked last time goes first.
+        // Runsc binaries that worked before go first, the most recent first.
         let mut paths = paths;
-        if let Some(cache) = cached.first()
-            && let Some(position) = paths.iter().position(|p| *p == cache.path)
-        {
-            let path = paths.remove(position);
-            paths.insert(0, path);
-        }
+        paths.sort_by_key(|p| {
+            cached
+                .iter()
+                .position(|c| c.path == *p)
+                .unwrap_or(usize::MAX)
+        });
         let mut failures = Vec::new();
         for path in paths {
             let known = config.platform.clone().or_else(|| {
@@ -356,6 +356,7 @@ impl GvisorBackend {
             runsc: runsc.clone(),
             kept_dir: self.kept_dir.clone(),
             state_dir: self.state_dir.clone(),
+            released: false,
             image_id: image.id,
         }))
     }
@@ -696,6 +697,8 @@ struct GvisorSandbox {
     kept_dir: PathBuf,
     state_dir: PathBuf,
     image_id: String,
+    /// True once a checkpoint handed the sandbox's clean-up to a background task.
+    released: bool,
 }
 
 #[async_trait]
@@ -711,6 +714,7 @@ impl Sandbox for GvisorSandbox {
         tokio::task::spawn_blocking(move || keep_binary(&kept_dir, &runsc))
             .await
             .map_err(|e| Error::internal(format!("keeping runsc stopped: {e}")))??;
+        let started = std::time::Instant::now();
         let output = Command::new(&self.runsc.path)
             .args(global_args(&self.runsc, &self.state_dir))
             .arg("checkpoint")
@@ -726,9 +730,27 @@ impl Sandbox for GvisorSandbox {
                 String::from_utf8_lossy(&output.stderr).trim()
             )));
         }
-        // The checkpoint stops the sandbox: `runsc run` exits; then its state goes.
-        let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
-        self.kill().await
+        // The snapshot is whole once `runsc checkpoint` returns, and the sandbox has stopped:
+        // the `runsc run` process and runsc's state are cleaned up without making the caller
+        // wait (`runsc run` can take 100 ms to notice).
+        let _ = self.child.start_kill();
+        let (runsc, state_dir, id, bundle) = (
+            self.runsc.clone(),
+            self.state_dir.clone(),
+            self.id.clone(),
+            self.bundle.clone(),
+        );
+        self.released = true;
+        tokio::spawn(async move {
+            delete_container(&runsc, &state_dir, &id).await;
+            let _ = tokio::fs::remove_dir_all(&bundle).await;
+        });
+        tracing::debug!(
+            sandbox = %self.id,
+            "runsc checkpoint took {:.1} ms",
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        Ok(())
     }
 
     fn image_id(&self) -> Option<String> {
@@ -745,6 +767,9 @@ impl Sandbox for GvisorSandbox {
 
     async fn kill(&mut self) -> Result<()> {
         let _ = self.child.kill().await;
+        if self.released {
+            return Ok(());
+        }
         delete_container(&self.runsc, &self.state_dir, &self.id).await;
         let _ = tokio::fs::remove_dir_all(&self.bundle).await;
         Ok(())
