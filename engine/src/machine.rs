@@ -770,7 +770,7 @@ async fn swap_out(
         bytes = manifest.bytes,
         "swapped out: checkpoint {:.1} ms, commit {:.1} ms",
         checkpointed.as_secs_f64() * 1e3,
-        (started.elapsed() - checkpointed).as_secs_f64() * 1e3
+        started.elapsed().saturating_sub(checkpointed).as_secs_f64() * 1e3
     );
     Ok(())
 }
