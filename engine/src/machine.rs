@@ -13,8 +13,7 @@ use tokio::time::Instant;
 use crate::engine::EngineInner;
 use crate::error::{Error, Result};
 use crate::guest::channel::{AgentEvent, AgentOutcome, AgentRequest};
-use crate::guest::connection::AgentConnection;
-use crate::pool::{Pool, Resident, Shape, sandbox_id};
+use crate::pool::{Pool, Resident, Shape, connect_restored, sandbox_id};
 use crate::sandbox::SandboxSpec;
 use crate::snapshot;
 use crate::types::{
@@ -668,7 +667,7 @@ async fn acquire(engine: &Arc<EngineInner>, machine: &MachineHandle) -> Result<R
         .await
         .map_err(|e| Error::internal(format!("checking the snapshot stopped: {e}")))
         .and_then(|r| r);
-    let mut sandbox = match (restored, checked) {
+    let sandbox = match (restored, checked) {
         (Ok(sandbox), Ok(())) => sandbox,
         (Ok(mut sandbox), Err(e)) => {
             let _ = sandbox.kill().await;
@@ -677,22 +676,7 @@ async fn acquire(engine: &Arc<EngineInner>, machine: &MachineHandle) -> Result<R
         (Err(_), Err(e)) => return Err(refuse(e)),
         (Err(e), Ok(())) => return Err(e),
     };
-    let Some((reader, writer)) = sandbox.take_channel() else {
-        let _ = sandbox.kill().await;
-        return Err(Error::internal("the restored sandbox has no agent channel"));
-    };
-    let mut agent = AgentConnection::resume(reader, writer);
-    if snapshot::needs_reseed(&dir)
-        && let Err(e) = agent.reseed(engine.config.ready_timeout).await
-    {
-        let reason = sandbox.exit_reason();
-        let _ = sandbox.kill().await;
-        return Err(match reason {
-            Some(reason) => e.context(reason),
-            None => e,
-        });
-    }
-    Ok(Resident { sandbox, agent })
+    connect_restored(engine, sandbox, snapshot::needs_reseed(&dir)).await
 }
 
 impl MachineHandle {

@@ -90,16 +90,26 @@ async fn restore_base(engine: &EngineInner, shape: Shape) -> Result<Resident> {
         profile: shape.profile,
         image_id: manifest.image_id.clone(),
     };
-    let mut sandbox = engine
+    let sandbox = engine
         .backend
         .restore(&spec, &dir, &manifest.runtime)
         .await?;
+    connect_restored(engine, sandbox, true).await
+}
+
+/// Connects to the agent of a restored sandbox; with `reseed`, has it reseed its random
+/// generators first (which also proves it alive).
+pub(crate) async fn connect_restored(
+    engine: &EngineInner,
+    mut sandbox: Box<dyn Sandbox>,
+    reseed: bool,
+) -> Result<Resident> {
     let Some((reader, writer)) = sandbox.take_channel() else {
         let _ = sandbox.kill().await;
         return Err(Error::internal("the restored sandbox has no agent channel"));
     };
     let mut agent = AgentConnection::resume(reader, writer);
-    if let Err(e) = agent.reseed(engine.config.ready_timeout).await {
+    if reseed && let Err(e) = agent.reseed(engine.config.ready_timeout).await {
         let reason = sandbox.exit_reason();
         let _ = sandbox.kill().await;
         return Err(match reason {

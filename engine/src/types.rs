@@ -221,7 +221,8 @@ pub enum MachineState {
     Resident,
     /// Saved to disk, no sandbox: the next instruction restores it.
     Swapped,
-    /// Its snapshot cannot be used (the reason is in `last_error`); it can still be deleted.
+    /// Its snapshot cannot be used (the reason is in `last_error`); it can still be deleted or
+    /// rolled back to a checkpoint.
     Damaged,
     /// No sandbox yet or any more; the next instruction starts one. On a backend without
     /// snapshots a fresh interpreter is started and earlier state is gone.
