@@ -622,9 +622,18 @@ async fn copy_out(
     let home = engine.config.home.clone();
     let name = machine.name.to_string();
     let from = snapshot::snapshot_dir(&home, &name);
-    if resident.is_none() && !from.exists() {
-        // A machine that never ran: its state is a fresh interpreter.
-        *resident = Some(acquire(engine, machine).await?);
+    if resident.is_none() {
+        if from.exists() {
+            // A damaged snapshot is not copied: the copy would be refused too.
+            let restorable = |runtime: &str| engine.backend.restorable(runtime);
+            if let Err(e) = snapshot::verify_dir(&from, &restorable) {
+                snapshot::mark_damaged(&home, &name, e.message());
+                return Err(e);
+            }
+        } else {
+            // A machine that never ran: its state is a fresh interpreter.
+            *resident = Some(acquire(engine, machine).await?);
+        }
     }
     swap_out(engine, machine, resident).await?;
     let first_excluded = machine.first_unrun_seq(engine)?;

@@ -158,6 +158,8 @@ async fn checkpoints_roll_a_machine_back() {
     std::fs::write(&image, &bytes).unwrap();
     assert!(m.exec("n").await.unwrap().result.error.is_some());
     assert_eq!(m.info().await.unwrap().state.as_deref(), Some("damaged"));
+    let refused = m.fork(None).await.unwrap_err();
+    assert!(refused.message().contains("do not match"), "{refused}");
     m.rollback("one").await.unwrap();
     assert_eq!(value(&m, "n").await, "1");
     assert_ne!(m.info().await.unwrap().state.as_deref(), Some("damaged"));
