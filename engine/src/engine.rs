@@ -535,7 +535,7 @@ impl Engine {
         let home = &self.inner.config.home;
         let name = record.name.as_str();
         let restorable = |runtime: &str| self.inner.backend.restorable(runtime);
-        let damaged = crate::snapshot::quick_check(home, name, &restorable);
+        let snapshot = crate::snapshot::quick_check(home, name, &restorable);
         let (resident, pending) = handle.map_or((false, false), |h| {
             (h.resident(), h.has_pending_instruction())
         });
@@ -546,10 +546,10 @@ impl Engine {
             memory_mb: record.memory_mb,
             image: record.image.as_str().to_owned(),
             backend: record.backend.clone(),
-            state: match (resident, damaged) {
+            state: match (resident, &snapshot) {
                 (true, _) => MachineState::Resident,
-                (false, Some(true)) => MachineState::Damaged,
-                (false, Some(false)) => MachineState::Swapped,
+                (false, Some(Err(_))) => MachineState::Damaged,
+                (false, Some(Ok(()))) => MachineState::Swapped,
                 (false, None) => MachineState::Stopped,
             },
             disk_bytes: crate::snapshot::disk_bytes(home, name),
@@ -558,7 +558,11 @@ impl Engine {
             has_pending_instruction: pending,
             instruction_count: record.next_seq,
             last_used_at: record.last_used_at,
-            last_error: record.last_error.clone(),
+            // A damaged snapshot's reason comes first: it is what stands in the way now.
+            last_error: match (resident, snapshot) {
+                (false, Some(Err(reason))) => Some(reason),
+                _ => record.last_error.clone(),
+            },
         }
     }
 

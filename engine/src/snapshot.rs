@@ -344,22 +344,39 @@ pub fn disk_bytes(home: &Path, machine: &str) -> u64 {
     bytes
 }
 
-/// Whether the machine has a snapshot, and whether a look without reading it all finds it
-/// unusable (no manifest, a runtime `restorable` refuses, a size that differs).
-/// `None` without a snapshot.
-pub fn quick_check(home: &Path, machine: &str, restorable: &dyn Fn(&str) -> bool) -> Option<bool> {
+/// Whether the machine has a snapshot (`None` without one), and whether a look without reading
+/// it all finds it unusable, and why: marked damaged earlier, no valid manifest, a runtime
+/// `restorable` refuses, or a size that differs.
+pub fn quick_check(
+    home: &Path,
+    machine: &str,
+    restorable: &dyn Fn(&str) -> bool,
+) -> Option<std::result::Result<(), String>> {
     let dir = snapshot_dir(home, machine);
     if !dir.is_dir() {
         return None;
     }
+    if let Ok(reason) = std::fs::read_to_string(dir.join(DAMAGED)) {
+        return Some(Err(reason));
+    }
+    let manifest = match check_manifest(&dir, restorable) {
+        Ok(Some(manifest)) => manifest,
+        Ok(None) => return None,
+        Err(e) => return Some(Err(e.message().to_owned())),
+    };
     let bytes = snapshot_bytes(&dir, &mut std::collections::HashSet::new());
-    let manifest: Option<SnapshotManifest> = std::fs::read(dir.join(MANIFEST))
-        .ok()
-        .and_then(|text| serde_json::from_slice(&text).ok());
-    let damaged = dir.join(DAMAGED).exists()
-        || manifest
-            .is_none_or(|m| m.format != FORMAT || !restorable(&m.runtime) || m.bytes != bytes);
-    Some(damaged)
+    if bytes != manifest.bytes {
+        return Some(Err(damaged(
+            &dir,
+            format!(
+                "its files hold {bytes} bytes, the manifest says {}",
+                manifest.bytes
+            ),
+        )
+        .message()
+        .to_owned()));
+    }
+    Some(Ok(()))
 }
 
 /// Puts back what a crash in the middle of replacing snapshots left (`X.old` without `X`) and
@@ -448,8 +465,9 @@ mod tests {
         assert_eq!(verify(home.path(), "m", &v1).unwrap(), Some(written));
         assert!(verify(home.path(), "other", &v1).unwrap().is_none());
 
-        assert_eq!(quick_check(home.path(), "m", &v1), Some(false));
-        assert_eq!(quick_check(home.path(), "m", &v2), Some(true));
+        assert_eq!(quick_check(home.path(), "m", &v1), Some(Ok(())));
+        let refused = quick_check(home.path(), "m", &v2).unwrap().unwrap_err();
+        assert!(refused.contains("written by runsc 1"), "{refused}");
         assert_eq!(quick_check(home.path(), "other", &v1), None);
         assert_eq!(disk_bytes(home.path(), "m"), 4096);
 
@@ -468,7 +486,10 @@ mod tests {
         assert!(err.message().contains("10 bytes"), "{err}");
 
         mark_damaged(home.path(), "m", "checksum differs");
-        assert_eq!(quick_check(home.path(), "m", &v1), Some(true));
+        assert_eq!(
+            quick_check(home.path(), "m", &v1),
+            Some(Err("checksum differs".to_owned()))
+        );
         std::fs::remove_file(snapshot_dir(home.path(), "m").join(MANIFEST)).unwrap();
         let err = verify(home.path(), "m", &v1).unwrap_err();
         assert!(err.message().contains("manifest is unreadable"), "{err}");
@@ -498,7 +519,7 @@ mod tests {
         // A damaged snapshot is replaced whole by a rollback's copy, damage note gone.
         mark_damaged(home.path(), "m", "bad");
         copy(&checkpoint, &snapshot_dir(home.path(), "m"), false).unwrap();
-        assert_eq!(quick_check(home.path(), "m", &v1), Some(false));
+        assert_eq!(quick_check(home.path(), "m", &v1), Some(Ok(())));
 
         // An interrupted replacement is put back.
         let target = snapshot_dir(home.path(), "m");

@@ -420,4 +420,20 @@ async fn snapshots_survive_an_upgrade_of_runsc() {
         .flatten()
         .collect();
     assert_eq!(kept.len(), 2, "each release that wrote a snapshot is kept");
+
+    // Without the release that wrote its snapshot the machine is damaged, and says why.
+    let new_digest = engine.backend_description();
+    drop((m, fresh, client, engine));
+    for entry in kept {
+        if !new_digest.contains(&entry.file_name().to_string_lossy().into_owned()) {
+            std::fs::remove_dir_all(entry.path()).unwrap();
+        }
+    }
+    let engine = open(releases.path().join("runsc-2"), None).await.unwrap();
+    let client = Client::from_engine(engine.clone(), engine.ensure_account("local").unwrap());
+    let info = client.machine(&name).info().await.unwrap();
+    assert_eq!(info.state.as_deref(), Some("damaged"), "{info:?}");
+    let reason = info.last_error.unwrap_or_default();
+    assert!(reason.contains("does not have"), "{reason}");
+    engine.shutdown().await;
 }
