@@ -8,6 +8,8 @@ command -v runsc >/dev/null || [ -x /usr/bin/runsc ] || need_apt+=(runsc)
 command -v cc >/dev/null || need_apt+=(build-essential)
 command -v pkg-config >/dev/null || need_apt+=(pkg-config)
 [ -x /usr/bin/python3 ] || need_apt+=(python3)
+# The Python package's tests run in a virtual environment.
+python3 -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 command -v unshare >/dev/null || need_apt+=(util-linux)
 command -v curl >/dev/null || need_apt+=(curl ca-certificates)
 

@@ -19,4 +19,12 @@ cargo build --locked -p evervm-cli
 target/debug/evervm image build --profile minimal
 target/debug/evervm image build --profile data
 echo "==> cargo test"
-cargo test --workspace --locked
+# The Python extension module links against the interpreter that loads it: it is tested from
+# Python below.
+cargo test --workspace --locked --exclude evervm-python
+echo "==> Python package: pip install ./bindings-python, then its tests"
+pyenv_dir="${EVERVM_PYENV:-$HOME/.cache/evervm/pyenv}"
+[ -x "$pyenv_dir/bin/python" ] || python3 -m venv "$pyenv_dir"
+"$pyenv_dir/bin/pip" install -q --disable-pip-version-check "./bindings-python[test,langchain]"
+EVERVM_BIN="$PWD/target/debug/evervm" "$pyenv_dir/bin/python" -m pytest -q -p no:cacheprovider \
+    bindings-python/tests

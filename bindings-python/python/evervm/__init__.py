@@ -1,0 +1,60 @@
+"""evervm: Python REPLs that never die, for AI agents.
+
+Each machine is a persistent CPython interpreter in its own sandbox; variables, imports,
+functions and files persist across instructions.
+
+    import evervm
+    client = evervm.Client.local()          # or evervm.Client(url, token) for a server
+    machine = client.create_machine(tags={"agent": "demo"})
+    machine.exec("x = 20")
+    print(machine.exec("x + 1").value)      # '21'
+
+`AsyncClient` and `AsyncMachine` have the same methods for asyncio. Every error is an
+`EvervmError`, with one subclass per kind.
+"""
+
+from evervm._native import (
+    AsyncClient,
+    AsyncExecStream,
+    AsyncMachine,
+    Checkpoint,
+    Client,
+    ConflictError,
+    EvervmError,
+    ExecResult,
+    ExecStream,
+    InternalError,
+    InvalidInputError,
+    Machine,
+    MachineCrashedError,
+    MachineInfo,
+    NotFoundError,
+    OutputChunk,
+    TransportError,
+    UnauthorizedError,
+    UnsupportedError,
+    __version__,
+)
+
+__all__ = [
+    "AsyncClient",
+    "AsyncExecStream",
+    "AsyncMachine",
+    "Checkpoint",
+    "Client",
+    "ConflictError",
+    "EvervmError",
+    "ExecResult",
+    "ExecStream",
+    "InternalError",
+    "InvalidInputError",
+    "Machine",
+    "MachineCrashedError",
+    "MachineInfo",
+    "NotFoundError",
+    "OutputChunk",
+    "TransportError",
+    "UnauthorizedError",
+    "UnsupportedError",
+    "__version__",
+]

@@ -1,0 +1,776 @@
+//! `Client` and `Machine` (blocking) and `AsyncClient` and `AsyncMachine` (asyncio): the same
+//! verbs as `evervm::Client`, each a conversion, one call, and a conversion back.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use pyo3::exceptions::{PyStopAsyncIteration, PyStopIteration, PyValueError};
+use pyo3::prelude::*;
+
+use crate::error::to_py;
+use crate::runtime::{awaitable, wait};
+use crate::types::{Checkpoint, ExecResult, MachineInfo, OutputChunk};
+
+type Tags = BTreeMap<String, String>;
+
+fn exec_options(timeout: f64, interrupt: bool) -> PyResult<evervm::ExecOptions> {
+    if !(timeout.is_finite() && timeout > 0.0) {
+        return Err(PyValueError::new_err(format!(
+            "timeout must be a positive number of seconds, not {timeout}"
+        )));
+    }
+    Ok(evervm::ExecOptions {
+        timeout: Duration::from_secs_f64(timeout.max(1.0).ceil()),
+        interrupt,
+    })
+}
+
+/// What a client object holds: the Rust client of the process it runs in. After `os.fork()`
+/// a server's client is made again in the child (the parent's connections belong to the
+/// parent's runtime); an in-process engine stays with the parent, and the child is told so.
+pub(crate) struct Connection {
+    /// The server's URL and token; `None` for an in-process engine.
+    server: Option<(String, String)>,
+    current: std::sync::Mutex<(u32, evervm::Client)>,
+}
+
+impl Connection {
+    fn new(client: evervm::Client, server: Option<(String, String)>) -> Arc<Self> {
+        Arc::new(Self {
+            server,
+            current: std::sync::Mutex::new((std::process::id(), client)),
+        })
+    }
+
+    fn client(&self) -> PyResult<evervm::Client> {
+        let pid = std::process::id();
+        let mut current = self
+            .current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if current.0 == pid {
+            return Ok(current.1.clone());
+        }
+        let Some((url, token)) = &self.server else {
+            return Err(crate::error::ConflictError::new_err(
+                "this client runs its engine in the parent process (Client.local); in a forked \
+                 child open a client of its own: Client(url, token) for a server, or \
+                 Client.local() on another home",
+            ));
+        };
+        let fresh = evervm::Client::remote(url, token).map_err(to_py)?;
+        // The parent's client is not dropped here: its connections belong to a runtime this
+        // process does not have.
+        let inherited = std::mem::replace(&mut *current, (pid, fresh.clone()));
+        std::mem::forget(inherited);
+        Ok(fresh)
+    }
+}
+
+// --- the operations, shared by both flavours --------------------------------------------------
+
+async fn connect_local(
+    home: Option<PathBuf>,
+    backend: Option<String>,
+    account: Option<String>,
+    pool_size: Option<usize>,
+) -> PyResult<evervm::Client> {
+    evervm::Client::local(evervm::LocalOptions {
+        home,
+        backend,
+        account,
+        pool_size,
+    })
+    .await
+    .map_err(to_py)
+}
+
+fn connect_remote(
+    url: Option<String>,
+    token: Option<String>,
+) -> PyResult<(evervm::Client, (String, String))> {
+    let env = |key: &str| std::env::var(key).ok().filter(|v| !v.is_empty());
+    let url = url.or_else(|| env("EVERVM_URL")).ok_or_else(|| {
+        PyValueError::new_err(
+            "no server given: pass url= (or set EVERVM_URL), or use Client.local() to run the \
+             engine in this process",
+        )
+    })?;
+    let token = token.or_else(|| env("EVERVM_TOKEN")).ok_or_else(|| {
+        PyValueError::new_err("no token given: pass token= (or set EVERVM_TOKEN)")
+    })?;
+    let client = evervm::Client::remote(&url, &token).map_err(to_py)?;
+    Ok((client, (url, token)))
+}
+
+async fn create_machine(
+    client: evervm::Client,
+    options: evervm::CreateMachineOptions,
+) -> PyResult<evervm::Machine> {
+    client.create_machine(options).await.map_err(to_py)
+}
+
+async fn list_machines(client: evervm::Client, tags: Tags) -> PyResult<Vec<MachineInfo>> {
+    let machines = client.list_machines(&tags).await.map_err(to_py)?;
+    Python::attach(|py| {
+        machines
+            .into_iter()
+            .map(|m| MachineInfo::new(py, m))
+            .collect()
+    })
+}
+
+async fn exec(
+    machine: evervm::Machine,
+    code: String,
+    options: evervm::ExecOptions,
+) -> PyResult<ExecResult> {
+    let run = machine.exec_with(&code, &options).await.map_err(to_py)?;
+    Python::attach(|py| {
+        let output = run.output.into_iter().map(Into::into).collect();
+        ExecResult::new(py, run.seq, output, run.result)
+    })
+}
+
+async fn info(machine: evervm::Machine) -> PyResult<MachineInfo> {
+    let info = machine.info().await.map_err(to_py)?;
+    Python::attach(|py| MachineInfo::new(py, info))
+}
+
+async fn rollback(machine: evervm::Machine, checkpoint: String) -> PyResult<MachineInfo> {
+    let info = machine.rollback(&checkpoint).await.map_err(to_py)?;
+    Python::attach(|py| MachineInfo::new(py, info))
+}
+
+async fn checkpoints(machine: evervm::Machine) -> PyResult<Vec<Checkpoint>> {
+    let list = machine.checkpoints().await.map_err(to_py)?;
+    Ok(list.into_iter().map(Into::into).collect())
+}
+
+fn create_options(
+    tags: Option<Tags>,
+    memory_mb: Option<u32>,
+    image: Option<String>,
+    durability: Option<String>,
+) -> evervm::CreateMachineOptions {
+    evervm::CreateMachineOptions {
+        tags: tags.unwrap_or_default(),
+        memory_mb,
+        image,
+        durability,
+    }
+}
+
+// --- blocking -------------------------------------------------------------------------------
+
+/// An evervm client: a server (`Client(url, token)`, defaults from `EVERVM_URL` and
+/// `EVERVM_TOKEN`) or the engine in this process (`Client.local()`).
+#[pyclass(module = "evervm", frozen)]
+pub(crate) struct Client {
+    conn: Arc<Connection>,
+}
+
+impl Client {
+    fn checked(&self) -> PyResult<evervm::Client> {
+        self.conn.client()
+    }
+}
+
+#[pymethods]
+impl Client {
+    #[new]
+    #[pyo3(signature = (url=None, token=None))]
+    fn new(url: Option<String>, token: Option<String>) -> PyResult<Self> {
+        let (client, server) = connect_remote(url, token)?;
+        Ok(Self {
+            conn: Connection::new(client, Some(server)),
+        })
+    }
+
+    /// Runs the engine in this process on `home` (default `$EVERVM_HOME` or
+    /// `~/.local/share/evervm`), with `backend` `"auto"`, `"gvisor"` or `"process"`.
+    #[staticmethod]
+    #[pyo3(signature = (home=None, backend=None, account=None, pool_size=None))]
+    fn local(
+        py: Python<'_>,
+        home: Option<PathBuf>,
+        backend: Option<String>,
+        account: Option<String>,
+        pool_size: Option<usize>,
+    ) -> PyResult<Self> {
+        let inner = wait(py, connect_local(home, backend, account, pool_size), None)?;
+        Ok(Self {
+            conn: Connection::new(inner, None),
+        })
+    }
+
+    /// The account the token belongs to.
+    fn whoami(&self, py: Python<'_>) -> PyResult<String> {
+        let client = self.checked()?;
+        wait(
+            py,
+            async move { client.whoami().await.map_err(to_py) },
+            None,
+        )
+    }
+
+    #[pyo3(signature = (*, tags=None, memory_mb=None, image=None, durability=None))]
+    fn create_machine(
+        &self,
+        py: Python<'_>,
+        tags: Option<Tags>,
+        memory_mb: Option<u32>,
+        image: Option<String>,
+        durability: Option<String>,
+    ) -> PyResult<Machine> {
+        let options = create_options(tags, memory_mb, image, durability);
+        let inner = wait(py, create_machine(self.checked()?, options), None)?;
+        Ok(Machine {
+            name: inner.name().to_owned(),
+            conn: Arc::clone(&self.conn),
+        })
+    }
+
+    /// The account's machines carrying every given tag, newest first.
+    #[pyo3(signature = (*, tags=None))]
+    fn list_machines(&self, py: Python<'_>, tags: Option<Tags>) -> PyResult<Vec<MachineInfo>> {
+        wait(
+            py,
+            list_machines(self.checked()?, tags.unwrap_or_default()),
+            None,
+        )
+    }
+
+    /// A machine by name (nothing is checked until it is used).
+    fn machine(&self, name: &str) -> Machine {
+        Machine {
+            conn: Arc::clone(&self.conn),
+            name: name.to_owned(),
+        }
+    }
+
+    /// Stops an in-process engine (its machines are saved to disk where the backend can);
+    /// nothing for a server. The client cannot be used afterwards.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let client = self.checked()?;
+        wait(
+            py,
+            async move {
+                client.shutdown().await;
+                Ok(())
+            },
+            None,
+        )
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _kind: Option<Py<PyAny>>,
+        _value: Option<Py<PyAny>>,
+        _traceback: Option<Py<PyAny>>,
+    ) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        self.conn.client().map_or_else(
+            |_| "Client(<engine of the parent process>)".to_owned(),
+            |c| format!("Client({})", c.describe()),
+        )
+    }
+}
+
+/// A machine: a persistent Python interpreter in its own sandbox.
+#[pyclass(module = "evervm", frozen)]
+pub(crate) struct Machine {
+    conn: Arc<Connection>,
+    name: String,
+}
+
+impl Machine {
+    fn checked(&self) -> PyResult<evervm::Machine> {
+        Ok(self.conn.client()?.machine(&self.name))
+    }
+}
+
+#[pymethods]
+impl Machine {
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs code and returns its result with everything it printed. Ctrl-C while waiting
+    /// interrupts the instruction.
+    #[pyo3(signature = (code, *, timeout=15.0, interrupt=false))]
+    fn exec(
+        &self,
+        py: Python<'_>,
+        code: String,
+        timeout: f64,
+        interrupt: bool,
+    ) -> PyResult<ExecResult> {
+        let options = exec_options(timeout, interrupt)?;
+        let machine = self.checked()?;
+        let on_interrupt = {
+            let machine = self.checked()?;
+            Box::pin(async move {
+                let _ = machine.interrupt().await;
+            })
+        };
+        wait(py, exec(machine, code, options), Some(on_interrupt))
+    }
+
+    /// Runs code and yields its output chunks as they come, then its `ExecResult`.
+    #[pyo3(signature = (code, *, timeout=15.0))]
+    fn stream(&self, py: Python<'_>, code: String, timeout: f64) -> PyResult<ExecStream> {
+        let options = exec_options(timeout, false)?;
+        let machine = self.checked()?;
+        let state = wait(py, open_stream(machine, code, options), None)?;
+        Ok(ExecStream { state })
+    }
+
+    /// Interrupts the running instruction and cancels queued ones; true if there were any.
+    fn interrupt(&self, py: Python<'_>) -> PyResult<bool> {
+        let machine = self.checked()?;
+        wait(
+            py,
+            async move { machine.interrupt().await.map_err(to_py) },
+            None,
+        )
+    }
+
+    fn info(&self, py: Python<'_>) -> PyResult<MachineInfo> {
+        wait(py, info(self.checked()?), None)
+    }
+
+    /// Saves the machine to disk and releases its memory; its next instruction restores it.
+    fn swap_out(&self, py: Python<'_>) -> PyResult<()> {
+        let machine = self.checked()?;
+        wait(
+            py,
+            async move { machine.swap_out().await.map_err(to_py) },
+            None,
+        )
+    }
+
+    /// A new machine from this one's current state, with its own tags (this one's by default).
+    #[pyo3(signature = (*, tags=None))]
+    fn fork(&self, py: Python<'_>, tags: Option<Tags>) -> PyResult<Machine> {
+        let machine = self.checked()?;
+        let inner = wait(
+            py,
+            async move { machine.fork(tags).await.map_err(to_py) },
+            None,
+        )?;
+        Ok(Machine {
+            name: inner.name().to_owned(),
+            conn: Arc::clone(&self.conn),
+        })
+    }
+
+    /// Saves the current state as a named checkpoint (a generated name by default).
+    #[pyo3(signature = (name=None))]
+    fn checkpoint(&self, py: Python<'_>, name: Option<String>) -> PyResult<Checkpoint> {
+        let machine = self.checked()?;
+        wait(
+            py,
+            async move {
+                machine
+                    .checkpoint(name.as_deref())
+                    .await
+                    .map(Into::into)
+                    .map_err(to_py)
+            },
+            None,
+        )
+    }
+
+    /// The machine's checkpoints, oldest first.
+    fn checkpoints(&self, py: Python<'_>) -> PyResult<Vec<Checkpoint>> {
+        wait(py, checkpoints(self.checked()?), None)
+    }
+
+    /// Returns the machine to a checkpoint's state.
+    fn rollback(&self, py: Python<'_>, checkpoint: String) -> PyResult<MachineInfo> {
+        wait(py, rollback(self.checked()?, checkpoint), None)
+    }
+
+    fn delete_checkpoint(&self, py: Python<'_>, checkpoint: String) -> PyResult<()> {
+        let machine = self.checked()?;
+        wait(
+            py,
+            async move { machine.delete_checkpoint(&checkpoint).await.map_err(to_py) },
+            None,
+        )
+    }
+
+    /// Deletes the machine, its state and its history.
+    fn delete(&self, py: Python<'_>) -> PyResult<()> {
+        let machine = self.checked()?;
+        wait(
+            py,
+            async move { machine.delete().await.map_err(to_py) },
+            None,
+        )
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Machine({:?})", self.name)
+    }
+}
+
+// --- streams ---------------------------------------------------------------------------------
+
+/// An instruction's events as they come: output first, the result last.
+struct StreamState {
+    /// An instruction to start at the first `next` (asyncio streams start lazily).
+    start: Option<(evervm::Machine, String, evervm::ExecOptions)>,
+    seq: i64,
+    events: Option<evervm::EventStream>,
+    output: Vec<OutputChunk>,
+}
+
+type SharedStream = Arc<tokio::sync::Mutex<StreamState>>;
+
+async fn open_stream(
+    machine: evervm::Machine,
+    code: String,
+    options: evervm::ExecOptions,
+) -> PyResult<SharedStream> {
+    let (seq, events) = machine.stream(&code, &options).await.map_err(to_py)?;
+    Ok(Arc::new(tokio::sync::Mutex::new(StreamState {
+        start: None,
+        seq,
+        events: Some(events),
+        output: Vec::new(),
+    })))
+}
+
+/// The next event as a Python object (`OutputChunk` or `ExecResult`); `None` after the result.
+async fn next_event(state: SharedStream) -> PyResult<Option<Py<PyAny>>> {
+    let mut state = state.lock().await;
+    if let Some((machine, code, options)) = state.start.take() {
+        let (seq, events) = machine.stream(&code, &options).await.map_err(to_py)?;
+        state.seq = seq;
+        state.events = Some(events);
+    }
+    let Some(events) = state.events.as_mut() else {
+        return Ok(None);
+    };
+    match events.next().await {
+        Some(Ok(evervm::ExecEvent::Output(chunk))) => {
+            let chunk = OutputChunk::from(chunk);
+            state.output.push(chunk.clone());
+            Python::attach(|py| Ok(Some(Py::new(py, chunk)?.into_any())))
+        }
+        Some(Ok(evervm::ExecEvent::Result(result))) => {
+            state.events = None;
+            let output = std::mem::take(&mut state.output);
+            let seq = state.seq;
+            Python::attach(|py| {
+                Ok(Some(
+                    Py::new(py, ExecResult::new(py, seq, output, result)?)?.into_any(),
+                ))
+            })
+        }
+        Some(Err(e)) => {
+            state.events = None;
+            Err(to_py(e))
+        }
+        None => {
+            state.events = None;
+            Ok(None)
+        }
+    }
+}
+
+/// Iterates over an instruction's output chunks, then its result.
+#[pyclass(module = "evervm", frozen)]
+pub(crate) struct ExecStream {
+    state: SharedStream,
+}
+
+#[pymethods]
+impl ExecStream {
+    fn __iter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        match wait(py, next_event(Arc::clone(&self.state)), None)? {
+            Some(event) => Ok(event),
+            None => Err(PyStopIteration::new_err(())),
+        }
+    }
+}
+
+/// `async for` over an instruction's output chunks, then its result.
+#[pyclass(module = "evervm", frozen)]
+pub(crate) struct AsyncExecStream {
+    state: SharedStream,
+}
+
+#[pymethods]
+impl AsyncExecStream {
+    fn __aiter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __anext__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let state = Arc::clone(&self.state);
+        awaitable(py, async move {
+            match next_event(state).await? {
+                Some(event) => Ok(event),
+                None => Err(PyStopAsyncIteration::new_err(())),
+            }
+        })
+    }
+}
+
+// --- asyncio --------------------------------------------------------------------------------
+
+/// `Client` for asyncio: the same methods, awaited.
+#[pyclass(module = "evervm", frozen)]
+pub(crate) struct AsyncClient {
+    conn: Arc<Connection>,
+}
+
+impl AsyncClient {
+    fn checked(&self) -> PyResult<evervm::Client> {
+        self.conn.client()
+    }
+}
+
+#[pymethods]
+impl AsyncClient {
+    #[new]
+    #[pyo3(signature = (url=None, token=None))]
+    fn new(url: Option<String>, token: Option<String>) -> PyResult<Self> {
+        let (client, server) = connect_remote(url, token)?;
+        Ok(Self {
+            conn: Connection::new(client, Some(server)),
+        })
+    }
+
+    /// `await AsyncClient.local(...)`: the engine in this process.
+    #[staticmethod]
+    #[pyo3(signature = (home=None, backend=None, account=None, pool_size=None))]
+    fn local(
+        py: Python<'_>,
+        home: Option<PathBuf>,
+        backend: Option<String>,
+        account: Option<String>,
+        pool_size: Option<usize>,
+    ) -> PyResult<Bound<'_, PyAny>> {
+        awaitable(py, async move {
+            let inner = connect_local(home, backend, account, pool_size).await?;
+            Ok(AsyncClient {
+                conn: Connection::new(inner, None),
+            })
+        })
+    }
+
+    fn whoami<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.checked()?;
+        awaitable(py, async move { client.whoami().await.map_err(to_py) })
+    }
+
+    #[pyo3(signature = (*, tags=None, memory_mb=None, image=None, durability=None))]
+    fn create_machine<'py>(
+        &self,
+        py: Python<'py>,
+        tags: Option<Tags>,
+        memory_mb: Option<u32>,
+        image: Option<String>,
+        durability: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let options = create_options(tags, memory_mb, image, durability);
+        let client = self.checked()?;
+        let conn = Arc::clone(&self.conn);
+        awaitable(py, async move {
+            let inner = create_machine(client, options).await?;
+            Ok(AsyncMachine {
+                name: inner.name().to_owned(),
+                conn,
+            })
+        })
+    }
+
+    #[pyo3(signature = (*, tags=None))]
+    fn list_machines<'py>(
+        &self,
+        py: Python<'py>,
+        tags: Option<Tags>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        awaitable(py, list_machines(self.checked()?, tags.unwrap_or_default()))
+    }
+
+    fn machine(&self, name: &str) -> AsyncMachine {
+        AsyncMachine {
+            conn: Arc::clone(&self.conn),
+            name: name.to_owned(),
+        }
+    }
+
+    fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.checked()?;
+        awaitable(py, async move {
+            client.shutdown().await;
+            Ok(())
+        })
+    }
+
+    fn __aenter__(slf: Py<Self>, py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+        awaitable(py, async move { Ok(slf) })
+    }
+
+    fn __aexit__<'py>(
+        &self,
+        py: Python<'py>,
+        _kind: Option<Py<PyAny>>,
+        _value: Option<Py<PyAny>>,
+        _traceback: Option<Py<PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.checked()?;
+        awaitable(py, async move {
+            client.shutdown().await;
+            Ok(false)
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        self.conn.client().map_or_else(
+            |_| "AsyncClient(<engine of the parent process>)".to_owned(),
+            |c| format!("AsyncClient({})", c.describe()),
+        )
+    }
+}
+
+/// `Machine` for asyncio: the same methods, awaited.
+#[pyclass(module = "evervm", frozen)]
+pub(crate) struct AsyncMachine {
+    conn: Arc<Connection>,
+    name: String,
+}
+
+impl AsyncMachine {
+    fn checked(&self) -> PyResult<evervm::Machine> {
+        Ok(self.conn.client()?.machine(&self.name))
+    }
+}
+
+#[pymethods]
+impl AsyncMachine {
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    #[pyo3(signature = (code, *, timeout=15.0, interrupt=false))]
+    fn exec<'py>(
+        &self,
+        py: Python<'py>,
+        code: String,
+        timeout: f64,
+        interrupt: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let options = exec_options(timeout, interrupt)?;
+        awaitable(py, exec(self.checked()?, code, options))
+    }
+
+    /// `async for event in machine.stream(code)`: output chunks, then the result (the
+    /// instruction starts at the first iteration).
+    #[pyo3(signature = (code, *, timeout=15.0))]
+    fn stream(&self, code: String, timeout: f64) -> PyResult<AsyncExecStream> {
+        let options = exec_options(timeout, false)?;
+        Ok(AsyncExecStream {
+            state: Arc::new(tokio::sync::Mutex::new(StreamState {
+                start: Some((self.checked()?, code, options)),
+                seq: 0,
+                events: None,
+                output: Vec::new(),
+            })),
+        })
+    }
+
+    fn interrupt<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let machine = self.checked()?;
+        awaitable(py, async move { machine.interrupt().await.map_err(to_py) })
+    }
+
+    fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        awaitable(py, info(self.checked()?))
+    }
+
+    fn swap_out<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let machine = self.checked()?;
+        awaitable(py, async move { machine.swap_out().await.map_err(to_py) })
+    }
+
+    #[pyo3(signature = (*, tags=None))]
+    fn fork<'py>(&self, py: Python<'py>, tags: Option<Tags>) -> PyResult<Bound<'py, PyAny>> {
+        let machine = self.checked()?;
+        let conn = Arc::clone(&self.conn);
+        awaitable(py, async move {
+            let inner = machine.fork(tags).await.map_err(to_py)?;
+            Ok(AsyncMachine {
+                name: inner.name().to_owned(),
+                conn,
+            })
+        })
+    }
+
+    #[pyo3(signature = (name=None))]
+    fn checkpoint<'py>(
+        &self,
+        py: Python<'py>,
+        name: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let machine = self.checked()?;
+        awaitable(py, async move {
+            machine
+                .checkpoint(name.as_deref())
+                .await
+                .map(Checkpoint::from)
+                .map_err(to_py)
+        })
+    }
+
+    fn checkpoints<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        awaitable(py, checkpoints(self.checked()?))
+    }
+
+    fn rollback<'py>(&self, py: Python<'py>, checkpoint: String) -> PyResult<Bound<'py, PyAny>> {
+        awaitable(py, rollback(self.checked()?, checkpoint))
+    }
+
+    fn delete_checkpoint<'py>(
+        &self,
+        py: Python<'py>,
+        checkpoint: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let machine = self.checked()?;
+        awaitable(py, async move {
+            machine.delete_checkpoint(&checkpoint).await.map_err(to_py)
+        })
+    }
+
+    fn delete<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let machine = self.checked()?;
+        awaitable(py, async move { machine.delete().await.map_err(to_py) })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("AsyncMachine({:?})", self.name)
+    }
+}

@@ -1,0 +1,26 @@
+//! `evervm._native`: the Python face of `evervm::Client`. Wrappers only: every method converts
+//! its arguments, calls the Rust client, and converts the answer (see `../shared/docs/style.md`).
+
+mod client;
+mod error;
+mod runtime;
+mod types;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<client::Client>()?;
+    m.add_class::<client::Machine>()?;
+    m.add_class::<client::AsyncClient>()?;
+    m.add_class::<client::AsyncMachine>()?;
+    m.add_class::<client::ExecStream>()?;
+    m.add_class::<client::AsyncExecStream>()?;
+    m.add_class::<types::ExecResult>()?;
+    m.add_class::<types::OutputChunk>()?;
+    m.add_class::<types::MachineInfo>()?;
+    m.add_class::<types::Checkpoint>()?;
+    error::register(m)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

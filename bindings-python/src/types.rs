@@ -1,0 +1,217 @@
+//! What calls return, as Python objects: plain, immutable, with the Rust client's field names.
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+/// JSON from Rust as Python objects (`dict`, `list`, `str`, ...).
+pub(crate) fn json_to_py(py: Python<'_>, value: &serde_json::Value) -> PyResult<Py<PyAny>> {
+    let text = serde_json::to_string(value)
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+    Ok(py.import("json")?.call_method1("loads", (text,))?.unbind())
+}
+
+/// One line of output (without its newline).
+#[pyclass(module = "evervm", frozen, get_all)]
+#[derive(Clone)]
+pub(crate) struct OutputChunk {
+    /// Its number within the instruction, from 0, across both streams.
+    pub seq: i64,
+    /// `"stdout"` or `"stderr"`.
+    pub stream: String,
+    pub data: String,
+}
+
+#[pymethods]
+impl OutputChunk {
+    fn __repr__(&self) -> String {
+        format!(
+            "OutputChunk(seq={}, stream={:?}, data={:?})",
+            self.seq, self.stream, self.data
+        )
+    }
+}
+
+impl From<evervm::OutputChunk> for OutputChunk {
+    fn from(c: evervm::OutputChunk) -> Self {
+        Self {
+            seq: c.seq,
+            stream: c.stream.as_str().to_owned(),
+            data: c.data,
+        }
+    }
+}
+
+/// How an instruction ended, with everything it printed.
+#[pyclass(module = "evervm", frozen, get_all)]
+pub(crate) struct ExecResult {
+    /// The instruction's number on its machine, from 0.
+    pub seq: i64,
+    /// The `repr` of the last expression (`None` for statements, `None` values and errors).
+    pub value: Option<String>,
+    /// The traceback or reason when the instruction failed.
+    pub error: Option<String>,
+    /// Why it failed: `"exception"`, `"timeout"`, `"interrupted"` or `"machine_crashed"`.
+    pub cause: Option<String>,
+    /// Rich output, such as `{"png": "<base64>"}` for a matplotlib figure.
+    pub data: Option<Py<PyAny>>,
+    pub output: Vec<OutputChunk>,
+    pub runtime_ms: u64,
+}
+
+#[pymethods]
+impl ExecResult {
+    /// Everything printed to stdout, one line per chunk.
+    #[getter]
+    fn stdout(&self) -> String {
+        joined(&self.output, "stdout")
+    }
+
+    /// Everything printed to stderr.
+    #[getter]
+    fn stderr(&self) -> String {
+        joined(&self.output, "stderr")
+    }
+
+    /// True when the instruction ran past its timeout.
+    #[getter]
+    fn timed_out(&self) -> bool {
+        self.cause.as_deref() == Some("timeout")
+    }
+
+    /// True when the instruction ended without an error.
+    #[getter]
+    fn ok(&self) -> bool {
+        self.error.is_none()
+    }
+
+    fn __repr__(&self) -> String {
+        match (&self.error, &self.value) {
+            (Some(error), _) => format!("ExecResult(seq={}, error={error:?})", self.seq),
+            (None, Some(value)) => format!("ExecResult(seq={}, value={value:?})", self.seq),
+            (None, None) => format!("ExecResult(seq={}, value=None)", self.seq),
+        }
+    }
+}
+
+fn joined(output: &[OutputChunk], stream: &str) -> String {
+    let mut text = String::new();
+    for chunk in output.iter().filter(|c| c.stream == stream) {
+        text.push_str(&chunk.data);
+        text.push('\n');
+    }
+    text
+}
+
+impl ExecResult {
+    pub(crate) fn new(
+        py: Python<'_>,
+        seq: i64,
+        output: Vec<OutputChunk>,
+        result: evervm::ExecResult,
+    ) -> PyResult<Self> {
+        Ok(Self {
+            seq,
+            value: result.value,
+            error: result.error,
+            cause: result.cause.map(|c| c.as_str().to_owned()),
+            data: result
+                .data
+                .as_ref()
+                .map(|d| json_to_py(py, d))
+                .transpose()?,
+            output,
+            runtime_ms: result.runtime_ms,
+        })
+    }
+}
+
+/// What is known about a machine.
+#[pyclass(module = "evervm", frozen, get_all)]
+pub(crate) struct MachineInfo {
+    pub name: String,
+    /// ISO 8601, UTC.
+    pub created_at: String,
+    pub tags: Py<PyDict>,
+    /// True while its sandbox is in memory.
+    pub running: bool,
+    pub has_pending_instruction: bool,
+    pub memory_mb: Option<u32>,
+    pub image: Option<String>,
+    pub backend: Option<String>,
+    /// `"resident"`, `"swapped"`, `"damaged"` or `"stopped"`.
+    pub state: Option<String>,
+    pub instruction_count: Option<i64>,
+    pub last_used_at: Option<String>,
+    pub last_error: Option<String>,
+    pub disk_bytes: Option<u64>,
+    pub resident_bytes: Option<u64>,
+    pub durability: Option<String>,
+}
+
+#[pymethods]
+impl MachineInfo {
+    fn __repr__(&self) -> String {
+        format!(
+            "MachineInfo(name={:?}, state={:?}, running={})",
+            self.name, self.state, self.running
+        )
+    }
+}
+
+impl MachineInfo {
+    pub(crate) fn new(py: Python<'_>, m: evervm::MachineInfo) -> PyResult<Self> {
+        let tags = PyDict::new(py);
+        for (k, v) in &m.tags {
+            tags.set_item(k, v)?;
+        }
+        Ok(Self {
+            name: m.name,
+            created_at: m.created_at.to_rfc3339(),
+            tags: tags.unbind(),
+            running: m.running,
+            has_pending_instruction: m.has_pending_instruction,
+            memory_mb: m.memory_mb,
+            image: m.image,
+            backend: m.backend,
+            state: m.state,
+            instruction_count: m.instruction_count,
+            last_used_at: m.last_used_at.map(|t| t.to_rfc3339()),
+            last_error: m.last_error,
+            disk_bytes: m.disk_bytes,
+            resident_bytes: m.resident_bytes,
+            durability: m.durability,
+        })
+    }
+}
+
+/// A named, kept snapshot of a machine.
+#[pyclass(module = "evervm", frozen, get_all)]
+pub(crate) struct Checkpoint {
+    pub name: String,
+    /// ISO 8601, UTC.
+    pub created_at: String,
+    /// The machine's instruction count when it was taken.
+    pub instruction_count: i64,
+    pub disk_bytes: u64,
+}
+
+#[pymethods]
+impl Checkpoint {
+    fn __repr__(&self) -> String {
+        format!(
+            "Checkpoint(name={:?}, instruction_count={})",
+            self.name, self.instruction_count
+        )
+    }
+}
+
+impl From<evervm::CheckpointInfo> for Checkpoint {
+    fn from(c: evervm::CheckpointInfo) -> Self {
+        Self {
+            name: c.name,
+            created_at: c.created_at.to_rfc3339(),
+            instruction_count: c.instruction_count,
+            disk_bytes: c.disk_bytes,
+        }
+    }
+}

@@ -1,0 +1,146 @@
+"""The Client/Machine API in both transports, its errors, streams, async twins, fork safety."""
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import evervm
+
+
+def test_state_values_output_and_errors(client: evervm.Client) -> None:
+    machine = client.create_machine(tags={"suite": "python"})
+    assert machine.exec("x = 20").value is None
+    result = machine.exec("import sys\nprint('hi'); print('oops', file=sys.stderr)\nx + 1")
+    assert (result.value, result.stdout, result.stderr, result.ok) == ("21", "hi\n", "oops\n", True)
+    assert result.error is None and result.runtime_ms >= 0 and result.seq == 1
+    assert [c.stream for c in result.output] == ["stdout", "stderr"]
+    failed = machine.exec("1 / 0")
+    assert not failed.ok and failed.cause == "exception" and "ZeroDivisionError" in (failed.error or "")
+    slow = machine.exec("import time\ntime.sleep(5)", timeout=1)
+    assert slow.timed_out and slow.cause == "timeout"
+    assert machine.exec("x").value == "20"
+    info = machine.info()
+    assert info.name == machine.name and info.tags == {"suite": "python"}
+    assert info.instruction_count == 5
+    names = [m.name for m in client.list_machines(tags={"suite": "python"})]
+    assert machine.name in names
+    assert client.list_machines(tags={"suite": "nothing-like-this"}) == []
+    machine.delete()
+    with pytest.raises(evervm.NotFoundError):
+        machine.info()
+
+
+def test_stream_yields_output_then_the_result(client: evervm.Client) -> None:
+    machine = client.create_machine()
+    events = list(machine.stream("for i in range(3):\n    print(i)\n'done'"))
+    assert [e.data for e in events[:-1] if isinstance(e, evervm.OutputChunk)] == ["0", "1", "2"]
+    last = events[-1]
+    assert isinstance(last, evervm.ExecResult) and last.value == "'done'"
+    assert last.stdout == "0\n1\n2\n"
+
+
+def test_errors_have_one_class_per_kind(client: evervm.Client) -> None:
+    with pytest.raises(evervm.NotFoundError) as missing:
+        client.machine("no-such-machine").exec("1")
+    assert isinstance(missing.value, evervm.EvervmError)
+    assert getattr(missing.value, "kind") == "NotFound"
+    with pytest.raises(evervm.InvalidInputError):
+        client.create_machine(tags={"bad key": "v"})
+    with pytest.raises(evervm.InvalidInputError):
+        client.create_machine(memory_mb=1)
+    with pytest.raises(ValueError):
+        client.create_machine().exec("1", timeout=-1)
+    # The process backend cannot snapshot.
+    machine = client.create_machine()
+    with pytest.raises(evervm.UnsupportedError):
+        machine.fork()
+    with pytest.raises(evervm.UnsupportedError):
+        client.create_machine(durability="instruction")
+    assert machine.checkpoints() == []
+
+
+def test_a_remote_client_without_a_server_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EVERVM_URL", raising=False)
+    monkeypatch.delenv("EVERVM_TOKEN", raising=False)
+    with pytest.raises(ValueError, match="EVERVM_URL"):
+        evervm.Client()
+    with pytest.raises(ValueError, match="EVERVM_TOKEN"):
+        evervm.Client("http://127.0.0.1:9")
+
+
+def test_wrong_token_is_unauthorized(process_server) -> None:  # type: ignore[no-untyped-def]
+    client = evervm.Client(process_server.url, "abc.def")
+    with pytest.raises(evervm.UnauthorizedError):
+        client.whoami()
+    with pytest.raises(evervm.TransportError):
+        evervm.Client("http://127.0.0.1:9", "a.b").whoami()
+
+
+def test_interrupt_stops_a_running_instruction(client: evervm.Client) -> None:
+    machine = client.create_machine()
+    machine.exec("n = 1")
+    threading.Timer(1.0, machine.interrupt).start()
+    result = machine.exec("import time\nwhile True: time.sleep(0.05)", timeout=30)
+    assert result.cause == "interrupted"
+    assert machine.exec("n").value == "1"
+
+
+def test_ctrl_c_during_exec_interrupts_the_instruction(client: evervm.Client) -> None:
+    machine = client.create_machine()
+    machine.exec("n = 2")
+    threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        machine.exec("import time\nwhile True: time.sleep(0.05)", timeout=60)
+    assert time.monotonic() - started < 10
+    # The machine's instruction was interrupted too, so it answers at once.
+    assert machine.exec("n", timeout=10).value == "2"
+
+
+async def test_async_twins(client: evervm.Client, tmp_path: Path) -> None:
+    async with await evervm.AsyncClient.local(home=tmp_path / "a", backend="process", pool_size=0) as c:
+        machine = await c.create_machine(tags={"flavour": "async"})
+        assert (await machine.exec("y = 6")).value is None
+        results = await asyncio.gather(machine.exec("y * 7"), c.whoami())
+        assert results[0].value == "42"
+        events = [e async for e in machine.stream("print('a')\n'b'")]
+        assert isinstance(events[0], evervm.OutputChunk) and events[0].data == "a"
+        assert isinstance(events[-1], evervm.ExecResult) and events[-1].value == "'b'"
+        assert (await machine.info()).tags == {"flavour": "async"}
+        assert [m.name for m in await c.list_machines()] == [machine.name]
+        with pytest.raises(evervm.NotFoundError):
+            await c.machine("nope").info()
+        await machine.delete()
+
+
+def test_after_fork_a_child_uses_the_server_or_is_told_why_not(client: evervm.Client) -> None:
+    machine = client.create_machine()
+    machine.exec("z = 5")
+    local = repr(client).startswith("Client(local:")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a runtime of its own
+        answer = b""
+        try:
+            answer = (machine.exec("z * 2", timeout=30).value or "").encode()
+        except evervm.ConflictError as e:
+            answer = b"conflict: " + str(e).encode()
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            answer = repr(e).encode()
+        finally:
+            os.write(write, answer)
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    answer = os.read(read, 1000).decode()
+    if local:
+        # The in-process engine stays with the parent; the child is told what to do instead.
+        assert answer.startswith("conflict: ") and "Client(url, token)" in answer, answer
+    else:
+        assert answer == "10"
+    assert machine.exec("z").value == "5"

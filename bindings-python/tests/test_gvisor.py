@@ -1,0 +1,42 @@
+"""What needs snapshots: swap, fork, checkpoints (gVisor, over HTTP); rich output."""
+
+import pytest
+
+import evervm
+
+
+def test_swap_fork_and_checkpoints(gvisor_server) -> None:  # type: ignore[no-untyped-def]
+    client = evervm.Client(gvisor_server.url, gvisor_server.token)
+    machine = client.create_machine(tags={"role": "parent"})
+    machine.exec("import random\nrandom.seed(1)\nitems = [1]")
+    machine.swap_out()
+    assert machine.info().state == "swapped"
+    assert machine.exec("items").value == "[1]"
+
+    fork = machine.fork(tags={"role": "fork"})
+    fork.exec("items.append(2)")
+    assert machine.exec("items").value == "[1]"
+    assert fork.exec("items").value == "[1, 2]"
+    assert fork.info().tags == {"role": "fork"}
+    draw = "random.random()"
+    assert fork.exec(draw).value != machine.exec(draw).value
+
+    checkpoint = machine.checkpoint("before")
+    assert checkpoint.name == "before" and checkpoint.instruction_count > 0
+    machine.exec("items.append(3)")
+    assert [c.name for c in machine.checkpoints()] == ["before"]
+    with pytest.raises(evervm.ConflictError):
+        machine.checkpoint("before")
+    info = machine.rollback("before")
+    assert info.name == machine.name
+    assert machine.exec("items").value == "[1]"
+    machine.delete_checkpoint("before")
+    assert machine.checkpoints() == []
+
+
+def test_a_figure_comes_back_as_data(gvisor_server) -> None:  # type: ignore[no-untyped-def]
+    client = evervm.Client(gvisor_server.url, gvisor_server.token)
+    machine = client.create_machine(image="data")
+    result = machine.exec("import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()")
+    assert result.ok, result.error
+    assert isinstance(result.data, dict) and result.data["png"].startswith("iVBOR")
