@@ -129,10 +129,7 @@ async fn exec(
     options: evervm::ExecOptions,
 ) -> PyResult<ExecResult> {
     let run = machine.exec_with(&code, &options).await.map_err(to_py)?;
-    Python::attach(|py| {
-        let output = run.output.into_iter().map(Into::into).collect();
-        ExecResult::new(py, run.seq, output, run.result)
-    })
+    Python::attach(|py| ExecResult::new(py, run))
 }
 
 async fn info(machine: evervm::Machine) -> PyResult<MachineInfo> {
@@ -437,7 +434,7 @@ struct StreamState {
     start: Option<(evervm::Machine, String, evervm::ExecOptions)>,
     seq: i64,
     events: Option<evervm::EventStream>,
-    output: Vec<OutputChunk>,
+    output: Vec<evervm::OutputChunk>,
 }
 
 type SharedStream = Arc<tokio::sync::Mutex<StreamState>>;
@@ -469,19 +466,18 @@ async fn next_event(state: SharedStream) -> PyResult<Option<Py<PyAny>>> {
     };
     match events.next().await {
         Some(Ok(evervm::ExecEvent::Output(chunk))) => {
-            let chunk = OutputChunk::from(chunk);
             state.output.push(chunk.clone());
+            let chunk = OutputChunk::from(chunk);
             Python::attach(|py| Ok(Some(Py::new(py, chunk)?.into_any())))
         }
         Some(Ok(evervm::ExecEvent::Result(result))) => {
             state.events = None;
-            let output = std::mem::take(&mut state.output);
-            let seq = state.seq;
-            Python::attach(|py| {
-                Ok(Some(
-                    Py::new(py, ExecResult::new(py, seq, output, result)?)?.into_any(),
-                ))
-            })
+            let run = evervm::Execution {
+                seq: state.seq,
+                output: std::mem::take(&mut state.output),
+                result,
+            };
+            Python::attach(|py| Ok(Some(Py::new(py, ExecResult::new(py, run)?)?.into_any())))
         }
         Some(Err(e)) => {
             state.events = None;

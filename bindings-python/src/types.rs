@@ -42,86 +42,98 @@ impl From<evervm::OutputChunk> for OutputChunk {
 }
 
 /// How an instruction ended, with everything it printed.
-#[pyclass(module = "evervm", frozen, get_all)]
+#[pyclass(module = "evervm", frozen)]
 pub(crate) struct ExecResult {
-    /// The instruction's number on its machine, from 0.
-    pub seq: i64,
-    /// The `repr` of the last expression (`None` for statements, `None` values and errors).
-    pub value: Option<String>,
-    /// The traceback or reason when the instruction failed.
-    pub error: Option<String>,
-    /// Why it failed: `"exception"`, `"timeout"`, `"interrupted"` or `"machine_crashed"`.
-    pub cause: Option<String>,
-    /// Rich output, such as `{"png": "<base64>"}` for a matplotlib figure.
-    pub data: Option<Py<PyAny>>,
-    pub output: Vec<OutputChunk>,
-    pub runtime_ms: u64,
+    run: evervm::Execution,
+    /// Rich output as Python objects, converted once.
+    data: Option<Py<PyAny>>,
 }
 
 #[pymethods]
 impl ExecResult {
+    /// The instruction's number on its machine, from 0.
+    #[getter]
+    fn seq(&self) -> i64 {
+        self.run.seq
+    }
+
+    /// The `repr` of the last expression (`None` for statements, `None` values and errors).
+    #[getter]
+    fn value(&self) -> Option<&str> {
+        self.run.result.value.as_deref()
+    }
+
+    /// The traceback or reason when the instruction failed.
+    #[getter]
+    fn error(&self) -> Option<&str> {
+        self.run.result.error.as_deref()
+    }
+
+    /// Why it failed: `"exception"`, `"timeout"`, `"interrupted"` or `"machine_crashed"`.
+    #[getter]
+    fn cause(&self) -> Option<&'static str> {
+        self.run.result.cause.map(evervm::FailureCause::as_str)
+    }
+
+    /// Rich output, such as `{"png": "<base64>"}` for a matplotlib figure.
+    #[getter]
+    fn data(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.data.as_ref().map(|d| d.clone_ref(py))
+    }
+
+    #[getter]
+    fn output(&self) -> Vec<OutputChunk> {
+        self.run.output.iter().cloned().map(Into::into).collect()
+    }
+
+    #[getter]
+    fn runtime_ms(&self) -> u64 {
+        self.run.result.runtime_ms
+    }
+
     /// Everything printed to stdout, one line per chunk.
     #[getter]
     fn stdout(&self) -> String {
-        joined(&self.output, "stdout")
+        self.run.stdout()
     }
 
     /// Everything printed to stderr.
     #[getter]
     fn stderr(&self) -> String {
-        joined(&self.output, "stderr")
+        self.run.stderr()
     }
 
     /// True when the instruction ran past its timeout.
     #[getter]
     fn timed_out(&self) -> bool {
-        self.cause.as_deref() == Some("timeout")
+        self.run.result.cause == Some(evervm::FailureCause::Timeout)
     }
 
     /// True when the instruction ended without an error.
     #[getter]
     fn ok(&self) -> bool {
-        self.error.is_none()
+        !self.run.result.is_error()
     }
 
     fn __repr__(&self) -> String {
-        match (&self.error, &self.value) {
-            (Some(error), _) => format!("ExecResult(seq={}, error={error:?})", self.seq),
-            (None, Some(value)) => format!("ExecResult(seq={}, value={value:?})", self.seq),
-            (None, None) => format!("ExecResult(seq={}, value=None)", self.seq),
+        let seq = self.run.seq;
+        match (&self.run.result.error, &self.run.result.value) {
+            (Some(error), _) => format!("ExecResult(seq={seq}, error={error:?})"),
+            (None, Some(value)) => format!("ExecResult(seq={seq}, value={value:?})"),
+            (None, None) => format!("ExecResult(seq={seq}, value=None)"),
         }
     }
 }
 
-fn joined(output: &[OutputChunk], stream: &str) -> String {
-    let mut text = String::new();
-    for chunk in output.iter().filter(|c| c.stream == stream) {
-        text.push_str(&chunk.data);
-        text.push('\n');
-    }
-    text
-}
-
 impl ExecResult {
-    pub(crate) fn new(
-        py: Python<'_>,
-        seq: i64,
-        output: Vec<OutputChunk>,
-        result: evervm::ExecResult,
-    ) -> PyResult<Self> {
-        Ok(Self {
-            seq,
-            value: result.value,
-            error: result.error,
-            cause: result.cause.map(|c| c.as_str().to_owned()),
-            data: result
-                .data
-                .as_ref()
-                .map(|d| json_to_py(py, d))
-                .transpose()?,
-            output,
-            runtime_ms: result.runtime_ms,
-        })
+    pub(crate) fn new(py: Python<'_>, run: evervm::Execution) -> PyResult<Self> {
+        let data = run
+            .result
+            .data
+            .as_ref()
+            .map(|d| json_to_py(py, d))
+            .transpose()?;
+        Ok(Self { run, data })
     }
 }
 

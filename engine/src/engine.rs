@@ -315,12 +315,8 @@ fn process_backend(config: &EngineConfig) -> Result<Box<dyn SandboxBackend>> {
 
 async fn gvisor_backend(config: &EngineConfig) -> Result<Box<dyn SandboxBackend>> {
     let mut gvisor = GvisorConfig::new(config.home.clone(), config.images_dir.clone());
-    if config.runsc.is_some() {
-        gvisor.runsc.clone_from(&config.runsc);
-    }
-    if config.runsc_platform.is_some() {
-        gvisor.platform.clone_from(&config.runsc_platform);
-    }
+    gvisor.runsc = config.runsc.clone().or(gvisor.runsc);
+    gvisor.platform = config.runsc_platform.clone().or(gvisor.platform);
     Ok(Box::new(
         GvisorBackend::open(gvisor, Arc::new(StderrProgress::default())).await?,
     ))
@@ -731,9 +727,7 @@ impl Engine {
         let stored = copied.and_then(|first_excluded| {
             record.instruction_count = first_excluded;
             record.created_at = Utc::now();
-            let mut store = lock(&self.inner.store);
-            store.delete_checkpoint(name, &checkpoint)?;
-            store.insert_checkpoint(name, &record)
+            lock(&self.inner.store).complete_checkpoint(name, &record)
         });
         if let Err(e) = stored {
             let _ = lock(&self.inner.store).delete_checkpoint(name, &checkpoint);
@@ -745,19 +739,11 @@ impl Engine {
 
     fn checkpoint_info(&self, machine: &str, record: CheckpointRecord) -> CheckpointInfo {
         let dir = crate::snapshot::checkpoint_dir(&self.inner.config.home, machine, &record.name);
-        let disk_bytes = std::fs::read_dir(&dir).map_or(0, |entries| {
-            entries
-                .flatten()
-                .filter(|e| e.file_name() != "manifest.json")
-                .filter_map(|e| e.metadata().ok())
-                .map(|m| m.len())
-                .sum()
-        });
         CheckpointInfo {
             name: record.name,
             created_at: record.created_at,
             instruction_count: record.instruction_count,
-            disk_bytes,
+            disk_bytes: crate::snapshot::dir_bytes(&dir),
         }
     }
 

@@ -332,6 +332,11 @@ fn snapshot_bytes(dir: &Path, seen: &mut std::collections::HashSet<(u64, u64)>) 
     bytes
 }
 
+/// Bytes of the snapshot files in one snapshot directory (a checkpoint's, say).
+pub fn dir_bytes(dir: &Path) -> u64 {
+    snapshot_bytes(dir, &mut std::collections::HashSet::new())
+}
+
 /// Bytes of the machine's snapshot and checkpoints on disk (hard-linked files counted once).
 pub fn disk_bytes(home: &Path, machine: &str) -> u64 {
     let mut seen = std::collections::HashSet::new();
@@ -422,21 +427,17 @@ pub fn mark_damaged(home: &Path, machine: &str, reason: &str) {
 
 /// Removes a machine's snapshot and everything else under its directory.
 pub fn remove(home: &Path, machine: &str) -> Result<()> {
-    let dir = machine_dir(home, machine);
-    match std::fs::remove_dir_all(&dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::internal(format!(
-            "cannot remove {}: {e}",
-            dir.display()
-        ))),
-    }
+    remove_dir(&machine_dir(home, machine))
 }
 
 /// Removes one checkpoint's files.
 pub fn remove_checkpoint(home: &Path, machine: &str, checkpoint: &str) -> Result<()> {
-    let dir = checkpoint_dir(home, machine, checkpoint);
-    match std::fs::remove_dir_all(&dir) {
+    remove_dir(&checkpoint_dir(home, machine, checkpoint))
+}
+
+/// Removes a directory and what it holds; one that is not there is fine.
+fn remove_dir(dir: &Path) -> Result<()> {
+    match std::fs::remove_dir_all(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(Error::internal(format!(

@@ -375,6 +375,27 @@ impl Store {
         Ok(())
     }
 
+    /// Records when a reserved checkpoint was taken and what it holds.
+    pub fn complete_checkpoint(
+        &mut self,
+        machine: &str,
+        checkpoint: &CheckpointRecord,
+    ) -> Result<()> {
+        self.conn.execute(
+            "UPDATE checkpoints SET created_at = ?3, instruction_count = ?4
+             WHERE machine = ?1 AND name = ?2",
+            params![
+                machine,
+                checkpoint.name,
+                checkpoint
+                    .created_at
+                    .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                checkpoint.instruction_count
+            ],
+        )?;
+        Ok(())
+    }
+
     /// The machine's checkpoints, oldest first.
     pub fn checkpoints(&self, machine: &str) -> Result<Vec<CheckpointRecord>> {
         let mut statement = self.conn.prepare_cached(
