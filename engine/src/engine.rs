@@ -259,7 +259,17 @@ fn lock_home(home: &Path) -> Result<File> {
         .truncate(false)
         .open(&path)
         .map_err(|e| Error::internal(format!("cannot open {}: {e}", path.display())))?;
-    match file.try_lock() {
+    // A lock just released can still be held for a moment by a child forked meanwhile (it holds
+    // the descriptor until its exec closes it): try again briefly before naming the holder.
+    let mut locked = file.try_lock();
+    for _ in 0..40 {
+        if !matches!(locked, Err(std::fs::TryLockError::WouldBlock)) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+        locked = file.try_lock();
+    }
+    match locked {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
             let mut holder = String::new();
