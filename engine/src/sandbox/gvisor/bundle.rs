@@ -1,0 +1,155 @@
+//! A sandbox's OCI bundle and the `runsc` processes that run, restore and delete it.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::process::{Child, Command};
+
+use super::runsc::{Runsc, global_args};
+use crate::error::{Error, Result};
+use crate::guest::image::{AGENT_PATH, Image, MACHINE_HOME, MACHINE_UID, MPLCONFIGDIR};
+
+/// The part of the cgroup limit above `memory_mb`: the sentry, its page tables and buffers.
+pub(super) const BACKSTOP_EXTRA_MB: u64 = 192;
+
+/// Stops and deletes a container, retrying: after a kill under load runsc can still list it.
+pub(super) async fn delete_container(runsc: &Runsc, state_dir: &Path, id: &str) {
+    for attempt in 0..3 {
+        let deleted = Command::new(&runsc.path)
+            .args(global_args(runsc, state_dir))
+            .args(["delete", "--force", id])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .await;
+        if deleted.is_ok_and(|s| s.success()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50 * (attempt + 1))).await;
+    }
+}
+
+/// The OCI runtime spec of one sandbox.
+pub(super) fn bundle_spec(image: &Image, memory_mb: u32) -> serde_json::Value {
+    let address_space = u64::from(memory_mb) * 1024 * 1024;
+    let backstop = (u64::from(memory_mb) + BACKSTOP_EXTRA_MB) * 1024 * 1024;
+    let mut env = vec![
+        "PATH=/usr/local/bin:/usr/bin:/bin".to_owned(),
+        format!("HOME={MACHINE_HOME}"),
+        "LANG=C.UTF-8".to_owned(),
+        "TZ=UTC".to_owned(),
+        "PYTHONIOENCODING=utf-8".to_owned(),
+        "MPLBACKEND=Agg".to_owned(),
+        format!("MPLCONFIGDIR={MPLCONFIGDIR}"),
+        "OPENBLAS_NUM_THREADS=1".to_owned(),
+        // Large blocks come from (and go back to) the heap instead of fresh mappings: every new
+        // page is a fault the sentry serves, which costs far more under gVisor than natively.
+        "MALLOC_MMAP_THRESHOLD_=33554432".to_owned(),
+        "MALLOC_TRIM_THRESHOLD_=134217728".to_owned(),
+        "MALLOC_TOP_PAD_=16777216".to_owned(),
+        "OMP_NUM_THREADS=1".to_owned(),
+    ];
+    // Older OpenBLAS builds need these on some processors to compute right.
+    for key in ["OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"] {
+        if let Ok(value) = std::env::var(key) {
+            env.push(format!("{key}={value}"));
+        }
+    }
+    json!({
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": false,
+            "user": {"uid": MACHINE_UID, "gid": MACHINE_UID},
+            "args": ["/usr/bin/python3", "-I", AGENT_PATH],
+            "env": env,
+            "cwd": MACHINE_HOME,
+            "capabilities": {
+                "bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []
+            },
+            "rlimits": [
+                {"type": "RLIMIT_AS", "hard": address_space, "soft": address_space},
+                {"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096},
+                {"type": "RLIMIT_NPROC", "hard": 512, "soft": 512},
+                {"type": "RLIMIT_CORE", "hard": 0, "soft": 0}
+            ],
+            "noNewPrivileges": true
+        },
+        "root": {"path": image.root, "readonly": false},
+        "hostname": "machine",
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+             "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+            {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+             "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]},
+            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+             "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}
+        ],
+        "linux": {
+            "namespaces": [
+                {"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"},
+                {"type": "network"}
+            ],
+            "resources": {"memory": {"limit": backstop}}
+        }
+    })
+}
+
+/// Writes a sandbox's bundle; returns its directory.
+pub(super) fn write_bundle(
+    bundles_dir: &Path,
+    id: &str,
+    image: &Image,
+    memory_mb: u32,
+) -> Result<PathBuf> {
+    let dir = bundles_dir.join(id);
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Error::internal(format!("cannot create {}: {e}", dir.display())))?;
+    let spec = serde_json::to_vec_pretty(&bundle_spec(image, memory_mb))
+        .map_err(|e| Error::internal(format!("cannot encode a bundle: {e}")))?;
+    std::fs::write(dir.join("config.json"), spec)
+        .map_err(|e| Error::internal(format!("cannot write a bundle: {e}")))?;
+    Ok(dir)
+}
+
+/// Starts `runsc run` for a bundle, with the container's stdin and stdout piped to us.
+pub(super) fn spawn_run(runsc: &Runsc, state_dir: &Path, bundle: &Path, id: &str) -> Result<Child> {
+    spawn_runsc(runsc, state_dir, bundle, &["run".to_owned()], id)
+}
+
+/// Starts `runsc <command...> --bundle=B ID` (`run`, or `restore --image-path=...`), with the
+/// container's stdin and stdout piped to us.
+pub(super) fn spawn_runsc(
+    runsc: &Runsc,
+    state_dir: &Path,
+    bundle: &Path,
+    command_args: &[String],
+    id: &str,
+) -> Result<Child> {
+    let log = std::fs::File::create(bundle.join("runsc.log"))
+        .map_err(|e| Error::internal(format!("cannot create a sandbox log: {e}")))?;
+    let mut command = Command::new(&runsc.path);
+    command
+        .args(global_args(runsc, state_dir))
+        .args(command_args)
+        .arg(format!("--bundle={}", bundle.display()))
+        .arg(id)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log))
+        .kill_on_drop(true);
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl, which is
+    // async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            // runsc run's sandbox processes die with it (they are "attached"); it dies with us.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    command
+        .spawn()
+        .map_err(|e| Error::crashed(format!("cannot start {}: {e}", runsc.path.display())))
+}

@@ -1,0 +1,270 @@
+//! The gVisor backend: every sandbox is a gVisor container (`runsc`), the OCI runtime made for
+//! untrusted code, whose user-space kernel stands between the machine and the host kernel.
+//!
+//! Per sandbox: an OCI bundle whose root is the shared image (never written on the host: the
+//! sandbox's own writes, `/tmp` and the home directory included, go to an in-memory overlay, so
+//! they are part of a checkpoint), no network but `lo`, the machine's user (uid 1000), an
+//! `RLIMIT_AS` from `memory_mb` (so code sees `MemoryError`) and a cgroup memory limit above it as
+//! the backstop for memory the first limit does not count. The agent talks over the container's
+//! stdin and stdout, which `runsc` connects to ours.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio::process::Command;
+
+use super::{Capabilities, Sandbox, SandboxBackend, SandboxSpec};
+use crate::error::{Error, Result};
+use crate::guest::image::{Image, ImageBuilder, Profile, Progress};
+
+mod bundle;
+mod runsc;
+mod sandbox;
+
+pub use runsc::Runsc;
+
+use bundle::{delete_container, spawn_runsc, write_bundle};
+use runsc::{find_runsc, global_args, kept_binaries};
+use sandbox::GvisorSandbox;
+
+/// Settings of the gVisor backend.
+#[derive(Debug, Clone)]
+pub struct GvisorConfig {
+    /// The engine's home: bundles go to `<home>/sandboxes`, runsc's state to `<home>/runsc`.
+    pub home: PathBuf,
+    /// Where images are built and kept.
+    pub images_dir: PathBuf,
+    /// The runsc to use (`EVERVM_RUNSC`); else the first that works of those on `PATH` and in
+    /// the usual places.
+    pub runsc: Option<PathBuf>,
+    /// The gVisor platform (`EVERVM_RUNSC_PLATFORM`: `ptrace`, `systrap`, `kvm`); else the first
+    /// that runs a sandbox here.
+    pub platform: Option<String>,
+}
+
+impl GvisorConfig {
+    /// Settings for `home`, with `runsc` and `platform` from the environment.
+    pub fn new(home: PathBuf, images_dir: PathBuf) -> Self {
+        let var = |key: &str| std::env::var_os(key).filter(|v| !v.is_empty());
+        Self {
+            home,
+            images_dir,
+            runsc: var("EVERVM_RUNSC").map(PathBuf::from),
+            platform: var("EVERVM_RUNSC_PLATFORM").map(|p| p.to_string_lossy().into_owned()),
+        }
+    }
+}
+
+/// The gVisor backend.
+pub struct GvisorBackend {
+    runsc: Runsc,
+    /// Runsc binaries earlier engines kept because their snapshots need them.
+    kept: Vec<Runsc>,
+    kept_dir: PathBuf,
+    state_dir: PathBuf,
+    bundles_dir: PathBuf,
+    images: std::sync::Mutex<std::collections::HashMap<Profile, Image>>,
+    builder: ImageBuilder,
+    progress: Arc<dyn Progress>,
+}
+
+impl std::fmt::Debug for GvisorBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GvisorBackend")
+            .field("runsc", &self.runsc)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GvisorBackend {
+    /// Finds a runsc that runs a container on this host (trying each platform), makes the
+    /// `minimal` image if needed, and removes what a previous engine left behind.
+    pub async fn open(config: GvisorConfig, progress: Arc<dyn Progress>) -> Result<Self> {
+        let builder = ImageBuilder::new(config.images_dir.clone());
+        let image = image_for(&builder, Profile::Minimal, &progress).await?;
+        let state_dir = config.home.join("runsc");
+        let bundles_dir = config.home.join("sandboxes");
+        for dir in [&state_dir, &bundles_dir] {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| Error::internal(format!("cannot create {}: {e}", dir.display())))?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        }
+        let runsc = find_runsc(
+            config.runsc.as_deref(),
+            config.platform.as_deref(),
+            &image,
+            &state_dir,
+            &bundles_dir,
+        )
+        .await?;
+        let kept_dir = config.home.join("runsc-bin");
+        let backend = Self {
+            runsc,
+            kept: kept_binaries(&kept_dir),
+            kept_dir,
+            state_dir,
+            bundles_dir,
+            images: std::sync::Mutex::new([(Profile::Minimal, image)].into_iter().collect()),
+            builder,
+            progress,
+        };
+        backend.clean_leftovers().await;
+        tracing::info!(
+            runsc = %backend.runsc.path.display(),
+            version = backend.runsc.version,
+            platform = backend.runsc.platform,
+            "gVisor backend ready"
+        );
+        Ok(backend)
+    }
+
+    pub fn runsc(&self) -> &Runsc {
+        &self.runsc
+    }
+
+    async fn image(&self, profile: Profile) -> Result<Image> {
+        if let Some(image) = self
+            .images
+            .lock()
+            .ok()
+            .and_then(|i| i.get(&profile).cloned())
+        {
+            return Ok(image);
+        }
+        let image = image_for(&self.builder, profile, &self.progress).await?;
+        if let Ok(mut images) = self.images.lock() {
+            images.insert(profile, image.clone());
+        }
+        Ok(image)
+    }
+
+    /// Writes the sandbox's bundle and starts `runsc <command>` on it (`run`, or `restore`
+    /// from a snapshot), with the container's stdio as the agent channel.
+    async fn launch(
+        &self,
+        spec: &SandboxSpec,
+        runsc: &Runsc,
+        command: &[String],
+    ) -> Result<Box<dyn Sandbox>> {
+        let image = match &spec.image_id {
+            Some(id) => self.builder.by_id(id)?,
+            None => self.image(spec.profile).await?,
+        };
+        let bundle = write_bundle(&self.bundles_dir, &spec.id, &image, spec.memory_mb)?;
+        let mut child = match spawn_runsc(runsc, &self.state_dir, &bundle, command, &spec.id) {
+            Ok(child) => child,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&bundle);
+                return Err(e);
+            }
+        };
+        let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
+            let _ = child.kill().await;
+            return Err(Error::internal("runsc has no stdio pipes"));
+        };
+        super::widen_pipe(&stdout);
+        Ok(Box::new(GvisorSandbox {
+            id: spec.id.clone(),
+            child,
+            channel: Some((Box::new(stdout), Box::new(stdin))),
+            bundle,
+            runsc: runsc.clone(),
+            kept_dir: self.kept_dir.clone(),
+            state_dir: self.state_dir.clone(),
+            released: false,
+            image_id: image.id,
+        }))
+    }
+
+    /// Sandboxes a crashed engine left: stopped and deleted, with their bundles.
+    async fn clean_leftovers(&self) {
+        let listed = Command::new(&self.runsc.path)
+            .args(global_args(&self.runsc, &self.state_dir))
+            .args(["list", "--quiet"])
+            .output()
+            .await;
+        if let Ok(output) = listed {
+            for id in String::from_utf8_lossy(&output.stdout).lines() {
+                let id = id.trim();
+                if !id.is_empty() {
+                    tracing::info!(sandbox = id, "removing a sandbox left by an earlier engine");
+                    delete_container(&self.runsc, &self.state_dir, id).await;
+                }
+            }
+        }
+        if let Ok(entries) = std::fs::read_dir(&self.bundles_dir) {
+            for entry in entries.flatten() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+}
+
+/// The newest built image of a profile, else one built now (on a blocking thread: a build takes
+/// seconds to minutes). `evervm image build` checks the package archive for newer versions and
+/// builds a new image when an input changed.
+async fn image_for(
+    builder: &ImageBuilder,
+    profile: Profile,
+    progress: &Arc<dyn Progress>,
+) -> Result<Image> {
+    let builder = builder.clone();
+    let progress = Arc::clone(progress);
+    tokio::task::spawn_blocking(move || builder.built_or_build(profile, progress.as_ref()))
+        .await
+        .map_err(|e| Error::internal(format!("the image build stopped: {e}")))?
+        .map_err(|e| e.context(format!("the {} image", profile.as_str())))
+}
+
+#[async_trait]
+impl SandboxBackend for GvisorBackend {
+    fn name(&self) -> &'static str {
+        "gvisor"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { snapshots: true }
+    }
+
+    async fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>> {
+        self.launch(spec, &self.runsc, &["run".to_owned()]).await
+    }
+
+    async fn current_image(&self, profile: Profile) -> Result<Option<String>> {
+        Ok(Some(self.image(profile).await?.id))
+    }
+
+    fn restorable(&self, runtime: &str) -> bool {
+        self.runsc.describe() == runtime || self.kept.iter().any(|r| r.describe() == runtime)
+    }
+
+    /// Restores with the runsc that wrote the snapshot: this engine's, or one kept for it.
+    async fn restore(
+        &self,
+        spec: &SandboxSpec,
+        dir: &Path,
+        runtime: &str,
+    ) -> Result<Box<dyn Sandbox>> {
+        let runsc = std::iter::once(&self.runsc)
+            .chain(&self.kept)
+            .find(|r| r.describe() == runtime)
+            .ok_or_else(|| {
+                Error::crashed(format!(
+                    "the snapshot in {} was written by {runtime}, which is not kept in {}",
+                    dir.display(),
+                    self.kept_dir.display()
+                ))
+            })?;
+        let restore = [
+            "restore".to_owned(),
+            format!("--image-path={}", dir.display()),
+        ];
+        self.launch(spec, runsc, &restore).await
+    }
+
+    fn describe(&self) -> String {
+        self.runsc.describe()
+    }
+}

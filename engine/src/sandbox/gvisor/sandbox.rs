@@ -1,0 +1,123 @@
+//! One running gVisor sandbox.
+
+use std::path::{Path, PathBuf};
+
+use async_trait::async_trait;
+use tokio::process::{Child, Command};
+
+use super::bundle::delete_container;
+use super::runsc::{Runsc, global_args, keep_binary};
+use crate::error::{Error, Result};
+use crate::guest::connection::{ChannelReader, ChannelWriter};
+use crate::sandbox::Sandbox;
+
+pub(super) struct GvisorSandbox {
+    pub(super) id: String,
+    pub(super) child: Child,
+    pub(super) channel: Option<(ChannelReader, ChannelWriter)>,
+    pub(super) bundle: PathBuf,
+    pub(super) runsc: Runsc,
+    pub(super) kept_dir: PathBuf,
+    pub(super) state_dir: PathBuf,
+    pub(super) image_id: String,
+    /// True once a checkpoint handed the sandbox's clean-up to a background task.
+    pub(super) released: bool,
+}
+
+#[async_trait]
+impl Sandbox for GvisorSandbox {
+    fn take_channel(&mut self) -> Option<(ChannelReader, ChannelWriter)> {
+        self.channel.take()
+    }
+
+    async fn checkpoint(&mut self, dir: &Path) -> Result<()> {
+        // The binary that writes a snapshot is kept for as long as the home lives.
+        let kept_dir = self.kept_dir.clone();
+        let runsc = self.runsc.clone();
+        tokio::task::spawn_blocking(move || keep_binary(&kept_dir, &runsc))
+            .await
+            .map_err(|e| Error::internal(format!("keeping runsc stopped: {e}")))??;
+        let started = std::time::Instant::now();
+        let output = Command::new(&self.runsc.path)
+            .args(global_args(&self.runsc, &self.state_dir))
+            .arg("checkpoint")
+            .arg(format!("--image-path={}", dir.display()))
+            .arg(&self.id)
+            .output()
+            .await
+            .map_err(|e| Error::internal(format!("cannot run runsc checkpoint: {e}")))?;
+        if !output.status.success() {
+            return Err(Error::crashed(format!(
+                "runsc checkpoint failed ({}): {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            )));
+        }
+        // The snapshot is whole once `runsc checkpoint` returns, and the sandbox has stopped:
+        // the `runsc run` process and runsc's state are cleaned up without making the caller
+        // wait (`runsc run` can take 100 ms to notice).
+        let _ = self.child.start_kill();
+        let (runsc, state_dir, id, bundle) = (
+            self.runsc.clone(),
+            self.state_dir.clone(),
+            self.id.clone(),
+            self.bundle.clone(),
+        );
+        self.released = true;
+        tokio::spawn(async move {
+            delete_container(&runsc, &state_dir, &id).await;
+            let _ = tokio::fs::remove_dir_all(&bundle).await;
+        });
+        tracing::debug!(
+            sandbox = %self.id,
+            "runsc checkpoint took {:.1} ms",
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        Ok(())
+    }
+
+    fn image_id(&self) -> Option<String> {
+        Some(self.image_id.clone())
+    }
+
+    fn runtime(&self) -> Option<String> {
+        Some(self.runsc.describe())
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    async fn kill(&mut self) -> Result<()> {
+        let _ = self.child.kill().await;
+        if self.released {
+            return Ok(());
+        }
+        delete_container(&self.runsc, &self.state_dir, &self.id).await;
+        let _ = tokio::fs::remove_dir_all(&self.bundle).await;
+        Ok(())
+    }
+
+    fn exit_reason(&mut self) -> Option<String> {
+        use std::os::unix::process::ExitStatusExt;
+        let status = self.child.try_wait().ok().flatten()?;
+        Some(match (status.code(), status.signal()) {
+            (Some(137), _) | (_, Some(9)) => {
+                "the sandbox was killed (its memory went past the limit, or it was stopped)"
+                    .to_owned()
+            }
+            (Some(code), None) => {
+                let log =
+                    std::fs::read_to_string(self.bundle.join("runsc.log")).unwrap_or_default();
+                let tail = log.lines().last().unwrap_or("").trim().to_owned();
+                if tail.is_empty() {
+                    format!("the sandbox exited with status {code}")
+                } else {
+                    format!("the sandbox exited with status {code}: {tail}")
+                }
+            }
+            (_, Some(signal)) => format!("the sandbox was killed by signal {signal}"),
+            (None, None) => "the sandbox ended".to_owned(),
+        })
+    }
+}
