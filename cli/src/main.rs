@@ -322,8 +322,8 @@ async fn serve(
         engine.home().display(),
         engine.backend_description()
     );
-    if engine.token_count()? == 0 {
-        let token = engine.create_token("default")?;
+    if engine.token_count().await? == 0 {
+        let token = engine.create_token("default").await?;
         let _ = writeln!(
             banner,
             "first start: created a token for account `default`:"

@@ -50,6 +50,8 @@ impl From<WireExecResult> for ExecResult {
                 cause: None,
                 data,
                 runtime_ms: r.runtime_ms,
+                output_truncated: r.output_truncated,
+                saved: r.saved,
             },
             WireOutcome::Error { error, cause } => {
                 let cause = cause.as_deref().and_then(FailureCause::parse).or_else(|| {
@@ -65,6 +67,8 @@ impl From<WireExecResult> for ExecResult {
                     cause,
                     data: None,
                     runtime_ms: r.runtime_ms,
+                    output_truncated: r.output_truncated,
+                    saved: r.saved,
                 }
             }
         }
@@ -86,6 +90,8 @@ impl From<ExecResult> for WireExecResult {
         WireExecResult {
             outcome,
             runtime_ms: r.runtime_ms,
+            output_truncated: r.output_truncated,
+            saved: r.saved,
         }
     }
 }
@@ -151,6 +157,7 @@ pub(crate) mod engine {
                 engine::FailureCause::Timeout => FailureCause::Timeout,
                 engine::FailureCause::Interrupted => FailureCause::Interrupted,
                 engine::FailureCause::MachineCrashed => FailureCause::MachineCrashed,
+                engine::FailureCause::LimitExceeded => FailureCause::LimitExceeded,
             }
         }
     }
@@ -164,6 +171,8 @@ pub(crate) mod engine {
                     cause: None,
                     data: r.data,
                     runtime_ms: r.runtime_ms,
+                    output_truncated: r.output_truncated,
+                    saved: r.saved,
                 },
                 engine::Outcome::Error { text, cause } => ExecResult {
                     value: None,
@@ -171,6 +180,8 @@ pub(crate) mod engine {
                     cause: Some(cause.into()),
                     data: None,
                     runtime_ms: r.runtime_ms,
+                    output_truncated: r.output_truncated,
+                    saved: r.saved,
                 },
             }
         }
@@ -408,8 +419,8 @@ pub(crate) mod server {
                 3,
                 engine::ExecEvent::Result(engine::ExecResult {
                     outcome: engine::Outcome::Value(None),
-                    data: None,
                     runtime_ms: 5,
+                    ..engine::ExecResult::default()
                 }),
             );
             match result {

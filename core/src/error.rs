@@ -17,6 +17,8 @@ pub enum ErrorKind {
     MachineCrashed,
     /// The resource is in use (another engine holds the home).
     Conflict,
+    /// A limit or quota was reached; the message names it.
+    LimitExceeded,
     /// The server could not be reached, or answered something that is not the protocol.
     Transport,
     /// Something broke inside the engine or the server.
@@ -32,6 +34,7 @@ impl ErrorKind {
             ErrorKind::Unsupported => "Unsupported",
             ErrorKind::MachineCrashed => "MachineCrashed",
             ErrorKind::Conflict => "Conflict",
+            ErrorKind::LimitExceeded => "LimitExceeded",
             ErrorKind::Transport => "Transport",
             ErrorKind::Internal => "Internal",
         }
@@ -88,6 +91,7 @@ impl From<evervm_engine::Error> for Error {
             E::Unsupported => ErrorKind::Unsupported,
             E::MachineCrashed => ErrorKind::MachineCrashed,
             E::Conflict => ErrorKind::Conflict,
+            E::LimitExceeded => ErrorKind::LimitExceeded,
             E::Internal => ErrorKind::Internal,
         };
         Self::new(kind, e.message())

@@ -116,6 +116,8 @@ pub enum FailureCause {
     Interrupted,
     /// The machine's sandbox died.
     MachineCrashed,
+    /// A limit was reached (the account's resident memory, say); the text names it.
+    LimitExceeded,
 }
 
 impl FailureCause {
@@ -125,6 +127,7 @@ impl FailureCause {
             FailureCause::Timeout => "timeout",
             FailureCause::Interrupted => "interrupted",
             FailureCause::MachineCrashed => "machine_crashed",
+            FailureCause::LimitExceeded => "limit_exceeded",
         }
     }
 
@@ -134,6 +137,7 @@ impl FailureCause {
             "timeout" => Some(FailureCause::Timeout),
             "interrupted" => Some(FailureCause::Interrupted),
             "machine_crashed" => Some(FailureCause::MachineCrashed),
+            "limit_exceeded" => Some(FailureCause::LimitExceeded),
             _ => None,
         }
     }
@@ -151,6 +155,12 @@ pub struct ExecResult {
     /// Rich output such as `{"png": "<base64>"}`.
     pub data: Option<serde_json::Value>,
     pub runtime_ms: u64,
+    /// True when the instruction printed more than the server keeps per instruction: the rest
+    /// of its output was dropped (the output ends with a line saying so).
+    pub output_truncated: bool,
+    /// For machines with `durability = instruction`: whether the state after the instruction
+    /// is on disk (`None` for other machines, and from servers that don't say).
+    pub saved: Option<bool>,
 }
 
 impl ExecResult {

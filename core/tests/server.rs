@@ -44,8 +44,8 @@ impl Server {
     async fn start() -> Self {
         let home = tempfile::tempdir().unwrap();
         let engine = Engine::open(engine_config(&home)).await.unwrap();
-        let alice = engine.create_token("alice").unwrap();
-        let bob = engine.create_token("bob").unwrap();
+        let alice = engine.create_token("alice").await.unwrap();
+        let bob = engine.create_token("bob").await.unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         let app = evervm::server::router(engine.clone());

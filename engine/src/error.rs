@@ -18,6 +18,9 @@ pub enum ErrorKind {
     MachineCrashed,
     /// Another engine already holds this home, or a resource is busy.
     Conflict,
+    /// A limit or quota was reached (machines per account, instruction rate, queue length,
+    /// resident memory, disk); the message names the limit.
+    LimitExceeded,
     /// Something broke inside the engine (I/O, database). The message says what.
     Internal,
 }
@@ -32,6 +35,7 @@ impl ErrorKind {
             ErrorKind::Unsupported => "Unsupported",
             ErrorKind::MachineCrashed => "MachineCrashed",
             ErrorKind::Conflict => "Conflict",
+            ErrorKind::LimitExceeded => "LimitExceeded",
             ErrorKind::Internal => "Internal",
         }
     }
@@ -101,6 +105,11 @@ impl Error {
 
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::InvalidInput, message)
+    }
+
+    /// A limit or quota was reached; the message names it and says what to do.
+    pub fn limit(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::LimitExceeded, message)
     }
 
     pub fn internal(message: impl Into<String>) -> Self {

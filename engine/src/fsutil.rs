@@ -1,4 +1,5 @@
-//! Durable file writes: a temporary name, fsync, rename, fsync of the directory.
+//! Durable file writes (a temporary name, fsync, rename, fsync of the directory), readable by
+//! their owner only; and how much room a file system has left.
 
 use std::io::Write;
 use std::path::Path;
@@ -6,7 +7,7 @@ use std::path::Path;
 use crate::error::{Error, Result};
 
 /// Writes `data` to `path` so that after a crash the file has either its old or its new
-/// contents, never a part.
+/// contents, never a part. The file is readable and writable by its owner only.
 pub fn write_durably(path: &Path, data: &[u8]) -> Result<()> {
     let dir = path
         .parent()
@@ -20,7 +21,13 @@ pub fn write_durably(path: &Path, data: &[u8]) -> Result<()> {
         std::process::id()
     ));
     let result = (|| -> std::io::Result<()> {
-        let mut file = std::fs::File::create(&temporary)?;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&temporary)?;
         file.write_all(data)?;
         file.sync_all()?;
         std::fs::rename(&temporary, path)
@@ -42,6 +49,29 @@ pub fn fsync_dir(dir: &Path) -> Result<()> {
         .map_err(|e| Error::internal(format!("cannot sync {}: {e}", dir.display())))
 }
 
+/// Bytes an unprivileged writer can still put on the file system that holds `path`.
+pub fn free_bytes(path: &Path) -> Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| Error::internal(format!("{} contains a NUL byte", path.display())))?;
+    let mut stats = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c_path` is a valid NUL-terminated string and `stats` points to writable memory
+    // the size of a `statvfs`, which the call fills when it returns 0.
+    let status = unsafe { libc::statvfs(c_path.as_ptr(), stats.as_mut_ptr()) };
+    if status != 0 {
+        return Err(Error::internal(format!(
+            "cannot read the free space of {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: statvfs returned 0, so it initialised the whole struct.
+    let stats = unsafe { stats.assume_init() };
+    #[allow(clippy::useless_conversion)] // the field types differ between platforms
+    let (available, fragment) = (u64::from(stats.f_bavail), u64::from(stats.f_frsize));
+    Ok(available.saturating_mul(fragment))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -54,5 +84,9 @@ mod tests {
         write_durably(&path, b"two").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"two");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert!(free_bytes(dir.path()).unwrap() > 0);
     }
 }

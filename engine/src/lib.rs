@@ -12,8 +12,12 @@ mod pool;
 pub mod sandbox;
 pub mod snapshot;
 pub mod store;
+mod sync;
 mod types;
 
-pub use engine::{BackendChoice, Engine, EngineConfig, create_token_in_home};
+pub use engine::{
+    BackendChoice, Engine, EngineConfig, Hook, Hooks, LINE_OVERHEAD_BYTES, Limits,
+    create_token_in_home, parse_memory_list,
+};
 pub use error::{Error, ErrorKind, Result};
 pub use types::*;

@@ -11,9 +11,9 @@ use crate::error::{Error, Result};
 use crate::guest::channel::{AgentEvent, AgentOutcome, AgentRequest};
 use crate::guest::connection::AgentConnection;
 use crate::guest::image::Profile;
-use crate::machine::lock;
 use crate::sandbox::{Sandbox, SandboxSpec};
 use crate::snapshot::{self, SnapshotManifest};
+use crate::sync::lock;
 
 /// A running sandbox with its agent ready.
 pub(crate) struct Resident {
@@ -42,8 +42,9 @@ pub(crate) struct Pool {
     ready: Mutex<HashMap<Shape, Vec<Resident>>>,
     /// Sandboxes being started for the pool, per shape.
     starting: Mutex<HashMap<Shape, usize>>,
-    /// Base snapshots checked (or made) by this engine, per shape; held while one is made.
-    bases: tokio::sync::Mutex<HashMap<Shape, SnapshotManifest>>,
+    /// Base snapshots checked (or made) by this engine, per shape: each shape's own lock is
+    /// held while its base is made, so one shape's build never holds up another's.
+    bases: Mutex<HashMap<Shape, Arc<tokio::sync::Mutex<Option<SnapshotManifest>>>>>,
 }
 
 /// What a base snapshot of the `data` profile has imported: into `sys.modules` only, so that a
@@ -126,21 +127,29 @@ async fn ensure_base(
     engine: &EngineInner,
     shape: Shape,
 ) -> Result<(std::path::PathBuf, SnapshotManifest)> {
-    let mut bases = engine.pool.bases.lock().await;
+    let slot = Arc::clone(lock(&engine.pool.bases).entry(shape).or_default());
+    let mut base = slot.lock().await;
     let dir = base_dir(&engine.config.home, shape);
-    if let Some(manifest) = bases.get(&shape) {
+    if let Some(manifest) = base.as_ref() {
         return Ok((dir, manifest.clone()));
     }
     let current = engine.backend.current_image(shape.profile).await?;
-    let restorable = |runtime: &str| runtime == engine.backend.describe();
-    let found = snapshot::verify_dir(&dir, &restorable);
+    let found = {
+        let dir = dir.clone();
+        let describe = engine.backend.describe();
+        tokio::task::spawn_blocking(move || {
+            let restorable = |runtime: &str| runtime == describe;
+            let found = snapshot::verify_dir(&dir, &restorable);
+            (found, snapshot::needs_reseed(&dir))
+        })
+        .await
+        .map_err(|e| Error::internal(format!("checking the base snapshot stopped: {e}")))?
+    };
     let manifest = match found {
-        Ok(Some(manifest)) if manifest.image_id == current && snapshot::needs_reseed(&dir) => {
-            manifest
-        }
+        (Ok(Some(manifest)), true) if manifest.image_id == current => manifest,
         _ => make_base(engine, shape, &dir).await?,
     };
-    bases.insert(shape, manifest.clone());
+    *base = Some(manifest.clone());
     Ok((dir, manifest))
 }
 

@@ -43,6 +43,12 @@ pub fn snapshot_dir(home: &Path, machine: &str) -> PathBuf {
     machine_dir(home, machine).join("snapshot")
 }
 
+/// Whether a file in a snapshot directory is part of the snapshot (not the manifest, the marks
+/// beside it, or a temporary file a crash left).
+fn is_snapshot_file(name: &str) -> bool {
+    name != MANIFEST && name != DAMAGED && name != RESEED && !name.starts_with('.')
+}
+
 /// SHA-256 over every file in `dir` but the manifest (names sorted, each name then contents),
 /// and their total size.
 fn digest_dir(dir: &Path) -> Result<(String, u64)> {
@@ -50,7 +56,7 @@ fn digest_dir(dir: &Path) -> Result<(String, u64)> {
         .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n != MANIFEST && n != DAMAGED && n != RESEED)
+        .filter(|n| is_snapshot_file(n))
         .collect();
     names.sort();
     let mut hasher = Sha256::new();
@@ -72,15 +78,28 @@ pub fn checkpoint_dir(home: &Path, machine: &str, checkpoint: &str) -> PathBuf {
         .join(checkpoint)
 }
 
+/// Names the engine gives its own scratch directories beside a snapshot (a copy being built,
+/// the snapshot being replaced). They start with `.`, which no machine, checkpoint or base
+/// snapshot name can: a user's checkpoint can never be taken for one (and removed, or put back
+/// over another).
+const SCRATCH_BUILDING: &str = ".tmp-";
+const SCRATCH_REPLACED: &str = ".old-";
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map_or_else(|| "snapshot".into(), |n| n.to_string_lossy().into_owned())
+}
+
 /// A fresh, empty directory beside `target` to build a snapshot in before it is renamed into
 /// place.
 fn staging_for(target: &Path) -> Result<PathBuf> {
     use rand::Rng;
-    let name = target
-        .file_name()
-        .map_or_else(|| "snapshot".into(), |n| n.to_string_lossy().into_owned());
     let suffix: u32 = rand::rng().random();
-    let dir = target.with_file_name(format!("{name}.tmp-{}-{suffix:08x}", std::process::id()));
+    let dir = target.with_file_name(format!(
+        "{SCRATCH_BUILDING}{}-{}-{suffix:08x}",
+        file_name(target),
+        std::process::id()
+    ));
     if dir.exists() {
         std::fs::remove_dir_all(&dir)?;
     }
@@ -94,18 +113,19 @@ pub fn staging_dir(home: &Path, machine: &str) -> Result<PathBuf> {
     staging_for(&snapshot_dir(home, machine))
 }
 
+/// Where `target` is kept while a new one replaces it.
+fn replaced(target: &Path) -> PathBuf {
+    target.with_file_name(format!("{SCRATCH_REPLACED}{}", file_name(target)))
+}
+
 /// Renames a finished `staging` directory to `target`, replacing what was there only once the
-/// new one is whole (a crash in between leaves `<target>.old`, which [`recover`] puts back).
+/// new one is whole (a crash in between leaves the old one under its scratch name, which
+/// [`recover`] puts back).
 fn install(staging: &Path, target: &Path) -> Result<()> {
     let parent = target
         .parent()
         .ok_or_else(|| Error::internal(format!("{} has no parent", target.display())))?;
-    let old = target.with_file_name(format!(
-        "{}.old",
-        target
-            .file_name()
-            .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
-    ));
+    let old = replaced(target);
     if old.exists() {
         if target.exists() {
             std::fs::remove_dir_all(&old)?;
@@ -192,7 +212,10 @@ pub fn copy(from: &Path, to: &Path, reseed: bool) -> Result<()> {
         for entry in std::fs::read_dir(from)? {
             let entry = entry?;
             let name = entry.file_name();
-            if name == DAMAGED || name == RESEED || !entry.file_type()?.is_file() {
+            let is_manifest = name == MANIFEST;
+            if !(is_manifest || is_snapshot_file(&name.to_string_lossy()))
+                || !entry.file_type()?.is_file()
+            {
                 continue;
             }
             let target = staging.join(&name);
@@ -318,8 +341,7 @@ fn snapshot_bytes(dir: &Path, seen: &mut std::collections::HashSet<(u64, u64)>) 
     };
     let mut bytes = 0;
     for entry in entries.flatten() {
-        let name = entry.file_name();
-        if name == MANIFEST || name == DAMAGED || name == RESEED {
+        if !is_snapshot_file(&entry.file_name().to_string_lossy()) {
             continue;
         }
         if let Ok(meta) = entry.metadata()
@@ -384,35 +406,70 @@ pub fn quick_check(
     Some(Ok(()))
 }
 
-/// Puts back what a crash in the middle of replacing snapshots left (`X.old` without `X`) and
-/// removes unfinished copies (`*.tmp-*`) under every machine's directory.
+/// Puts back what a crash in the middle of replacing snapshots left (a replaced snapshot
+/// without its successor) and removes unfinished copies, under every machine's directory, its
+/// checkpoints and the base snapshots. Only the engine's own scratch names are touched (and,
+/// from engines before those names, `snapshot.old`/`snapshot.tmp-*` and the base snapshots'
+/// `*.old`/`*.tmp-*`, which no user could name).
 pub fn recover(home: &Path) {
-    let Ok(machines) = std::fs::read_dir(home.join("machines")) else {
-        return;
-    };
-    let machine_dirs = machines.flatten().map(|m| m.path());
-    for machine in machine_dirs.chain([home.join("base")]) {
-        let mut dirs = vec![machine.clone()];
-        dirs.push(machine.join("checkpoints"));
-        for dir in dirs {
-            let Ok(entries) = std::fs::read_dir(&dir) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                let path = entry.path();
-                if name.contains(".tmp-") {
+    let machine_dirs: Vec<PathBuf> = std::fs::read_dir(home.join("machines"))
+        .map(|entries| entries.flatten().map(|m| m.path()).collect())
+        .unwrap_or_default();
+    let mut dirs = Vec::new();
+    for machine in &machine_dirs {
+        dirs.push((machine.clone(), Legacy::SnapshotOnly));
+        dirs.push((machine.join("checkpoints"), Legacy::None));
+    }
+    dirs.push((home.join("base"), Legacy::Any));
+    for (dir, legacy) in dirs {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = entry.path();
+            if name.starts_with(SCRATCH_BUILDING) || legacy.building(&name) {
+                let _ = std::fs::remove_dir_all(&path);
+            } else if let Some(base) = name
+                .strip_prefix(SCRATCH_REPLACED)
+                .or_else(|| legacy.replaced(&name))
+            {
+                let target = dir.join(base);
+                if target.exists() {
                     let _ = std::fs::remove_dir_all(&path);
-                } else if let Some(base) = name.strip_suffix(".old") {
-                    let target = dir.join(base);
-                    if target.exists() {
-                        let _ = std::fs::remove_dir_all(&path);
-                    } else {
-                        tracing::warn!(path = %target.display(), "putting back a snapshot an interrupted swap left");
-                        let _ = std::fs::rename(&path, &target);
-                    }
+                } else {
+                    tracing::warn!(path = %target.display(), "putting back a snapshot an interrupted swap left");
+                    let _ = std::fs::rename(&path, &target);
                 }
             }
+        }
+    }
+}
+
+/// Which scratch names of engines before the `.`-prefixed ones a directory may hold.
+#[derive(Clone, Copy)]
+enum Legacy {
+    None,
+    /// A machine's directory: only its `snapshot`'s.
+    SnapshotOnly,
+    /// The base snapshots' directory: every name there is the engine's.
+    Any,
+}
+
+impl Legacy {
+    fn building(self, name: &str) -> bool {
+        match self {
+            Legacy::None => false,
+            Legacy::SnapshotOnly => name.starts_with("snapshot.tmp-"),
+            Legacy::Any => name.contains(".tmp-"),
+        }
+    }
+
+    fn replaced(self, name: &str) -> Option<&str> {
+        match self {
+            Legacy::None => None,
+            Legacy::SnapshotOnly => (name == "snapshot.old").then_some("snapshot"),
+            Legacy::Any => name.strip_suffix(".old"),
         }
     }
 }
@@ -524,6 +581,12 @@ mod tests {
 
         // An interrupted replacement is put back.
         let target = snapshot_dir(home.path(), "m");
+        std::fs::rename(&target, target.with_file_name(".old-snapshot")).unwrap();
+        std::fs::create_dir_all(target.with_file_name(".tmp-snapshot-1-0")).unwrap();
+        recover(home.path());
+        assert!(verify(home.path(), "m", &v1).unwrap().is_some());
+        assert!(!target.with_file_name(".tmp-snapshot-1-0").exists());
+        // And what engines before the scratch names left.
         std::fs::rename(&target, target.with_file_name("snapshot.old")).unwrap();
         std::fs::create_dir_all(target.with_file_name("snapshot.tmp-1-0")).unwrap();
         recover(home.path());

@@ -359,6 +359,9 @@ pub enum FailureCause {
     Interrupted,
     /// The sandbox died (out of memory, crash); the machine was restarted.
     MachineCrashed,
+    /// The instruction could not run because a limit was reached (the account's resident
+    /// memory, say); the text names it.
+    LimitExceeded,
 }
 
 /// How an instruction ended.
@@ -380,6 +383,26 @@ pub struct ExecResult {
     /// Rich output, such as `{"png": "<base64>"}` for a matplotlib figure.
     pub data: Option<serde_json::Value>,
     pub runtime_ms: u64,
+    /// True when the instruction printed more than the engine keeps
+    /// ([`crate::Limits::max_output_bytes`]): the rest of its output was dropped.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub output_truncated: bool,
+    /// For machines with `durability = instruction`: whether the state after this instruction
+    /// is on disk. `None` for other machines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saved: Option<bool>,
+}
+
+impl Default for ExecResult {
+    fn default() -> Self {
+        Self {
+            outcome: Outcome::Value(None),
+            data: None,
+            runtime_ms: 0,
+            output_truncated: false,
+            saved: None,
+        }
+    }
 }
 
 impl ExecResult {
@@ -389,8 +412,7 @@ impl ExecResult {
                 text: text.into(),
                 cause,
             },
-            data: None,
-            runtime_ms: 0,
+            ..Self::default()
         }
     }
 }

@@ -19,11 +19,13 @@ async fn engine(dir: &tempfile::TempDir) -> Engine {
 async fn machine_after(engine: &Engine, account: &evervm_engine::Account, setup: &str) -> String {
     let name = engine
         .create_machine(account, CreateMachine::default())
+        .await
         .unwrap()
         .name
         .to_string();
     let seq = engine
         .exec(account, &name, ExecRequest::new(setup))
+        .await
         .unwrap()
         .seq;
     value(&engine.result(account, &name, seq).await.unwrap());
@@ -41,14 +43,16 @@ fn value(result: &evervm_engine::ExecResult) -> Option<String> {
 async fn state_persists_and_output_streams() {
     let dir = tempfile::tempdir().unwrap();
     let engine = engine(&dir).await;
-    let account = engine.ensure_account("test").unwrap();
+    let account = engine.ensure_account("test").await.unwrap();
     let machine = engine
         .create_machine(&account, CreateMachine::default())
+        .await
         .unwrap();
     let name = machine.name.as_str();
 
     let a = engine
         .exec(&account, name, ExecRequest::new("x = 40"))
+        .await
         .unwrap();
     let b = engine
         .exec(
@@ -56,13 +60,19 @@ async fn state_persists_and_output_streams() {
             name,
             ExecRequest::new("for i in range(3): print(i)\nx + 2"),
         )
+        .await
         .unwrap();
     assert_eq!((a.seq, b.seq), (0, 1));
     assert_eq!(
         value(&engine.result(&account, name, 0).await.unwrap()),
         None
     );
-    let events: Vec<_> = engine.events(&account, name, 1).unwrap().collect().await;
+    let events: Vec<_> = engine
+        .events(&account, name, 1)
+        .await
+        .unwrap()
+        .collect()
+        .await;
     let lines: Vec<_> = events
         .iter()
         .filter_map(|e| match e {
@@ -76,9 +86,14 @@ async fn state_persists_and_output_streams() {
         ExecEvent::Output(_) => panic!("stream did not end with a result"),
     }
     // Replayed from the store after the fact, identically.
-    let replay: Vec<_> = engine.events(&account, name, 1).unwrap().collect().await;
+    let replay: Vec<_> = engine
+        .events(&account, name, 1)
+        .await
+        .unwrap()
+        .collect()
+        .await;
     assert_eq!(replay, events);
-    let info = engine.machine_info(&account, name).unwrap();
+    let info = engine.machine_info(&account, name).await.unwrap();
     assert_eq!(info.instruction_count, 2);
     assert_eq!(info.backend, "process");
 }
@@ -87,9 +102,10 @@ async fn state_persists_and_output_streams() {
 async fn timeout_keeps_state_and_interrupt_cancels() {
     let dir = tempfile::tempdir().unwrap();
     let engine = engine(&dir).await;
-    let account = engine.ensure_account("test").unwrap();
+    let account = engine.ensure_account("test").await.unwrap();
     let name = engine
         .create_machine(&account, CreateMachine::default())
+        .await
         .unwrap()
         .name
         .to_string();
@@ -99,10 +115,11 @@ async fn timeout_keeps_state_and_interrupt_cancels() {
             &name,
             ExecRequest::new("from time import sleep\nkept = 7"),
         )
+        .await
         .unwrap();
     let mut slow = ExecRequest::new("sleep(30)");
     slow.timeout = Duration::from_secs(1);
-    let seq = engine.exec(&account, &name, slow).unwrap().seq;
+    let seq = engine.exec(&account, &name, slow).await.unwrap().seq;
     let result = engine.result(&account, &name, seq).await.unwrap();
     match &result.outcome {
         Outcome::Error { text, cause } => {
@@ -113,6 +130,7 @@ async fn timeout_keeps_state_and_interrupt_cancels() {
     }
     let seq = engine
         .exec(&account, &name, ExecRequest::new("kept"))
+        .await
         .unwrap()
         .seq;
     assert_eq!(
@@ -122,16 +140,18 @@ async fn timeout_keeps_state_and_interrupt_cancels() {
 
     let running = engine
         .exec(&account, &name, ExecRequest::new("sleep(30)"))
+        .await
         .unwrap()
         .seq;
     let queued = engine
         .exec(&account, &name, ExecRequest::new("'never'"))
+        .await
         .unwrap()
         .seq;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut interrupting = ExecRequest::new("kept * 2");
     interrupting.interrupt = true;
-    let accepted = engine.exec(&account, &name, interrupting).unwrap();
+    let accepted = engine.exec(&account, &name, interrupting).await.unwrap();
     assert!(accepted.interrupted);
     for seq in [running, queued] {
         let result = engine.result(&account, &name, seq).await.unwrap();
@@ -154,8 +174,8 @@ async fn timeout_keeps_state_and_interrupt_cancels() {
 async fn tags_filter_and_accounts_are_separate() {
     let dir = tempfile::tempdir().unwrap();
     let engine = engine(&dir).await;
-    let alice = engine.ensure_account("alice").unwrap();
-    let bob = engine.ensure_account("bob").unwrap();
+    let alice = engine.ensure_account("alice").await.unwrap();
+    let bob = engine.ensure_account("bob").await.unwrap();
     let tags = |pairs: &[(&str, &str)]| -> Tags {
         pairs
             .iter()
@@ -170,6 +190,7 @@ async fn tags_filter_and_accounts_are_separate() {
                 ..CreateMachine::default()
             },
         )
+        .await
         .unwrap();
     let second = engine
         .create_machine(
@@ -179,27 +200,36 @@ async fn tags_filter_and_accounts_are_separate() {
                 ..CreateMachine::default()
             },
         )
+        .await
         .unwrap();
-    let names = |filter: Tags| -> Vec<String> {
+    let names = async |filter: Tags| -> Vec<String> {
         engine
             .list_machines(&alice, &filter)
+            .await
             .unwrap()
             .into_iter()
             .map(|m| m.name.to_string())
             .collect()
     };
     assert_eq!(
-        names(tags(&[("team", "x")])),
+        names(tags(&[("team", "x")])).await,
         [second.name.to_string(), first.name.to_string()]
     );
     assert_eq!(
-        names(tags(&[("team", "x"), ("env", "a")])),
+        names(tags(&[("team", "x"), ("env", "a")])).await,
         [first.name.to_string()]
     );
-    assert!(names(tags(&[("env", "c")])).is_empty());
-    assert!(engine.list_machines(&bob, &Tags::new()).unwrap().is_empty());
+    assert!(names(tags(&[("env", "c")])).await.is_empty());
+    assert!(
+        engine
+            .list_machines(&bob, &Tags::new())
+            .await
+            .unwrap()
+            .is_empty()
+    );
     let err = engine
         .exec(&bob, first.name.as_str(), ExecRequest::new("1"))
+        .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound);
     let bad = engine
@@ -210,6 +240,7 @@ async fn tags_filter_and_accounts_are_separate() {
                 ..CreateMachine::default()
             },
         )
+        .await
         .unwrap_err();
     assert_eq!(bad.kind(), ErrorKind::InvalidInput);
 }
@@ -232,14 +263,15 @@ async fn a_second_engine_on_the_same_home_is_refused() {
 async fn an_interrupt_right_after_exec_is_not_lost() {
     let dir = tempfile::tempdir().unwrap();
     let engine = engine(&dir).await;
-    let account = engine.ensure_account("test").unwrap();
+    let account = engine.ensure_account("test").await.unwrap();
     let name = machine_after(&engine, &account, "import time\nkept = 5").await;
     for _ in 0..5 {
         let seq = engine
             .exec(&account, &name, ExecRequest::new("time.sleep(20)"))
+            .await
             .unwrap()
             .seq;
-        assert!(engine.interrupt(&account, &name).unwrap());
+        assert!(engine.interrupt(&account, &name).await.unwrap());
         let result = engine.result(&account, &name, seq).await.unwrap();
         match result.outcome {
             Outcome::Error { cause, text } => {
@@ -255,6 +287,7 @@ async fn an_interrupt_right_after_exec_is_not_lost() {
     // The sandbox was never stopped: the state is still there.
     let seq = engine
         .exec(&account, &name, ExecRequest::new("kept"))
+        .await
         .unwrap()
         .seq;
     assert_eq!(
@@ -267,7 +300,7 @@ async fn an_interrupt_right_after_exec_is_not_lost() {
 async fn interrupting_a_print_loop_never_breaks_the_channel() {
     let dir = tempfile::tempdir().unwrap();
     let engine = engine(&dir).await;
-    let account = engine.ensure_account("test").unwrap();
+    let account = engine.ensure_account("test").await.unwrap();
     let name = machine_after(&engine, &account, "import sys\nkept = 'alive'").await;
     for round in 0..6 {
         let code = if round % 2 == 0 {
@@ -277,10 +310,11 @@ async fn interrupting_a_print_loop_never_breaks_the_channel() {
         };
         let seq = engine
             .exec(&account, &name, ExecRequest::new(code))
+            .await
             .unwrap()
             .seq;
         tokio::time::sleep(Duration::from_millis(200 + 37 * round)).await;
-        engine.interrupt(&account, &name).unwrap();
+        engine.interrupt(&account, &name).await.unwrap();
         let result = engine.result(&account, &name, seq).await.unwrap();
         assert!(
             matches!(
@@ -295,6 +329,7 @@ async fn interrupting_a_print_loop_never_breaks_the_channel() {
     }
     let seq = engine
         .exec(&account, &name, ExecRequest::new("kept"))
+        .await
         .unwrap()
         .seq;
     assert_eq!(
@@ -304,6 +339,7 @@ async fn interrupting_a_print_loop_never_breaks_the_channel() {
     assert!(
         engine
             .machine_info(&account, &name)
+            .await
             .unwrap()
             .last_error
             .is_none()

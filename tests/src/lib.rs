@@ -63,7 +63,10 @@ fn probe_on_this_thread(backend: &str) -> Result<(), String> {
         let mut config = EngineConfig::new(home.path());
         config.backend = BackendChoice::parse(backend);
         let engine = Engine::open(config).await.map_err(|e| e.to_string())?;
-        let account = engine.ensure_account("probe").map_err(|e| e.to_string())?;
+        let account = engine
+            .ensure_account("probe")
+            .await
+            .map_err(|e| e.to_string())?;
         let client = evervm::Client::from_engine(engine.clone(), account);
         let machine = client
             .create_machine(evervm::CreateMachineOptions::default())

@@ -42,7 +42,9 @@ impl LocalTransport {
             config.pool_size = pool_size;
         }
         let engine = Engine::open(config).await?;
-        let account = engine.ensure_account(options.account.as_deref().unwrap_or("local"))?;
+        let account = engine
+            .ensure_account(options.account.as_deref().unwrap_or("local"))
+            .await?;
         Ok(Self::new(engine, account))
     }
 
@@ -71,27 +73,29 @@ impl Transport for LocalTransport {
 
     async fn create_machine(&self, options: CreateMachineOptions) -> Result<String> {
         let request = crate::convert::engine::create_machine_to_engine(options)?;
-        let info = self.engine.create_machine(&self.account, request)?;
+        let info = self.engine.create_machine(&self.account, request).await?;
         Ok(info.name.to_string())
     }
 
     async fn list_machines(&self, tags: &Tags) -> Result<Vec<MachineInfo>> {
         Ok(self
             .engine
-            .list_machines(&self.account, tags)?
+            .list_machines(&self.account, tags)
+            .await?
             .into_iter()
             .map(Into::into)
             .collect())
     }
 
     async fn machine_info(&self, name: &str) -> Result<MachineInfo> {
-        Ok(self.engine.machine_info(&self.account, name)?.into())
+        Ok(self.engine.machine_info(&self.account, name).await?.into())
     }
 
     async fn exec(&self, name: &str, code: &str, options: &ExecOptions) -> Result<Accepted> {
         let accepted = self
             .engine
-            .exec(&self.account, name, Self::request(code, options))?;
+            .exec(&self.account, name, Self::request(code, options))
+            .await?;
         Ok(Accepted {
             seq: accepted.seq,
             interrupted: accepted.interrupted,
@@ -103,12 +107,12 @@ impl Transport for LocalTransport {
     }
 
     async fn events(&self, name: &str, seq: i64) -> Result<EventStream> {
-        let events = self.engine.events(&self.account, name, seq)?;
+        let events = self.engine.events(&self.account, name, seq).await?;
         Ok(events.map(|e| Ok(ExecEvent::from(e))).boxed())
     }
 
     async fn interrupt(&self, name: &str) -> Result<bool> {
-        Ok(self.engine.interrupt(&self.account, name)?)
+        Ok(self.engine.interrupt(&self.account, name).await?)
     }
 
     async fn delete_machine(&self, name: &str) -> Result<()> {
@@ -142,7 +146,8 @@ impl Transport for LocalTransport {
     async fn list_checkpoints(&self, name: &str) -> Result<Vec<CheckpointInfo>> {
         Ok(self
             .engine
-            .list_checkpoints(&self.account, name)?
+            .list_checkpoints(&self.account, name)
+            .await?
             .into_iter()
             .map(Into::into)
             .collect())
@@ -159,7 +164,8 @@ impl Transport for LocalTransport {
     async fn delete_checkpoint(&self, name: &str, checkpoint: &str) -> Result<()> {
         Ok(self
             .engine
-            .delete_checkpoint(&self.account, name, checkpoint)?)
+            .delete_checkpoint(&self.account, name, checkpoint)
+            .await?)
     }
 
     async fn shutdown(&self) {
@@ -169,7 +175,7 @@ impl Transport for LocalTransport {
     async fn connect(&self, name: Option<&str>) -> Result<Box<dyn SessionTransport>> {
         let name = match name {
             Some(name) => {
-                self.engine.machine_info(&self.account, name)?;
+                self.engine.machine_info(&self.account, name).await?;
                 name.to_owned()
             }
             None => self.create_machine(CreateMachineOptions::default()).await?,
@@ -197,14 +203,18 @@ impl SessionTransport for LocalSession {
     }
 
     async fn send(&mut self, code: &str, options: &ExecOptions) -> Result<i64> {
-        let accepted = self.engine.exec(
-            &self.account,
-            &self.name,
-            LocalTransport::request(code, options),
-        )?;
+        let accepted = self
+            .engine
+            .exec(
+                &self.account,
+                &self.name,
+                LocalTransport::request(code, options),
+            )
+            .await?;
         self.events = Some(
             self.engine
-                .events(&self.account, &self.name, accepted.seq)?,
+                .events(&self.account, &self.name, accepted.seq)
+                .await?,
         );
         Ok(accepted.seq)
     }

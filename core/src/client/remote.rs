@@ -37,11 +37,13 @@ fn api_error(status: StatusCode, body: &str) -> Error {
         Some("Unsupported") => ErrorKind::Unsupported,
         Some("MachineCrashed") => ErrorKind::MachineCrashed,
         Some("Conflict") => ErrorKind::Conflict,
+        Some("LimitExceeded") => ErrorKind::LimitExceeded,
         _ => match status.as_u16() {
             401 | 403 => ErrorKind::Unauthorized,
             404 => ErrorKind::NotFound,
             400 | 413 | 422 => ErrorKind::InvalidInput,
             409 => ErrorKind::Conflict,
+            429 => ErrorKind::LimitExceeded,
             501 => ErrorKind::Unsupported,
             _ => ErrorKind::Internal,
         },

@@ -137,6 +137,14 @@ pub struct WireExecResult {
     #[serde(flatten)]
     pub outcome: WireOutcome,
     pub runtime_ms: u64,
+    /// evervm addition: the instruction printed more than the server keeps per instruction,
+    /// and the rest of its output was dropped. Sent only when true.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub output_truncated: bool,
+    /// evervm addition, for machines with `durability = instruction`: whether the state after
+    /// the instruction is on disk. Absent for other machines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saved: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -293,6 +301,8 @@ mod tests {
                 data: None,
             },
             runtime_ms: 3,
+            output_truncated: false,
+            saved: None,
         };
         assert_eq!(
             serde_json::to_string(&value).unwrap(),
@@ -304,6 +314,8 @@ mod tests {
                 cause: None,
             },
             runtime_ms: 1,
+            output_truncated: false,
+            saved: None,
         };
         assert_eq!(
             serde_json::to_string(&error).unwrap(),
@@ -330,6 +342,8 @@ mod tests {
                     data: None,
                 },
                 runtime_ms: 0,
+                output_truncated: false,
+                saved: None,
             },
         };
         assert_eq!(

@@ -51,8 +51,12 @@ fn header_token(parts: &Parts) -> Result<Option<&str>, ApiFailure> {
     bearer_token(value).map(Some)
 }
 
-fn authenticate(state: &AppState, token: &str) -> Result<Account, ApiFailure> {
-    state.engine.authenticate(token).map_err(ApiFailure::from)
+async fn authenticate(state: &AppState, token: &str) -> Result<Account, ApiFailure> {
+    state
+        .engine
+        .authenticate(token)
+        .await
+        .map_err(ApiFailure::from)
 }
 
 const MISSING: &str =
@@ -63,7 +67,7 @@ impl FromRequestParts<AppState> for Authed {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiFailure> {
         match header_token(parts)? {
-            Some(token) => authenticate(state, token).map(Authed),
+            Some(token) => authenticate(state, token).await.map(Authed),
             None => Err(ApiFailure::unauthorized(MISSING)),
         }
     }
@@ -74,10 +78,10 @@ impl FromRequestParts<AppState> for WsAuthed {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiFailure> {
         if let Some(token) = header_token(parts)? {
-            return authenticate(state, token).map(WsAuthed);
+            return authenticate(state, token).await.map(WsAuthed);
         }
         match parts.uri.query().and_then(query_token) {
-            Some(token) => authenticate(state, &token).map(WsAuthed),
+            Some(token) => authenticate(state, &token).await.map(WsAuthed),
             None => Err(ApiFailure::unauthorized(MISSING)),
         }
     }

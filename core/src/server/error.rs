@@ -72,6 +72,7 @@ impl From<&engine::Error> for ApiFailure {
             ErrorKind::Unauthorized => (StatusCode::UNAUTHORIZED, "Unauthorized"),
             ErrorKind::Unsupported => (StatusCode::NOT_IMPLEMENTED, "Unsupported"),
             ErrorKind::Conflict => (StatusCode::CONFLICT, "Conflict"),
+            ErrorKind::LimitExceeded => (StatusCode::TOO_MANY_REQUESTS, "LimitExceeded"),
             ErrorKind::MachineCrashed => (StatusCode::SERVICE_UNAVAILABLE, "MachineCrashed"),
             ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "InternalError"),
         };

@@ -24,9 +24,11 @@ pub(crate) async fn exec(
     JsonBody(request): JsonBody<ExecRequest>,
 ) -> Result<Json<ExecResponse>, ApiFailure> {
     let code_bytes = request.instruction.code.len();
-    let accepted = exec_from_wire(request.instruction, request.interrupt)
-        .and_then(|request| state.engine.exec(&account, &name, request))
-        .map_err(|e| ApiFailure::from_exec_error(&e, code_bytes))?;
+    let accepted = match exec_from_wire(request.instruction, request.interrupt) {
+        Ok(request) => state.engine.exec(&account, &name, request).await,
+        Err(e) => Err(e),
+    }
+    .map_err(|e| ApiFailure::from_exec_error(&e, code_bytes))?;
     Ok(Json(ExecResponse {
         instruction_seq: Some(accepted.seq),
         machine: Some(name),
@@ -65,7 +67,7 @@ pub(crate) async fn stream_result(
     Authed(account): Authed,
     WirePath((name, seq)): WirePath<(String, i64)>,
 ) -> Result<Response, ApiFailure> {
-    let events = state.engine.events(&account, &name, seq)?;
+    let events = state.engine.events(&account, &name, seq).await?;
     // The events ready at once go out as one body chunk: large outputs are many lines.
     let lines = events.ready_chunks(1024).map(move |batch| {
         let mut body = Vec::new();

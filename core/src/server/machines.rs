@@ -34,18 +34,19 @@ pub(crate) async fn create(
 ) -> ApiResult<CreateMachineResponse> {
     let info = state
         .engine
-        .create_machine(&account, create_machine_from_wire(request)?)?;
+        .create_machine(&account, create_machine_from_wire(request)?)
+        .await?;
     Ok(Json(CreateMachineResponse {
         machine_name: info.name.to_string(),
     }))
 }
 
-fn list(
+async fn list(
     state: &AppState,
     account: &evervm_engine::Account,
     filter: &Tags,
 ) -> ApiResult<ListMachinesResponse> {
-    let machines = state.engine.list_machines(account, filter)?;
+    let machines = state.engine.list_machines(account, filter).await?;
     Ok(Json(ListMachinesResponse {
         machines: machines.into_iter().map(machine_to_wire).collect(),
     }))
@@ -56,7 +57,7 @@ pub(crate) async fn list_all(
     State(state): State<AppState>,
     Authed(account): Authed,
 ) -> ApiResult<ListMachinesResponse> {
-    list(&state, &account, &Tags::new())
+    list(&state, &account, &Tags::new()).await
 }
 
 /// `POST /v1/machine/list`: the machines carrying every given tag, newest first.
@@ -65,7 +66,7 @@ pub(crate) async fn list_filtered(
     Authed(account): Authed,
     OptionalJsonBody(request): OptionalJsonBody<ListMachinesRequest>,
 ) -> ApiResult<ListMachinesResponse> {
-    list(&state, &account, &list_filter_from_wire(request))
+    list(&state, &account, &list_filter_from_wire(request)).await
 }
 
 /// `GET /v1/machine/{machine_name}` (evervm): everything about one machine.
@@ -74,7 +75,7 @@ pub(crate) async fn info(
     Authed(account): Authed,
     WirePath(name): WirePath<String>,
 ) -> ApiResult<MachineInfoResponse> {
-    let info = state.engine.machine_info(&account, &name)?;
+    let info = state.engine.machine_info(&account, &name).await?;
     Ok(Json(machine_to_wire(info)))
 }
 
@@ -95,7 +96,7 @@ pub(crate) async fn interrupt(
     Authed(account): Authed,
     WirePath(name): WirePath<String>,
 ) -> ApiResult<InterruptResponse> {
-    let interrupted = state.engine.interrupt(&account, &name)?;
+    let interrupted = state.engine.interrupt(&account, &name).await?;
     Ok(Json(InterruptResponse { interrupted }))
 }
 
@@ -146,7 +147,7 @@ pub(crate) async fn list_checkpoints(
     Authed(account): Authed,
     WirePath(name): WirePath<String>,
 ) -> ApiResult<ListCheckpointsResponse> {
-    let checkpoints = state.engine.list_checkpoints(&account, &name)?;
+    let checkpoints = state.engine.list_checkpoints(&account, &name).await?;
     Ok(Json(ListCheckpointsResponse {
         checkpoints: checkpoints.into_iter().map(Into::into).collect(),
     }))
@@ -170,6 +171,7 @@ pub(crate) async fn delete_checkpoint(
 ) -> ApiResult<DeleteCheckpointResponse> {
     state
         .engine
-        .delete_checkpoint(&account, &name, &checkpoint)?;
+        .delete_checkpoint(&account, &name, &checkpoint)
+        .await?;
     Ok(Json(DeleteCheckpointResponse { deleted: true }))
 }

@@ -97,7 +97,7 @@ async fn session(
     mut socket: WebSocket,
     received_delay: std::time::Duration,
 ) {
-    let machine = match open_machine(&engine, &account, &requested) {
+    let machine = match open_machine(&engine, &account, &requested).await {
         Ok(machine) => machine,
         Err(failure) => return fail(&mut socket, &failure).await,
     };
@@ -126,7 +126,7 @@ impl Session {
         if self.streaming.is_none()
             && let Some(seq) = self.queue.pop_front()
         {
-            match self.engine.events(&self.account, &self.machine, seq) {
+            match self.engine.events(&self.account, &self.machine, seq).await {
                 Ok(events) => {
                     self.streaming = Some((seq, events.ready_chunks(EVENT_BATCH).boxed()));
                 }
@@ -174,8 +174,14 @@ impl Session {
 
     async fn exec(&mut self, instruction: WireInstruction, request_id: u32) -> Flow {
         let code_bytes = instruction.code.len();
-        let accepted = exec_from_wire(instruction, false)
-            .and_then(|request| self.engine.exec(&self.account, &self.machine, request));
+        let accepted = match exec_from_wire(instruction, false) {
+            Ok(request) => {
+                self.engine
+                    .exec(&self.account, &self.machine, request)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
         match accepted {
             Ok(accepted) => {
                 let received = MessageFromServer::ExecReceived {
@@ -248,12 +254,18 @@ async fn next_event(streaming: &mut Option<Streaming>) -> Option<(i64, Vec<engin
 }
 
 /// The machine of this connection: a new one for `new`, else the named one if the account has it.
-fn open_machine(engine: &Engine, account: &Account, requested: &str) -> Result<String, ApiFailure> {
+async fn open_machine(
+    engine: &Engine,
+    account: &Account,
+    requested: &str,
+) -> Result<String, ApiFailure> {
     if requested == NEW {
-        let info = engine.create_machine(account, engine::CreateMachine::default())?;
+        let info = engine
+            .create_machine(account, engine::CreateMachine::default())
+            .await?;
         Ok(info.name.to_string())
     } else {
-        engine.machine_info(account, requested)?;
+        engine.machine_info(account, requested).await?;
         Ok(requested.to_owned())
     }
 }

@@ -101,6 +101,32 @@ impl AgentConnection {
         }
     }
 
+    /// Checks that the agent still answers, without touching the machine's state: it runs an
+    /// empty instruction (the id no real instruction has).
+    pub async fn probe(&mut self, timeout: Duration) -> Result<()> {
+        const PROBE_ID: i64 = -2;
+        self.send(&AgentRequest::Exec {
+            id: PROBE_ID,
+            code: "pass".to_owned(),
+            timeout_ms: timeout.as_millis() as u64,
+        })
+        .await?;
+        let answered = tokio::time::timeout(timeout, async {
+            loop {
+                if let AgentEvent::Result { id: PROBE_ID, .. } = self.next_event().await? {
+                    return Ok(());
+                }
+            }
+        })
+        .await;
+        answered.unwrap_or_else(|_| {
+            Err(Error::crashed(format!(
+                "the agent did not answer within {} s",
+                timeout.as_secs_f32()
+            )))
+        })
+    }
+
     /// The Python version the agent reported.
     pub fn python_version(&self) -> &str {
         &self.python

@@ -9,71 +9,13 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::guest::image::Profile;
-use crate::types::{
-    Account, Durability, ExecResult, FailureCause, MachineName, OutputChunk, OutputStream, Tags,
-};
+use crate::types::{Account, Durability, MachineName, Tags};
 
-const SCHEMA_VERSION: i64 = 3;
+mod history;
+mod schema;
+mod thread;
 
-const SCHEMA: &str = r"
-CREATE TABLE IF NOT EXISTS meta (
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS accounts (
-    id INTEGER PRIMARY KEY,
-    name TEXT NOT NULL UNIQUE,
-    created_at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS tokens (
-    id TEXT PRIMARY KEY,
-    account_id INTEGER NOT NULL REFERENCES accounts(id),
-    secret_sha256 TEXT NOT NULL,
-    created_at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS machines (
-    position INTEGER PRIMARY KEY AUTOINCREMENT,
-    name TEXT NOT NULL UNIQUE,
-    account_id INTEGER NOT NULL REFERENCES accounts(id),
-    created_at TEXT NOT NULL,
-    tags TEXT NOT NULL,
-    memory_mb INTEGER NOT NULL,
-    image TEXT NOT NULL DEFAULT 'minimal',
-    backend TEXT NOT NULL,
-    next_seq INTEGER NOT NULL DEFAULT 0,
-    last_used_at TEXT,
-    last_error TEXT,
-    durability TEXT NOT NULL DEFAULT 'idle'
-);
-CREATE TABLE IF NOT EXISTS instructions (
-    machine TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    code TEXT NOT NULL,
-    timeout_ms INTEGER NOT NULL,
-    created_at TEXT NOT NULL,
-    result TEXT,
-    finished_at TEXT,
-    rolled_back_to TEXT,
-    PRIMARY KEY (machine, seq)
-);
--- Named, kept snapshots of a machine (the files are under machines/<name>/checkpoints/).
-CREATE TABLE IF NOT EXISTS checkpoints (
-    machine TEXT NOT NULL,
-    name TEXT NOT NULL,
-    created_at TEXT NOT NULL,
-    instruction_count INTEGER NOT NULL,
-    PRIMARY KEY (machine, name)
-);
--- Output is stored in batches of consecutive chunks (a JSON array of [stream, data] pairs whose
--- seqs start at first_seq): one row per line would make large outputs slow to store.
-CREATE TABLE IF NOT EXISTS outputs (
-    machine TEXT NOT NULL,
-    instruction INTEGER NOT NULL,
-    first_seq INTEGER NOT NULL,
-    chunks TEXT NOT NULL,
-    PRIMARY KEY (machine, instruction, first_seq)
-);
-";
+pub(crate) use thread::StoreThread;
 
 /// A machine's row.
 #[derive(Debug, Clone)]
@@ -105,6 +47,36 @@ pub struct Store {
     conn: Connection,
 }
 
+/// Makes the database and its WAL files readable and writable by their owner only (tokens'
+/// hashes and every machine's code and output are in them). Best effort: a failure is logged.
+fn owner_only(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let mut paths = vec![path.to_owned()];
+    for suffix in ["-wal", "-shm"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        paths.push(name.into());
+    }
+    for file in paths.iter().filter(|p| p.exists()) {
+        if let Err(e) = std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600)) {
+            tracing::warn!(path = %file.display(), "cannot make the database private: {e}");
+        }
+    }
+}
+
+/// The error for a write about a machine whose row is gone (deleted meanwhile).
+fn machine_gone(machine: &str, e: rusqlite::Error) -> Error {
+    match e {
+        rusqlite::Error::QueryReturnedNoRows => Error::machine_not_found(machine),
+        rusqlite::Error::SqliteFailure(f, _)
+            if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY =>
+        {
+            Error::machine_not_found(machine)
+        }
+        other => other.into(),
+    }
+}
+
 fn now() -> String {
     Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
 }
@@ -130,8 +102,9 @@ fn random_alnum(len: usize) -> String {
 
 impl Store {
     /// Opens (creating if needed) the database at `path` and brings its schema up to date.
+    /// The database files are readable by their owner only.
     pub fn open(path: &Path) -> Result<Self> {
-        let conn = Connection::open(path)
+        let mut conn = Connection::open(path)
             .map_err(|e| Error::internal(format!("cannot open {}: {e}", path.display())))?;
         // First, so that opening while another process (`evervm token create` beside a
         // server) holds the database waits instead of failing.
@@ -139,45 +112,8 @@ impl Store {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
-        conn.execute_batch(SCHEMA)?;
-        let version: Option<String> = conn
-            .query_row(
-                "SELECT value FROM meta WHERE key = 'schema_version'",
-                [],
-                |r| r.get(0),
-            )
-            .optional()?;
-        match version {
-            None => {
-                conn.execute(
-                    "INSERT INTO meta (key, value) VALUES ('schema_version', ?1)",
-                    params![SCHEMA_VERSION.to_string()],
-                )?;
-            }
-            Some(v) if v == SCHEMA_VERSION.to_string() => {}
-            Some(v) if v == "1" || v == "2" => {
-                // Version 2 added the machines' image profile; version 3 their durability and
-                // the marks rollbacks leave on instructions (the checkpoints table is created
-                // above).
-                let mut steps = String::from("BEGIN;");
-                if v == "1" {
-                    steps +=
-                        "ALTER TABLE machines ADD COLUMN image TEXT NOT NULL DEFAULT 'minimal';";
-                }
-                steps += "ALTER TABLE machines ADD COLUMN durability TEXT NOT NULL DEFAULT 'idle';
-                     ALTER TABLE instructions ADD COLUMN rolled_back_to TEXT;
-                     UPDATE meta SET value = '3' WHERE key = 'schema_version';
-                     COMMIT;";
-                conn.execute_batch(&steps)?;
-            }
-            Some(v) => {
-                return Err(Error::internal(format!(
-                    "{} has schema version {v}, this engine knows version {SCHEMA_VERSION}: \
-                     use the evervm release that wrote it",
-                    path.display()
-                )));
-            }
-        }
+        schema::prepare(&mut conn, path)?;
+        owner_only(path);
         Ok(Self { conn })
     }
 
@@ -325,6 +261,16 @@ impl Store {
         Ok(machines)
     }
 
+    /// How many machines the account has.
+    pub fn count_machines(&self, account_id: i64) -> Result<usize> {
+        let count: i64 = self.conn.query_row(
+            "SELECT COUNT(*) FROM machines WHERE account_id = ?1",
+            params![account_id],
+            |r| r.get(0),
+        )?;
+        Ok(count as usize)
+    }
+
     pub fn set_last_error(&mut self, name: &str, error: Option<&str>) -> Result<()> {
         self.conn.execute(
             "UPDATE machines SET last_error = ?2 WHERE name = ?1",
@@ -342,273 +288,6 @@ impl Store {
         tx.commit()?;
         Ok(())
     }
-
-    // --- checkpoints ----------------------------------------------------------------------
-
-    /// Records a checkpoint; refused when the machine already has one by that name.
-    pub fn insert_checkpoint(
-        &mut self,
-        machine: &str,
-        checkpoint: &CheckpointRecord,
-    ) -> Result<()> {
-        let inserted = self.conn.execute(
-            "INSERT OR IGNORE INTO checkpoints (machine, name, created_at, instruction_count)
-             VALUES (?1, ?2, ?3, ?4)",
-            params![
-                machine,
-                checkpoint.name,
-                checkpoint
-                    .created_at
-                    .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-                checkpoint.instruction_count
-            ],
-        )?;
-        if inserted == 0 {
-            return Err(Error::new(
-                crate::ErrorKind::Conflict,
-                format!(
-                    "machine {machine} already has a checkpoint named {:?}",
-                    checkpoint.name
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    /// Records when a reserved checkpoint was taken and what it holds.
-    pub fn complete_checkpoint(
-        &mut self,
-        machine: &str,
-        checkpoint: &CheckpointRecord,
-    ) -> Result<()> {
-        self.conn.execute(
-            "UPDATE checkpoints SET created_at = ?3, instruction_count = ?4
-             WHERE machine = ?1 AND name = ?2",
-            params![
-                machine,
-                checkpoint.name,
-                checkpoint
-                    .created_at
-                    .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-                checkpoint.instruction_count
-            ],
-        )?;
-        Ok(())
-    }
-
-    /// The machine's checkpoints, oldest first.
-    pub fn checkpoints(&self, machine: &str) -> Result<Vec<CheckpointRecord>> {
-        let mut statement = self.conn.prepare_cached(
-            "SELECT name, created_at, instruction_count FROM checkpoints WHERE machine = ?1
-             ORDER BY created_at, name",
-        )?;
-        let rows = statement.query_map(params![machine], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, i64>(2)?,
-            ))
-        })?;
-        let mut checkpoints = Vec::new();
-        for row in rows {
-            let (name, created_at, instruction_count) = row?;
-            checkpoints.push(CheckpointRecord {
-                name,
-                created_at: parse_time(&created_at)?,
-                instruction_count,
-            });
-        }
-        Ok(checkpoints)
-    }
-
-    /// Removes a checkpoint's row; false if there was none.
-    pub fn delete_checkpoint(&mut self, machine: &str, name: &str) -> Result<bool> {
-        let deleted = self.conn.execute(
-            "DELETE FROM checkpoints WHERE machine = ?1 AND name = ?2",
-            params![machine, name],
-        )?;
-        Ok(deleted > 0)
-    }
-
-    /// Marks the instructions run since a checkpoint as rolled back by it (they stay in the
-    /// history). Returns how many were marked.
-    pub fn mark_rolled_back(
-        &mut self,
-        machine: &str,
-        checkpoint: &CheckpointRecord,
-    ) -> Result<usize> {
-        Ok(self.conn.execute(
-            "UPDATE instructions SET rolled_back_to = ?3
-             WHERE machine = ?1 AND seq >= ?2 AND rolled_back_to IS NULL",
-            params![machine, checkpoint.instruction_count, checkpoint.name],
-        )?)
-    }
-
-    /// The checkpoint an instruction was rolled back by, if any.
-    pub fn rolled_back_to(&self, machine: &str, seq: i64) -> Result<Option<String>> {
-        Ok(self
-            .conn
-            .query_row(
-                "SELECT rolled_back_to FROM instructions WHERE machine = ?1 AND seq = ?2",
-                params![machine, seq],
-                |r| r.get(0),
-            )
-            .optional()?
-            .flatten())
-    }
-
-    // --- instructions ---------------------------------------------------------------------
-
-    /// Gives the next seq of the machine to a new instruction and stores it.
-    pub fn insert_instruction(
-        &mut self,
-        machine: &str,
-        code: &str,
-        timeout_ms: u64,
-    ) -> Result<i64> {
-        let tx = self.conn.transaction()?;
-        let seq: i64 = tx.query_row(
-            "UPDATE machines SET next_seq = next_seq + 1, last_used_at = ?2 WHERE name = ?1
-             RETURNING next_seq - 1",
-            params![machine, now()],
-            |r| r.get(0),
-        )?;
-        tx.execute(
-            "INSERT INTO instructions (machine, seq, code, timeout_ms, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![machine, seq, code, timeout_ms as i64, now()],
-        )?;
-        tx.commit()?;
-        Ok(seq)
-    }
-
-    /// Stores an instruction's output and result together.
-    pub fn finish_instruction(
-        &mut self,
-        machine: &str,
-        seq: i64,
-        output: &[OutputChunk],
-        result: &ExecResult,
-    ) -> Result<()> {
-        let encoded = serde_json::to_string(result)
-            .map_err(|e| Error::internal(format!("cannot encode a result: {e}")))?;
-        let tx = self.conn.transaction()?;
-        {
-            let mut insert = tx.prepare_cached(
-                "INSERT OR REPLACE INTO outputs (machine, instruction, first_seq, chunks)
-                 VALUES (?1, ?2, ?3, ?4)",
-            )?;
-            for batch in output_batches(output) {
-                let first_seq = batch.first().map_or(0, |c| c.seq);
-                let pairs: Vec<(&str, &str)> = batch
-                    .iter()
-                    .map(|c| (c.stream.as_str(), c.data.as_str()))
-                    .collect();
-                let encoded = serde_json::to_string(&pairs)
-                    .map_err(|e| Error::internal(format!("cannot encode output: {e}")))?;
-                insert.execute(params![machine, seq, first_seq, encoded])?;
-            }
-        }
-        tx.execute(
-            "UPDATE instructions SET result = ?3, finished_at = ?4 WHERE machine = ?1 AND seq = ?2",
-            params![machine, seq, encoded, now()],
-        )?;
-        tx.execute(
-            "UPDATE machines SET last_used_at = ?2 WHERE name = ?1",
-            params![machine, now()],
-        )?;
-        tx.commit()?;
-        Ok(())
-    }
-
-    /// Whether the instruction exists, and its result if it finished.
-    pub fn instruction_result(
-        &self,
-        machine: &str,
-        seq: i64,
-    ) -> Result<Option<Option<ExecResult>>> {
-        let row: Option<Option<String>> = self
-            .conn
-            .query_row(
-                "SELECT result FROM instructions WHERE machine = ?1 AND seq = ?2",
-                params![machine, seq],
-                |r| r.get(0),
-            )
-            .optional()?;
-        match row {
-            None => Ok(None),
-            Some(None) => Ok(Some(None)),
-            Some(Some(text)) => {
-                let result = serde_json::from_str(&text).map_err(|e| {
-                    Error::internal(format!(
-                        "stored result of {machine}/{seq} is unreadable: {e}"
-                    ))
-                })?;
-                Ok(Some(Some(result)))
-            }
-        }
-    }
-
-    pub fn instruction_output(&self, machine: &str, seq: i64) -> Result<Vec<OutputChunk>> {
-        let mut statement = self.conn.prepare_cached(
-            "SELECT first_seq, chunks FROM outputs WHERE machine = ?1 AND instruction = ?2
-             ORDER BY first_seq",
-        )?;
-        let rows = statement.query_map(params![machine, seq], |r| {
-            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
-        })?;
-        let mut chunks = Vec::new();
-        for row in rows {
-            let (first_seq, encoded) = row?;
-            let pairs: Vec<(String, String)> = serde_json::from_str(&encoded).map_err(|e| {
-                Error::internal(format!(
-                    "stored output of {machine}/{seq} is unreadable: {e}"
-                ))
-            })?;
-            for (offset, (stream, data)) in pairs.into_iter().enumerate() {
-                let stream = OutputStream::from_str_opt(&stream).unwrap_or(OutputStream::Stdout);
-                chunks.push(OutputChunk {
-                    seq: first_seq + offset as i64,
-                    stream,
-                    data,
-                });
-            }
-        }
-        Ok(chunks)
-    }
-
-    /// Instructions left without a result by an engine that stopped: they get an error result.
-    pub fn fail_unfinished(&mut self, reason: &str) -> Result<usize> {
-        let result = ExecResult::failure(FailureCause::MachineCrashed, reason);
-        let encoded = serde_json::to_string(&result)
-            .map_err(|e| Error::internal(format!("cannot encode a result: {e}")))?;
-        let changed = self.conn.execute(
-            "UPDATE instructions SET result = ?1, finished_at = ?2 WHERE result IS NULL",
-            params![encoded, now()],
-        )?;
-        Ok(changed)
-    }
-}
-
-/// Splits output into batches of at most 4096 chunks or about 1 MiB.
-fn output_batches(output: &[OutputChunk]) -> impl Iterator<Item = &[OutputChunk]> {
-    const MAX_CHUNKS: usize = 4096;
-    const MAX_BYTES: usize = 1024 * 1024;
-    let mut rest = output;
-    std::iter::from_fn(move || {
-        if rest.is_empty() {
-            return None;
-        }
-        let mut bytes = 0;
-        let mut end = 0;
-        while end < rest.len() && end < MAX_CHUNKS && (end == 0 || bytes < MAX_BYTES) {
-            bytes += rest[end].data.len();
-            end += 1;
-        }
-        let (batch, remaining) = rest.split_at(end);
-        rest = remaining;
-        Some(batch)
-    })
 }
 
 struct RawMachine {
@@ -649,6 +328,7 @@ impl RawMachine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::{ExecResult, FailureCause, OutputChunk, OutputStream};
 
     /// A store with account `a` and the named machines.
     fn store_with(dir: &tempfile::TempDir, machines: &[&str]) -> (Store, Account) {

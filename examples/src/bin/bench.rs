@@ -147,7 +147,7 @@ async fn local(backend: &str, pool_size: usize) -> Result<(Client, Engine, tempf
     config.backend = BackendChoice::parse(backend);
     config.pool_size = pool_size;
     let engine = Engine::open(config).await?;
-    let account = engine.ensure_account("bench")?;
+    let account = engine.ensure_account("bench").await?;
     Ok((Client::from_engine(engine.clone(), account), engine, home))
 }
 
@@ -375,7 +375,7 @@ async fn density_run(count: usize) -> Result<()> {
     config.idle_swap = Some(Duration::from_secs(2));
     config.max_resident = Some(16);
     let engine = Engine::open(config).await?;
-    let client = Client::from_engine(engine.clone(), engine.ensure_account("bench")?);
+    let client = Client::from_engine(engine.clone(), engine.ensure_account("bench").await?);
     let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let sampler = {
         let peak = std::sync::Arc::clone(&peak);

@@ -274,7 +274,7 @@ async fn past_the_resident_limit_the_least_recently_used_swap_out() {
     config.idle_swap = None;
     config.max_resident = Some(2);
     let engine = evervm::engine::Engine::open(config).await.unwrap();
-    let account = engine.ensure_account("local").unwrap();
+    let account = engine.ensure_account("local").await.unwrap();
     let client = Client::from_engine(engine.clone(), account);
     let mut machines = Vec::new();
     for i in 0..4 {

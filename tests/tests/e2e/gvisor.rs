@@ -317,7 +317,7 @@ async fn idle_machines_swap_out_and_everything_survives_an_engine_restart() {
     }
     let home = tempfile::tempdir().unwrap();
     let engine = gvisor_engine(home.path(), Some(Duration::from_secs(1))).await;
-    let account = engine.ensure_account("local").unwrap();
+    let account = engine.ensure_account("local").await.unwrap();
     let client = Client::from_engine(engine.clone(), account.clone());
     let idle = machine(&client, None).await;
     value(&idle, "n = 7").await;
@@ -396,7 +396,7 @@ async fn snapshots_survive_an_upgrade_of_runsc() {
         .rsplit("platform ")
         .next()
         .map(|p| p.trim_end_matches(')').to_owned());
-    let account = engine.ensure_account("local").unwrap();
+    let account = engine.ensure_account("local").await.unwrap();
     let client = Client::from_engine(engine.clone(), account.clone());
     let m = machine(&client, None).await;
     value(&m, "kept = 'across the upgrade'").await;
@@ -430,7 +430,10 @@ async fn snapshots_survive_an_upgrade_of_runsc() {
         }
     }
     let engine = open(releases.path().join("runsc-2"), None).await.unwrap();
-    let client = Client::from_engine(engine.clone(), engine.ensure_account("local").unwrap());
+    let client = Client::from_engine(
+        engine.clone(),
+        engine.ensure_account("local").await.unwrap(),
+    );
     let info = client.machine(&name).info().await.unwrap();
     assert_eq!(info.state.as_deref(), Some("damaged"), "{info:?}");
     let reason = info.last_error.unwrap_or_default();

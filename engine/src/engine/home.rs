@@ -1,0 +1,165 @@
+//! The engine's home: taking it (one engine at a time), the sandbox backend it runs machines on,
+//! and what other processes may do in it beside a running engine (create tokens).
+
+use std::fs::File;
+use std::io::{Read, Seek, Write};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::config::{BackendChoice, EngineConfig};
+use crate::error::{Error, ErrorKind, Result};
+use crate::guest::image::StderrProgress;
+use crate::sandbox::SandboxBackend;
+use crate::sandbox::gvisor::{GvisorBackend, GvisorConfig};
+use crate::sandbox::process::{ProcessBackend, ProcessBackendConfig};
+use crate::store::Store;
+
+/// Creates the home (readable by its owner only: it holds every machine's memory and the
+/// tokens' hashes), or tightens an existing one's mode.
+pub(super) fn create_home(home: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(home).map_err(|e| {
+        Error::internal(format!(
+            "cannot create the evervm home {}: {e}",
+            home.display()
+        ))
+    })?;
+    std::fs::set_permissions(home, std::fs::Permissions::from_mode(0o700)).map_err(|e| {
+        Error::internal(format!(
+            "cannot make the evervm home {} private: {e}",
+            home.display()
+        ))
+    })
+}
+
+/// Takes the home's lock file, or says which process holds it.
+pub(super) fn lock_home(home: &Path) -> Result<File> {
+    let path = home.join("evervm.lock");
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| Error::internal(format!("cannot open {}: {e}", path.display())))?;
+    // A lock just released can still be held for a moment by a child forked meanwhile (it holds
+    // the descriptor until its exec closes it): try again briefly before naming the holder.
+    let mut locked = file.try_lock();
+    for _ in 0..40 {
+        if !matches!(locked, Err(std::fs::TryLockError::WouldBlock)) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+        locked = file.try_lock();
+    }
+    match locked {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = holder.trim();
+            let holder = if holder.is_empty() {
+                "another process".to_owned()
+            } else {
+                format!("process {holder}")
+            };
+            return Err(Error::new(
+                ErrorKind::Conflict,
+                format!(
+                    "the evervm home {} is in use by {holder}: stop that engine or use another \
+                     home (--home or EVERVM_HOME)",
+                    home.display()
+                ),
+            ));
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(Error::internal(format!(
+                "cannot lock {}: {e}",
+                path.display()
+            )));
+        }
+    }
+    file.set_len(0)?;
+    file.rewind()?;
+    write!(file, "{}", std::process::id())?;
+    file.flush()?;
+    Ok(file)
+}
+
+fn process_backend(config: &EngineConfig) -> Result<Arc<dyn SandboxBackend>> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let as_root = unsafe { libc::geteuid() } == 0;
+    // Machines run as `nobody` under root and must reach their working directory, which a home
+    // below /root would not allow.
+    let work_root = if as_root {
+        let digest = {
+            use sha2::Digest;
+            hex::encode(sha2::Sha256::digest(
+                config.home.as_os_str().as_encoded_bytes(),
+            ))
+        };
+        std::env::temp_dir().join(format!("evervm-process-{}", &digest[..12]))
+    } else {
+        config.home.join("work")
+    };
+    let backend_config = ProcessBackendConfig::detect(work_root)?;
+    Ok(Arc::new(ProcessBackend::new(backend_config)?))
+}
+
+async fn gvisor_backend(config: &EngineConfig) -> Result<Arc<dyn SandboxBackend>> {
+    let mut gvisor = GvisorConfig::new(config.home.clone(), config.images_dir.clone());
+    gvisor.runsc = config.runsc.clone().or(gvisor.runsc);
+    gvisor.platform = config.runsc_platform.clone().or(gvisor.platform);
+    Ok(Arc::new(
+        GvisorBackend::open(gvisor, Arc::new(StderrProgress::default())).await?,
+    ))
+}
+
+/// The configured backend; for `auto`, gVisor where it runs here, else the process backend.
+pub(super) async fn choose_backend(config: &EngineConfig) -> Result<Arc<dyn SandboxBackend>> {
+    match &config.backend {
+        BackendChoice::Auto => match gvisor_backend(config).await {
+            Ok(backend) => Ok(backend),
+            Err(e) => {
+                tracing::warn!(
+                    "gVisor is not available ({e}); machines run on the process backend, which \
+                     is not a security boundary"
+                );
+                process_backend(config)
+            }
+        },
+        BackendChoice::Named(name) => match name.as_str() {
+            "process" => process_backend(config),
+            "gvisor" => gvisor_backend(config).await,
+            other => Err(Error::invalid(format!(
+                "unknown backend {other:?}: use `gvisor`, `process` or `auto`"
+            ))),
+        },
+    }
+}
+
+pub(super) fn validate_account_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "account name {name:?} must be 1 to 64 letters, digits, '_' or '-'"
+        )))
+    }
+}
+
+/// Creates a token for an account directly in a home's database, without taking the engine's
+/// lock, so that it works while a server runs on that home.
+pub fn create_token_in_home(home: &Path, account_name: &str) -> Result<String> {
+    validate_account_name(account_name)?;
+    create_home(home)?;
+    let mut store = Store::open(&home.join("evervm.db"))?;
+    let account = store.ensure_account(account_name)?;
+    store.create_token(&account)
+}

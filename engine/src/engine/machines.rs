@@ -1,0 +1,389 @@
+//! Creating, finding, running and deleting machines.
+
+use std::sync::Arc;
+
+use chrono::Utc;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+
+use super::Engine;
+use super::inner::{DiskFacts, EngineInner};
+use crate::error::{Error, ErrorKind, Result};
+use crate::guest::image::Profile;
+use crate::machine::MachineHandle;
+use crate::pool::Shape;
+use crate::store::MachineRecord;
+use crate::sync::lock;
+use crate::types::{
+    Account, CreateMachine, Durability, ExecAccepted, ExecEvent, ExecRequest, ExecResult,
+    MIN_MEMORY_MB, MachineInfo, MachineName, MachineState, Tags, validate_tags,
+};
+
+impl Engine {
+    pub async fn create_machine(
+        &self,
+        account: &Account,
+        request: CreateMachine,
+    ) -> Result<MachineInfo> {
+        self.refuse_when_closed()?;
+        validate_tags(&request.tags)?;
+        let limits = &self.inner.config.limits;
+        let memory_mb = request
+            .memory_mb
+            .unwrap_or(self.inner.config.default_memory_mb);
+        if memory_mb < MIN_MEMORY_MB || !limits.allowed_memory_mb.contains(&memory_mb) {
+            let allowed: Vec<String> = limits
+                .allowed_memory_mb
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            return Err(Error::invalid(format!(
+                "memory_mb {memory_mb} is not offered by this server: use one of {} \
+                 (EVERVM_MEMORY_MB_ALLOWED)",
+                allowed.join(", ")
+            )));
+        }
+        let profile = Profile::parse(request.image.as_deref().unwrap_or("minimal"))?;
+        let durability = request.durability.unwrap_or_default();
+        if durability == Durability::Instruction && !self.inner.backend.capabilities().snapshots {
+            return Err(Error::unsupported(format!(
+                "durability `instruction` needs snapshots, which the {} backend cannot take (the \
+                 gVisor backend can)",
+                self.inner.backend.name()
+            )));
+        }
+        let record = MachineRecord {
+            name: MachineName::generate(),
+            account_id: account.id,
+            created_at: Utc::now(),
+            tags: request.tags,
+            memory_mb,
+            image: profile,
+            backend: self.inner.backend.name().to_owned(),
+            next_seq: 0,
+            last_used_at: None,
+            last_error: None,
+            durability,
+        };
+        self.insert_machine(&record).await?;
+        let handle = self.spawn_handle(&record, true);
+        self.fresh_info(record, Some(handle)).await
+    }
+
+    /// Stores a new machine's row, within the account's machine limit.
+    pub(super) async fn insert_machine(&self, record: &MachineRecord) -> Result<()> {
+        let limit = self.inner.config.limits.max_machines_per_account;
+        let record = record.clone();
+        self.inner
+            .store
+            .call(move |store| {
+                let count = store.count_machines(record.account_id)?;
+                if count >= limit {
+                    return Err(Error::limit(format!(
+                        "this account has {count} machines, the limit per account is {limit} \
+                         (EVERVM_MAX_MACHINES on the server): delete machines first"
+                    )));
+                }
+                store.insert_machine(&record)
+            })
+            .await
+    }
+
+    pub(super) fn spawn_handle(&self, record: &MachineRecord, eager: bool) -> Arc<MachineHandle> {
+        let mut machines = lock(&self.inner.machines);
+        let shape = Shape {
+            profile: record.image,
+            memory_mb: record.memory_mb,
+        };
+        Arc::clone(machines.entry(record.name.to_string()).or_insert_with(|| {
+            MachineHandle::spawn(
+                Arc::clone(&self.inner),
+                record.name.clone(),
+                record.account_id,
+                shape,
+                record.durability,
+                eager,
+            )
+        }))
+    }
+
+    /// The machine's row, if the account has it.
+    pub(super) async fn record(&self, account: &Account, name: &str) -> Result<MachineRecord> {
+        let parsed = MachineName::parse(name)?;
+        let found = self
+            .inner
+            .store
+            .call(move |store| store.machine(parsed.as_str()))
+            .await?;
+        match found {
+            Some(record) if record.account_id == account.id => Ok(record),
+            _ => Err(Error::machine_not_found(name)),
+        }
+    }
+
+    pub(super) fn refuse_when_closed(&self) -> Result<()> {
+        if self.inner.closing() {
+            return Err(Error::new(
+                ErrorKind::Conflict,
+                "the engine has shut down: open it again to use its machines",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The handle of the account's machine, made on first use. A machine being deleted is
+    /// never found again, however the lookup and the delete interleave.
+    pub(super) async fn handle(&self, account: &Account, name: &str) -> Result<Arc<MachineHandle>> {
+        self.refuse_when_closed()?;
+        if let Some(handle) = self.cached_handle(account, name)? {
+            return Ok(handle);
+        }
+        let _membership = self.inner.membership.lock().await;
+        if let Some(handle) = self.cached_handle(account, name)? {
+            return Ok(handle);
+        }
+        let record = self.record(account, name).await?;
+        if let Some(hook) = &self.inner.config.hooks.before_handle {
+            hook(name.to_owned()).await;
+        }
+        if lock(&self.inner.deleting).contains(name) {
+            return Err(Error::machine_not_found(name));
+        }
+        Ok(self.spawn_handle(&record, false))
+    }
+
+    fn cached_handle(&self, account: &Account, name: &str) -> Result<Option<Arc<MachineHandle>>> {
+        if lock(&self.inner.deleting).contains(name) {
+            return Err(Error::machine_not_found(name));
+        }
+        match lock(&self.inner.machines).get(name) {
+            Some(handle) if handle.account_id == account.id => Ok(Some(Arc::clone(handle))),
+            Some(_) => Err(Error::machine_not_found(name)),
+            None => Ok(None),
+        }
+    }
+
+    /// A machine's info with what the disk holds read now.
+    pub(super) async fn fresh_info(
+        &self,
+        record: MachineRecord,
+        handle: Option<Arc<MachineHandle>>,
+    ) -> Result<MachineInfo> {
+        let inner = Arc::clone(&self.inner);
+        let name = record.name.to_string();
+        tokio::task::spawn_blocking(move || {
+            let facts = inner.fresh_disk_facts(&name);
+            let resident_bytes = handle.as_ref().map_or(0, |h| h.resident_bytes());
+            info_of(&record, handle.as_deref(), &facts, resident_bytes)
+        })
+        .await
+        .map_err(|e| Error::internal(format!("reading a machine's info stopped: {e}")))
+    }
+
+    /// The account's machines that carry every given tag, newest first. What the disk holds is
+    /// remembered between calls (the engine forgets it whenever it changes a machine's files),
+    /// so listing thousands of machines reads no files.
+    pub async fn list_machines(
+        &self,
+        account: &Account,
+        filter: &Tags,
+    ) -> Result<Vec<MachineInfo>> {
+        let account_id = account.id;
+        let records = self
+            .inner
+            .store
+            .call(move |store| store.machines(account_id))
+            .await?;
+        let records: Vec<MachineRecord> = records
+            .into_iter()
+            .filter(|r| filter.iter().all(|(k, v)| r.tags.get(k) == Some(v)))
+            .collect();
+        let handles: Vec<Option<Arc<MachineHandle>>> = {
+            let machines = lock(&self.inner.machines);
+            records
+                .iter()
+                .map(|r| machines.get(r.name.as_str()).cloned())
+                .collect()
+        };
+        let inner: Arc<EngineInner> = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || {
+            records
+                .iter()
+                .zip(handles)
+                .map(|(record, handle)| {
+                    let facts = inner.disk_facts(record.name.as_str());
+                    let resident_bytes = handle.as_ref().map_or(0, |h| h.resident_bytes());
+                    info_of(record, handle.as_deref(), &facts, resident_bytes)
+                })
+                .collect()
+        })
+        .await
+        .map_err(|e| Error::internal(format!("listing machines stopped: {e}")))
+    }
+
+    /// One machine's info, with its snapshot looked at now (a damaged one shows as damaged,
+    /// with the reason, before any instruction finds out).
+    pub async fn machine_info(&self, account: &Account, name: &str) -> Result<MachineInfo> {
+        let record = self.record(account, name).await?;
+        let handle = lock(&self.inner.machines).get(name).cloned();
+        self.fresh_info(record, handle).await
+    }
+
+    /// Queues an instruction and returns at once with its seq.
+    pub async fn exec(
+        &self,
+        account: &Account,
+        name: &str,
+        request: ExecRequest,
+    ) -> Result<ExecAccepted> {
+        request.validate()?;
+        let handle = self.handle(account, name).await?;
+        self.inner.take_instruction_token(account.id)?;
+        let interrupted = request.interrupt && handle.interrupt();
+        let seq = handle
+            .enqueue(&self.inner, request.code, request.timeout)
+            .await?;
+        Ok(ExecAccepted { seq, interrupted })
+    }
+
+    /// Interrupts the running instruction and cancels queued ones. True if there was any.
+    pub async fn interrupt(&self, account: &Account, name: &str) -> Result<bool> {
+        Ok(self.handle(account, name).await?.interrupt())
+    }
+
+    /// Waits for an instruction's result (at once if it already finished).
+    pub async fn result(&self, account: &Account, name: &str, seq: i64) -> Result<ExecResult> {
+        let handle = self.handle(account, name).await?;
+        if let Some(live) = handle.live(seq) {
+            return Ok(live.wait_result().await);
+        }
+        let machine = name.to_owned();
+        let stored = self
+            .inner
+            .store
+            .call(move |store| store.instruction_result(&machine, seq))
+            .await?;
+        match stored {
+            Some(Some(result)) => Ok(result),
+            Some(None) => Err(Error::internal(format!(
+                "instruction {seq} of {name} has no result and is not running"
+            ))),
+            None => Err(Error::instruction_not_found(name, seq)),
+        }
+    }
+
+    /// An instruction's output, then its result: live while it runs, replayed from the store
+    /// after it finished.
+    pub async fn events(
+        &self,
+        account: &Account,
+        name: &str,
+        seq: i64,
+    ) -> Result<BoxStream<'static, ExecEvent>> {
+        let handle = self.handle(account, name).await?;
+        if let Some(live) = handle.live(seq) {
+            return Ok(live.events().boxed());
+        }
+        let machine = name.to_owned();
+        let stored = self
+            .inner
+            .store
+            .call(
+                move |store| match store.instruction_result(&machine, seq)? {
+                    Some(Some(result)) => {
+                        Ok(Some((store.instruction_output(&machine, seq)?, result)))
+                    }
+                    Some(None) => Err(Error::internal(format!(
+                        "instruction {seq} of {machine} has no result and is not running"
+                    ))),
+                    None => Ok(None),
+                },
+            )
+            .await?;
+        match stored {
+            Some((chunks, result)) => Ok(futures::stream::iter(
+                chunks
+                    .into_iter()
+                    .map(ExecEvent::Output)
+                    .chain(std::iter::once(ExecEvent::Result(result))),
+            )
+            .boxed()),
+            None => Err(Error::instruction_not_found(name, seq)),
+        }
+    }
+
+    /// Deletes a machine: its sandbox, its files, its instructions and their output. Whatever
+    /// runs meanwhile on it (an instruction, a fork, a checkpoint) ends cleanly, and no lookup
+    /// finds it again.
+    pub async fn delete_machine(&self, account: &Account, name: &str) -> Result<()> {
+        self.refuse_when_closed()?;
+        self.record(account, name).await?;
+        let handle = {
+            let _membership = self.inner.membership.lock().await;
+            if !lock(&self.inner.deleting).insert(name.to_owned()) {
+                // Another delete of it is under way.
+                return Err(Error::machine_not_found(name));
+            }
+            lock(&self.inner.machines).remove(name)
+        };
+        let deleted = async {
+            if let Some(handle) = handle {
+                handle.stop().await;
+            }
+            let machine = name.to_owned();
+            self.inner
+                .store
+                .call(move |store| store.delete_machine(&machine))
+                .await?;
+            let home = self.inner.config.home.clone();
+            let machine = name.to_owned();
+            tokio::task::spawn_blocking(move || crate::snapshot::remove(&home, &machine))
+                .await
+                .map_err(|e| {
+                    Error::internal(format!("removing the machine's files stopped: {e}"))
+                })?
+        }
+        .await;
+        self.inner.forget_disk_facts(name);
+        lock(&self.inner.deleting).remove(name);
+        deleted
+    }
+}
+
+/// A machine's info from its row, its handle (if it has one), what its disk holds and the
+/// memory its sandbox holds.
+pub(super) fn info_of(
+    record: &MachineRecord,
+    handle: Option<&MachineHandle>,
+    facts: &DiskFacts,
+    resident_bytes: u64,
+) -> MachineInfo {
+    let (resident, pending) = handle.map_or((false, false), |h| {
+        (h.resident(), h.has_pending_instruction())
+    });
+    MachineInfo {
+        name: record.name.clone(),
+        created_at: record.created_at,
+        tags: record.tags.clone(),
+        memory_mb: record.memory_mb,
+        image: record.image.as_str().to_owned(),
+        backend: record.backend.clone(),
+        state: match (resident, &facts.snapshot) {
+            (true, _) => MachineState::Resident,
+            (false, Some(Err(_))) => MachineState::Damaged,
+            (false, Some(Ok(()))) => MachineState::Swapped,
+            (false, None) => MachineState::Stopped,
+        },
+        disk_bytes: facts.disk_bytes,
+        resident_bytes,
+        durability: record.durability,
+        has_pending_instruction: pending,
+        instruction_count: record.next_seq,
+        last_used_at: record.last_used_at,
+        // A damaged snapshot's reason comes first: it is what stands in the way now.
+        last_error: match (resident, &facts.snapshot) {
+            (false, Some(Err(reason))) => Some(reason.clone()),
+            _ => record.last_error.clone(),
+        },
+    }
+}

@@ -1,0 +1,176 @@
+//! The `Engine` facade: every operation on machines is one method here. No HTTP, no FFI.
+//!
+//! `config.rs` holds the settings and limits, `home.rs` taking the home and choosing the
+//! backend, `inner.rs` what every part shares, `machines.rs` creating, finding, running and
+//! deleting machines, `forever.rs` swap, fork, checkpoints and rollback, `budget.rs` the swap
+//! policy.
+
+mod budget;
+mod config;
+mod forever;
+mod home;
+mod inner;
+mod machines;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+pub use self::config::{
+    BackendChoice, EngineConfig, Hook, Hooks, LINE_OVERHEAD_BYTES, Limits, parse_memory_list,
+};
+pub use self::home::create_token_in_home;
+pub(crate) use self::inner::EngineInner;
+use crate::error::Result;
+use crate::guest::image::Profile;
+use crate::pool::{Pool, Shape};
+use crate::store::{Store, StoreThread};
+use crate::sync::lock;
+use crate::types::Account;
+
+/// The evervm engine. Cheap to clone; all clones share one engine.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<EngineInner>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("home", &self.inner.config.home)
+            .field("backend", &self.inner.backend.name())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// Opens the engine on its home, creating the home on first use (for gVisor, the first
+    /// start also builds the root filesystem image, with progress on stderr). The tokio runtime
+    /// it is called in then runs the machines.
+    pub async fn open(config: EngineConfig) -> Result<Self> {
+        home::create_home(&config.home)?;
+        let lock_file = home::lock_home(&config.home)?;
+        let home = config.home.clone();
+        let (store, unfinished) = tokio::task::spawn_blocking(move || -> Result<(Store, usize)> {
+            let mut store = Store::open(&home.join("evervm.db"))?;
+            crate::snapshot::recover(&home);
+            let unfinished = store.fail_unfinished(
+                "MachineCrashed: the engine stopped before this instruction finished",
+            )?;
+            Ok((store, unfinished))
+        })
+        .await
+        .map_err(|e| crate::Error::internal(format!("opening the store stopped: {e}")))??;
+        let backend = home::choose_backend(&config).await?;
+        if unfinished > 0 {
+            tracing::warn!("{unfinished} instructions were left unfinished by the last engine");
+        }
+        let inner = EngineInner::new(config, StoreThread::start(store)?, backend, lock_file);
+        let engine = Self {
+            inner: Arc::new(inner),
+        };
+        Pool::refill(&engine.inner, engine.default_shape());
+        if engine.inner.backend.capabilities().snapshots
+            && let Some(idle) = engine.inner.config.idle_swap
+        {
+            tokio::spawn(budget::swap_idle_machines(
+                Arc::downgrade(&engine.inner),
+                idle,
+            ));
+        }
+        Ok(engine)
+    }
+
+    fn default_shape(&self) -> Shape {
+        Shape {
+            profile: Profile::Minimal,
+            memory_mb: self.inner.config.default_memory_mb,
+        }
+    }
+
+    /// The backend and its exact version (for gVisor: the runsc and its platform).
+    pub fn backend_description(&self) -> String {
+        self.inner.backend.describe()
+    }
+
+    /// How many ready sandboxes the pool holds now.
+    pub fn pooled_sandboxes(&self) -> usize {
+        self.inner.pool.len()
+    }
+
+    pub fn home(&self) -> &Path {
+        &self.inner.config.home
+    }
+
+    /// The sandbox backend in use (`process`, `gvisor`).
+    pub fn backend_name(&self) -> &'static str {
+        self.inner.backend.name()
+    }
+
+    /// The limits this engine enforces.
+    pub fn limits(&self) -> &Limits {
+        &self.inner.config.limits
+    }
+
+    // --- accounts -------------------------------------------------------------------------
+
+    /// The account with this name, created if needed.
+    pub async fn ensure_account(&self, name: &str) -> Result<Account> {
+        home::validate_account_name(name)?;
+        let name = name.to_owned();
+        self.inner
+            .store
+            .call(move |store| store.ensure_account(&name))
+            .await
+    }
+
+    /// Creates a token (`id.secret`) for the named account, creating the account if needed.
+    pub async fn create_token(&self, account_name: &str) -> Result<String> {
+        home::validate_account_name(account_name)?;
+        let name = account_name.to_owned();
+        self.inner
+            .store
+            .call(move |store| {
+                let account = store.ensure_account(&name)?;
+                store.create_token(&account)
+            })
+            .await
+    }
+
+    /// How many tokens exist (a fresh home has none).
+    pub async fn token_count(&self) -> Result<i64> {
+        self.inner.store.call(|store| store.count_tokens()).await
+    }
+
+    /// The account a token belongs to.
+    pub async fn authenticate(&self, token: &str) -> Result<Account> {
+        let token = token.to_owned();
+        self.inner
+            .store
+            .call(move |store| store.authenticate(&token))
+            .await
+    }
+
+    /// Stops the engine: resident machines are swapped out to disk where the backend can, every
+    /// sandbox stops, and the home is released for the next engine. Afterwards every operation
+    /// on machines is refused.
+    pub async fn shutdown(&self) {
+        self.inner.closing.store(true, Ordering::SeqCst);
+        let handles: Vec<_> = lock(&self.inner.machines).drain().map(|(_, h)| h).collect();
+        let snapshots = self.inner.backend.capabilities().snapshots;
+        for handle in handles {
+            // Resident machines go to disk, so the next engine finds them as they were.
+            if snapshots
+                && handle.resident()
+                && let Err(e) = handle.swap_out().await
+            {
+                tracing::warn!(machine = %handle.name, "could not swap out at shutdown: {e}");
+            }
+            handle.stop().await;
+        }
+        self.inner.pool.drain().await;
+        // Everything stored before the home is handed over.
+        let _ = self.inner.store.call(|_| Ok(())).await;
+        lock(&self.inner.home_lock).take();
+    }
+}

@@ -1,0 +1,308 @@
+//! An instruction while it is queued or running: its output so far and, once it ends, its
+//! result, for every stream that reads it. What it keeps is capped (see
+//! [`crate::Limits::max_output_bytes`]): past the cap the output is dropped, with one marker
+//! line in the stream and a flag in the result.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+
+use crate::engine::LINE_OVERHEAD_BYTES;
+use crate::sync::lock;
+use crate::types::{ExecEvent, ExecResult, FailureCause, OutputChunk, OutputStream};
+
+/// A partial line longer than this is sent as a chunk of its own.
+const MAX_LINE_BYTES: usize = 1024 * 1024;
+
+/// An instruction that is queued, running, or finished but not yet only in the store.
+pub(crate) struct LiveInstruction {
+    data: Mutex<LiveData>,
+    version: watch::Sender<u64>,
+    /// Output kept at most, in bytes (see [`LINE_OVERHEAD_BYTES`]).
+    cap: usize,
+}
+
+#[derive(Default)]
+struct LiveData {
+    chunks: Vec<OutputChunk>,
+    result: Option<ExecResult>,
+    /// What the kept chunks count against the cap.
+    kept_bytes: usize,
+    /// Set once the cap was reached: later output is dropped.
+    truncated: bool,
+    /// Chunks from here on are not in the store yet.
+    unsaved_from: usize,
+    unsaved_bytes: usize,
+}
+
+impl LiveInstruction {
+    pub(crate) fn new(cap: usize) -> Self {
+        Self {
+            data: Mutex::new(LiveData::default()),
+            version: watch::channel(0).0,
+            cap,
+        }
+    }
+
+    /// Appends lines (one lock and one wake-up for many). Past the cap, the first line that
+    /// does not fit is replaced by a marker and the rest is dropped.
+    pub(crate) fn push_chunks(&self, lines: impl IntoIterator<Item = (OutputStream, String)>) {
+        let mut live = lock(&self.data);
+        let before = live.chunks.len();
+        for (stream, data) in lines {
+            if live.truncated {
+                break;
+            }
+            let cost = data.len() + LINE_OVERHEAD_BYTES;
+            if live.kept_bytes + cost > self.cap {
+                live.truncated = true;
+                let marker = format!(
+                    "[evervm] output truncated: this instruction's output passed the {} kept \
+                     per instruction, so the rest of it was dropped (the instruction went on \
+                     running)",
+                    human_bytes(self.cap)
+                );
+                push(&mut live, OutputStream::Stderr, marker);
+                break;
+            }
+            push(&mut live, stream, data);
+        }
+        let added = live.chunks.len() > before;
+        drop(live);
+        if added {
+            self.version.send_modify(|v| *v += 1);
+        }
+    }
+
+    /// True once output was dropped at the cap.
+    pub(crate) fn truncated(&self) -> bool {
+        lock(&self.data).truncated
+    }
+
+    /// Bytes of output not yet handed to the store.
+    pub(crate) fn unsaved_bytes(&self) -> usize {
+        lock(&self.data).unsaved_bytes
+    }
+
+    /// The chunks not yet handed to the store (a copy), marked as handed over.
+    pub(crate) fn take_unsaved(&self) -> Vec<OutputChunk> {
+        let mut live = lock(&self.data);
+        let from = live.unsaved_from.min(live.chunks.len());
+        let unsaved = live.chunks[from..].to_vec();
+        live.unsaved_from = live.chunks.len();
+        live.unsaved_bytes = 0;
+        unsaved
+    }
+
+    /// Sets the result once (with the output's truncation flag); later calls are ignored.
+    pub(crate) fn finish(&self, mut result: ExecResult) -> bool {
+        let mut live = lock(&self.data);
+        if live.result.is_some() {
+            return false;
+        }
+        result.output_truncated |= live.truncated;
+        live.result = Some(result);
+        drop(live);
+        self.version.send_modify(|v| *v += 1);
+        true
+    }
+
+    pub(crate) async fn wait_result(self: Arc<Self>) -> ExecResult {
+        let mut changes = self.version.subscribe();
+        loop {
+            changes.borrow_and_update();
+            if let Some(result) = lock(&self.data).result.clone() {
+                return result;
+            }
+            if changes.changed().await.is_err() {
+                return ExecResult::failure(FailureCause::MachineCrashed, "the machine stopped");
+            }
+        }
+    }
+
+    /// Output chunks from the first, then the result; ends after the result. Takes everything
+    /// available under one lock and hands it out from a local buffer.
+    pub(crate) fn events(self: Arc<Self>) -> impl futures::Stream<Item = ExecEvent> + Send {
+        struct Cursor {
+            live: Arc<LiveInstruction>,
+            changes: watch::Receiver<u64>,
+            next: usize,
+            buffer: VecDeque<ExecEvent>,
+            done: bool,
+        }
+        /// Most events taken out at once: a reader far behind catches up in steps.
+        const STEP: usize = 4096;
+        let changes = self.version.subscribe();
+        let cursor = Cursor {
+            live: self,
+            changes,
+            next: 0,
+            buffer: VecDeque::new(),
+            done: false,
+        };
+        futures::stream::unfold(cursor, |mut cursor| async move {
+            loop {
+                if let Some(event) = cursor.buffer.pop_front() {
+                    return Some((event, cursor));
+                }
+                if cursor.done {
+                    return None;
+                }
+                cursor.changes.borrow_and_update();
+                let more = {
+                    let data = lock(&cursor.live.data);
+                    let available = data.chunks.get(cursor.next..).unwrap_or_default();
+                    let taken = &available[..available.len().min(STEP)];
+                    cursor.next += taken.len();
+                    cursor
+                        .buffer
+                        .extend(taken.iter().cloned().map(ExecEvent::Output));
+                    if taken.len() == available.len()
+                        && let Some(result) = data.result.clone()
+                    {
+                        cursor.buffer.push_back(ExecEvent::Result(result));
+                        cursor.done = true;
+                    }
+                    taken.len() < available.len()
+                };
+                if cursor.buffer.is_empty() && !more && cursor.changes.changed().await.is_err() {
+                    return None;
+                }
+            }
+        })
+    }
+}
+
+fn push(live: &mut LiveData, stream: OutputStream, data: String) {
+    let cost = data.len() + LINE_OVERHEAD_BYTES;
+    live.kept_bytes += cost;
+    live.unsaved_bytes += cost;
+    let seq = live.chunks.len() as i64;
+    live.chunks.push(OutputChunk { seq, stream, data });
+}
+
+/// `16 MiB`, `512 KiB`, `100 bytes`.
+pub(crate) fn human_bytes(bytes: usize) -> String {
+    if bytes >= 1024 * 1024 && bytes.is_multiple_of(1024 * 1024) {
+        format!("{} MiB", bytes / (1024 * 1024))
+    } else if bytes >= 1024 && bytes.is_multiple_of(1024) {
+        format!("{} KiB", bytes / 1024)
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
+/// Splits output into lines, one chunk per line without its newline.
+#[derive(Default)]
+pub(crate) struct LineSplitter {
+    partial: [String; 2],
+}
+
+impl LineSplitter {
+    fn index(stream: OutputStream) -> usize {
+        match stream {
+            OutputStream::Stdout => 0,
+            OutputStream::Stderr => 1,
+        }
+    }
+
+    pub(crate) fn push(&mut self, live: &LiveInstruction, stream: OutputStream, data: &str) {
+        if live.truncated() {
+            // Nothing more is kept: don't even split it.
+            return;
+        }
+        let partial = &mut self.partial[Self::index(stream)];
+        let mut lines = Vec::new();
+        let mut rest = data;
+        while let Some(newline) = rest.find('\n') {
+            if partial.is_empty() {
+                lines.push((stream, rest[..newline].to_owned()));
+            } else {
+                partial.push_str(&rest[..newline]);
+                lines.push((stream, std::mem::take(partial)));
+            }
+            rest = &rest[newline + 1..];
+        }
+        partial.push_str(rest);
+        if partial.len() > MAX_LINE_BYTES {
+            lines.push((stream, std::mem::take(partial)));
+        }
+        live.push_chunks(lines);
+    }
+
+    pub(crate) fn flush(&mut self, live: &LiveInstruction) {
+        let mut lines = Vec::new();
+        for stream in [OutputStream::Stdout, OutputStream::Stderr] {
+            let partial = &mut self.partial[Self::index(stream)];
+            if !partial.is_empty() {
+                lines.push((stream, std::mem::take(partial)));
+            }
+        }
+        live.push_chunks(lines);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+
+    fn lines(live: &LiveInstruction) -> Vec<String> {
+        lock(&live.data)
+            .chunks
+            .iter()
+            .map(|c| c.data.clone())
+            .collect()
+    }
+
+    #[test]
+    fn output_past_the_cap_is_dropped_after_one_marker() {
+        let cap = 10 * (LINE_OVERHEAD_BYTES + 10);
+        let live = LiveInstruction::new(cap);
+        let mut splitter = LineSplitter::default();
+        for _ in 0..1000 {
+            splitter.push(&live, OutputStream::Stdout, "0123456789\n");
+        }
+        splitter.flush(&live);
+        let kept = lines(&live);
+        assert_eq!(kept.len(), 11, "{kept:?}");
+        assert!(kept[..10].iter().all(|l| l == "0123456789"));
+        assert!(kept[10].contains("output truncated"), "{}", kept[10]);
+        assert!(live.truncated());
+        let kept_bytes = lock(&live.data).kept_bytes;
+        assert!(kept_bytes <= cap + 512, "{kept_bytes}");
+        live.finish(ExecResult::failure(FailureCause::Exception, "x"));
+        let result = lock(&live.data).result.clone().unwrap();
+        assert!(result.output_truncated);
+    }
+
+    #[test]
+    fn unsaved_chunks_are_handed_over_once() {
+        let live = LiveInstruction::new(1 << 20);
+        live.push_chunks([(OutputStream::Stdout, "a".to_owned())]);
+        live.push_chunks([(OutputStream::Stderr, "b".to_owned())]);
+        assert_eq!(live.unsaved_bytes(), 2 + 2 * LINE_OVERHEAD_BYTES);
+        let first = live.take_unsaved();
+        assert_eq!(first.iter().map(|c| c.seq).collect::<Vec<_>>(), [0, 1]);
+        live.push_chunks([(OutputStream::Stdout, "c".to_owned())]);
+        let second = live.take_unsaved();
+        assert_eq!(second.len(), 1);
+        assert_eq!(second[0].seq, 2);
+        assert_eq!(live.unsaved_bytes(), 0);
+        assert!(live.take_unsaved().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_reader_far_behind_gets_everything_in_order() {
+        let live = Arc::new(LiveInstruction::new(usize::MAX));
+        live.push_chunks((0..10_000).map(|i| (OutputStream::Stdout, i.to_string())));
+        live.finish(ExecResult::failure(FailureCause::Exception, "x"));
+        let events: Vec<ExecEvent> = Arc::clone(&live).events().collect().await;
+        assert_eq!(events.len(), 10_001);
+        for (i, event) in events[..10_000].iter().enumerate() {
+            assert!(matches!(event, ExecEvent::Output(c) if c.seq == i as i64));
+        }
+        assert!(matches!(events.last(), Some(ExecEvent::Result(_))));
+    }
+}

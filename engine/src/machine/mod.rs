@@ -1,0 +1,349 @@
+//! One machine's life in the engine: a task that owns its sandbox and runs its instructions one
+//! at a time, in the order they were accepted (`task.rs`), how it goes to disk and comes back
+//! (`swap.rs`), and the live state that streams read (`live.rs`).
+
+mod live;
+mod swap;
+mod task;
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, mpsc, oneshot, watch};
+
+pub(crate) use self::live::LiveInstruction;
+use crate::engine::EngineInner;
+use crate::error::{Error, Result};
+use crate::pool::{Resident, Shape};
+use crate::sync::lock;
+use crate::types::{Durability, MachineName};
+
+/// How long a measurement of a sandbox's memory is reused (reading it walks every page table
+/// of the sandbox's processes).
+const MEMORY_READING_TTL: Duration = Duration::from_secs(2);
+
+/// First wait after a failed swap-out; doubled after each further failure, up to
+/// [`SWAP_RETRY_MAX`].
+const SWAP_RETRY_FIRST: Duration = Duration::from_secs(10);
+const SWAP_RETRY_MAX: Duration = Duration::from_secs(600);
+
+struct Job {
+    seq: i64,
+    code: String,
+    timeout: Duration,
+    live: Arc<LiveInstruction>,
+}
+
+#[derive(Default)]
+struct MachineState {
+    queued: HashSet<i64>,
+    cancelled: HashSet<i64>,
+    running: Option<i64>,
+    /// True while the machine has a sandbox.
+    resident: bool,
+    /// The host process at the root of that sandbox.
+    resident_pid: Option<u32>,
+    /// True while the machine's task is doing something (an instruction, a swap, a restore)
+    /// rather than waiting for work: such a machine is not asked to make room for another.
+    busy: bool,
+    live: HashMap<i64, Arc<LiveInstruction>>,
+    /// Why the machine's last sandbox ended abnormally, until its next start says so.
+    recovering_from: Option<String>,
+    /// The last reading of the sandbox's memory, and when it was taken.
+    memory_reading: Option<(Instant, u64)>,
+    /// Failed swap-outs in a row, and when the idle swapper may try again.
+    swap_failures: u32,
+    swap_retry_at: Option<Instant>,
+}
+
+/// Work on a machine's state that its task does between instructions.
+enum Control {
+    /// Save the machine to disk and release its sandbox.
+    SwapOut(oneshot::Sender<Result<()>>),
+    /// Save the machine and copy its snapshot to `to` (a checkpoint, a fork); answers the seq of
+    /// the first instruction the copy does not include.
+    CopyOut {
+        to: PathBuf,
+        reseed: bool,
+        reply: oneshot::Sender<Result<i64>>,
+    },
+    /// Replace the machine's state with the snapshot in `from` (a checkpoint).
+    Rollback {
+        from: PathBuf,
+        reply: oneshot::Sender<Result<()>>,
+    },
+}
+
+/// The engine's handle on one machine.
+pub(crate) struct MachineHandle {
+    pub name: MachineName,
+    pub account_id: i64,
+    pub shape: Shape,
+    state: Mutex<MachineState>,
+    pub durability: Durability,
+    /// Unbounded as a channel, bounded by [`crate::Limits::max_queued_instructions`]: an
+    /// instruction is refused before it is sent when the queue is full.
+    jobs: mpsc::UnboundedSender<Job>,
+    controls: mpsc::Sender<Control>,
+    /// Held while an instruction gets its seq and its place in the queue, so that both agree.
+    enqueueing: tokio::sync::Mutex<()>,
+    /// Wakes the machine's task to look at `interrupt_requested` and `deleted`.
+    wake: Notify,
+    interrupt_requested: AtomicBool,
+    deleted: AtomicBool,
+    /// When the machine last accepted or finished an instruction.
+    last_active: Mutex<Instant>,
+    stopped: watch::Sender<bool>,
+}
+
+impl MachineHandle {
+    /// Creates the handle and starts the machine's task. With `eager`, the machine takes its
+    /// sandbox at once (from the pool), so that its first instruction does not wait for one.
+    pub(crate) fn spawn(
+        engine: Arc<EngineInner>,
+        name: MachineName,
+        account_id: i64,
+        shape: Shape,
+        durability: Durability,
+        eager: bool,
+    ) -> Arc<Self> {
+        let (jobs, queue) = mpsc::unbounded_channel();
+        let (controls, control_requests) =
+            mpsc::channel(engine.config.limits.max_waiting_operations.max(1));
+        let handle = Arc::new(Self {
+            name,
+            account_id,
+            shape,
+            durability,
+            state: Mutex::new(MachineState::default()),
+            jobs,
+            controls,
+            enqueueing: tokio::sync::Mutex::new(()),
+            wake: Notify::new(),
+            interrupt_requested: AtomicBool::new(false),
+            deleted: AtomicBool::new(false),
+            last_active: Mutex::new(Instant::now()),
+            stopped: watch::channel(false).0,
+        });
+        tokio::spawn(task::run(
+            engine,
+            Arc::clone(&handle),
+            queue,
+            control_requests,
+            eager,
+        ));
+        handle
+    }
+
+    pub(crate) fn resident(&self) -> bool {
+        lock(&self.state).resident
+    }
+
+    /// Resident and waiting for work: it can be asked to swap out at once.
+    pub(crate) fn idle_resident(&self) -> bool {
+        let state = lock(&self.state);
+        state.resident && !state.busy && state.running.is_none() && state.queued.is_empty()
+    }
+
+    /// Memory the machine's sandbox holds (a reading at most [`MEMORY_READING_TTL`] old); 0
+    /// when it is not resident. Reads `/proc`: call it off the async workers.
+    pub(crate) fn resident_bytes(&self) -> u64 {
+        let pid = {
+            let state = lock(&self.state);
+            if let Some((at, bytes)) = state.memory_reading
+                && at.elapsed() < MEMORY_READING_TTL
+                && state.resident
+            {
+                return bytes;
+            }
+            state.resident_pid
+        };
+        let bytes = pid.map_or(0, crate::sandbox::process_tree_pss);
+        lock(&self.state).memory_reading = Some((Instant::now(), bytes));
+        bytes
+    }
+
+    fn set_resident(&self, resident: Option<&Resident>) {
+        let mut state = lock(&self.state);
+        state.resident = resident.is_some();
+        state.resident_pid = resident.and_then(|r| r.sandbox.pid());
+        state.memory_reading = None;
+    }
+
+    fn set_busy(&self, busy: bool) {
+        lock(&self.state).busy = busy;
+    }
+
+    /// How long since the machine last accepted or finished an instruction.
+    pub(crate) fn idle_for(&self) -> Duration {
+        lock(&self.last_active).elapsed()
+    }
+
+    fn touch(&self) {
+        *lock(&self.last_active) = Instant::now();
+    }
+
+    pub(crate) fn has_pending_instruction(&self) -> bool {
+        let state = lock(&self.state);
+        state.running.is_some() || !state.queued.is_empty()
+    }
+
+    /// Whether the idle swapper may try to swap this machine out now (not while it backs off
+    /// after failures).
+    pub(crate) fn may_try_swap(&self) -> bool {
+        lock(&self.state)
+            .swap_retry_at
+            .is_none_or(|at| Instant::now() >= at)
+    }
+
+    fn swap_failed(&self) -> Duration {
+        let mut state = lock(&self.state);
+        state.swap_failures = state.swap_failures.saturating_add(1);
+        let wait = SWAP_RETRY_FIRST
+            .saturating_mul(1 << state.swap_failures.saturating_sub(1).min(10))
+            .min(SWAP_RETRY_MAX);
+        state.swap_retry_at = Some(Instant::now() + wait);
+        wait
+    }
+
+    fn swap_succeeded(&self) -> bool {
+        let mut state = lock(&self.state);
+        let had_failed = state.swap_failures > 0;
+        state.swap_failures = 0;
+        state.swap_retry_at = None;
+        had_failed
+    }
+
+    /// Accepts an instruction: stores it (which gives its seq) and queues it, in the same
+    /// order for every caller. Refused when the machine's queue is full or it was deleted.
+    pub(crate) async fn enqueue(
+        &self,
+        engine: &EngineInner,
+        code: String,
+        timeout: Duration,
+    ) -> Result<i64> {
+        let _order = self.enqueueing.lock().await;
+        if self.deleted.load(Ordering::SeqCst) {
+            return Err(Error::machine_not_found(self.name.as_str()));
+        }
+        let limit = engine.config.limits.max_queued_instructions;
+        if lock(&self.state).queued.len() >= limit {
+            return Err(Error::limit(format!(
+                "machine {} already has {limit} instructions waiting to run (the limit per \
+                 machine, EVERVM_MAX_QUEUED): wait for results before sending more",
+                self.name
+            )));
+        }
+        self.touch();
+        let name = self.name.to_string();
+        let timeout_ms = timeout.as_millis() as u64;
+        let stored_code = code.clone();
+        let seq = engine
+            .store
+            .call(move |store| store.insert_instruction(&name, &stored_code, timeout_ms))
+            .await?;
+        let live = Arc::new(LiveInstruction::new(engine.config.limits.max_output_bytes));
+        {
+            let mut state = lock(&self.state);
+            state.live.insert(seq, Arc::clone(&live));
+            state.queued.insert(seq);
+        }
+        let job = Job {
+            seq,
+            code,
+            timeout,
+            live,
+        };
+        if self.jobs.send(job).is_err() {
+            return Err(Error::machine_not_found(self.name.as_str()));
+        }
+        Ok(seq)
+    }
+
+    /// The live state of an instruction, if it is queued, running, or just finished and not
+    /// yet only in the store. An instruction leaves this state only after its result is
+    /// stored, so one not found here is in the store.
+    pub(crate) fn live(&self, seq: i64) -> Option<Arc<LiveInstruction>> {
+        lock(&self.state).live.get(&seq).cloned()
+    }
+
+    /// Cancels queued instructions and interrupts the running one. True if anything was.
+    pub(crate) fn interrupt(&self) -> bool {
+        let mut state = lock(&self.state);
+        let queued: Vec<i64> = state.queued.iter().copied().collect();
+        let mut any = !queued.is_empty();
+        for seq in queued {
+            state.cancelled.insert(seq);
+        }
+        if state.running.is_some() {
+            any = true;
+            self.interrupt_requested.store(true, Ordering::SeqCst);
+            self.wake.notify_one();
+        }
+        any
+    }
+
+    async fn control<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T>>) -> Control,
+    ) -> Result<T> {
+        let (reply, answer) = oneshot::channel();
+        self.controls.try_send(make(reply)).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => Error::limit(format!(
+                "machine {} already has {} operations (swap, fork, checkpoint, rollback) \
+                 waiting: try again when they are done",
+                self.name,
+                self.controls.max_capacity()
+            )),
+            mpsc::error::TrySendError::Closed(_) => Error::machine_not_found(self.name.as_str()),
+        })?;
+        answer
+            .await
+            .map_err(|_| Error::machine_not_found(self.name.as_str()))?
+    }
+
+    /// Saves the machine to disk and releases its sandbox (between instructions).
+    pub(crate) async fn swap_out(&self) -> Result<()> {
+        self.control(Control::SwapOut).await
+    }
+
+    /// Saves the machine and copies its snapshot to `to` (between instructions); a machine that
+    /// was resident is restored again. Returns the seq of the first instruction the copy does
+    /// not include.
+    pub(crate) async fn copy_out(&self, to: PathBuf, reseed: bool) -> Result<i64> {
+        self.control(|reply| Control::CopyOut { to, reseed, reply })
+            .await
+    }
+
+    /// Replaces the machine's state with the snapshot in `from` (between instructions).
+    pub(crate) async fn rollback(&self, from: PathBuf) -> Result<()> {
+        self.control(|reply| Control::Rollback { from, reply })
+            .await
+    }
+
+    /// Stops the machine's task and its sandbox; pending instructions end as interrupted.
+    pub(crate) async fn stop(&self) {
+        self.deleted.store(true, Ordering::SeqCst);
+        self.interrupt();
+        self.wake.notify_one();
+        let mut stopped = self.stopped.subscribe();
+        let _ = stopped.wait_for(|s| *s).await;
+    }
+
+    /// Takes a queued job off the queue: false if it was cancelled (or the machine deleted),
+    /// else it is now the running one. Clears any interrupt request under the same lock that
+    /// makes it the running one, so that an interrupt arriving from now on is never lost.
+    fn start_job(&self, job: &Job) -> bool {
+        let mut state = lock(&self.state);
+        state.queued.remove(&job.seq);
+        let cancelled = state.cancelled.remove(&job.seq) || self.deleted.load(Ordering::SeqCst);
+        if !cancelled {
+            self.interrupt_requested.store(false, Ordering::SeqCst);
+            state.running = Some(job.seq);
+        }
+        !cancelled
+    }
+}

@@ -1,0 +1,412 @@
+//! How a machine goes to disk and comes back: swap-out (a checkpoint committed as its snapshot),
+//! copies of its state (forks, checkpoints), rollback, and getting a sandbox (its snapshot
+//! restored, or a fresh one).
+//!
+//! A swap-out never loses state without saying so. Before it starts, it checks that the disk
+//! has room; a checkpoint that fails with the sandbox still alive leaves the machine resident; a
+//! commit that fails restores the machine from the checkpoint it just wrote; and when the state
+//! really is gone, the machine's next instruction says so and what it came back from.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::MachineHandle;
+use crate::engine::EngineInner;
+use crate::error::{Error, ErrorKind, Result};
+use crate::pool::{Pool, Resident, connect_restored, sandbox_id};
+use crate::sandbox::SandboxSpec;
+use crate::snapshot;
+use crate::sync::lock;
+
+/// How long a sandbox whose checkpoint failed has to answer before it counts as gone.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Room kept free on the disk beyond a checkpoint's expected size.
+const DISK_MARGIN_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Gives the machine a sandbox now (its snapshot restored, or a fresh one), logging a failure:
+/// the next instruction tries again and reports it.
+pub(super) async fn become_resident(
+    engine: &Arc<EngineInner>,
+    machine: &MachineHandle,
+    resident: &mut Option<Resident>,
+) {
+    if resident.is_some() {
+        return;
+    }
+    match acquire(engine, machine).await {
+        Ok(ready) => {
+            machine.set_resident(Some(&ready));
+            *resident = Some(ready);
+            engine.keep_within_budget();
+        }
+        Err(e) => tracing::warn!(machine = %machine.name, "no sandbox yet: {e}"),
+    }
+}
+
+/// A sandbox for a machine that has none: its snapshot restored when it has one (refused, with
+/// the reason, when the snapshot is damaged), else a fresh one from the pool. The account's
+/// resident memory limit is made room for first.
+pub(super) async fn acquire(
+    engine: &Arc<EngineInner>,
+    machine: &MachineHandle,
+) -> Result<Resident> {
+    engine
+        .make_room_for(
+            machine.account_id,
+            machine.name.as_str(),
+            machine.shape.memory_mb,
+        )
+        .await?;
+    let home = &engine.config.home;
+    let name = machine.name.as_str();
+    let dir = snapshot::snapshot_dir(home, name);
+    let refuse = |e: Error| {
+        snapshot::mark_damaged(home, name, e.message());
+        engine.forget_disk_facts(name);
+        e
+    };
+    let manifest = {
+        let dir = dir.clone();
+        let restorable = engine.restorable();
+        tokio::task::spawn_blocking(move || snapshot::check_manifest(&dir, &*restorable))
+            .await
+            .map_err(|e| Error::internal(format!("reading the snapshot stopped: {e}")))?
+            .map_err(refuse)?
+    };
+    let Some(manifest) = manifest else {
+        return Pool::take(engine, machine.shape).await;
+    };
+    // The checksum is computed while runsc starts (most of a restore is starting its processes);
+    // nothing talks to the restored sandbox before it matched.
+    let checking = {
+        let dir = dir.clone();
+        let manifest = manifest.clone();
+        tokio::task::spawn_blocking(move || snapshot::check_files(&dir, &manifest))
+    };
+    let spec = SandboxSpec {
+        id: sandbox_id(),
+        memory_mb: machine.shape.memory_mb,
+        profile: machine.shape.profile,
+        image_id: manifest.image_id.clone(),
+    };
+    let restored = engine.backend.restore(&spec, &dir, &manifest.runtime).await;
+    let checked = checking
+        .await
+        .map_err(|e| Error::internal(format!("checking the snapshot stopped: {e}")))
+        .and_then(|r| r);
+    let sandbox = match (restored, checked) {
+        (Ok(sandbox), Ok(())) => sandbox,
+        (Ok(mut sandbox), Err(e)) => {
+            let _ = sandbox.kill().await;
+            return Err(refuse(e));
+        }
+        (Err(_), Err(e)) => return Err(refuse(e)),
+        (Err(e), Ok(())) => return Err(e),
+    };
+    connect_restored(engine, sandbox, snapshot::needs_reseed(&dir)).await
+}
+
+/// What the next instruction's output starts with after the machine's sandbox ended
+/// abnormally (or its state was lost): how it came back.
+pub(super) async fn recovery_note(engine: &EngineInner, machine: &MachineHandle) -> Option<String> {
+    let why = lock(&machine.state).recovering_from.take()?;
+    let dir = snapshot::snapshot_dir(&engine.config.home, machine.name.as_str());
+    let restorable = engine.restorable();
+    let saved = tokio::task::spawn_blocking(move || snapshot::check_manifest(&dir, &*restorable))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .flatten();
+    Some(match saved {
+        Some(manifest) => format!(
+            "[evervm] this machine's sandbox stopped ({why}); it was restored from its \
+             snapshot of {}, and changes made after that were lost",
+            manifest.created_at
+        ),
+        None => format!(
+            "[evervm] this machine's sandbox stopped ({why}); it had no snapshot, so this \
+             instruction runs in a fresh interpreter and earlier state was lost"
+        ),
+    })
+}
+
+/// Records that the machine's state since its last snapshot is gone: its next instruction says
+/// so, and its info shows why.
+async fn state_lost(engine: &EngineInner, machine: &MachineHandle, why: String) {
+    let text = format!(
+        "MachineCrashed: the machine's sandbox stopped ({why}); {}",
+        engine.state_loss_note()
+    );
+    engine
+        .record_machine_error(&machine.name, Some(&text))
+        .await;
+    lock(&machine.state).recovering_from = Some(why);
+}
+
+/// Records a swap-out that failed with the machine still resident: the idle swapper waits
+/// before it tries again.
+async fn swap_deferred(engine: &EngineInner, machine: &MachineHandle, error: &Error) {
+    let wait = machine.swap_failed();
+    let text = format!(
+        "could not swap out, so the machine stays in memory (the next try is in {} s at the \
+         earliest): {error}",
+        wait.as_secs()
+    );
+    tracing::warn!(machine = %machine.name, "{text}");
+    engine
+        .record_machine_error(&machine.name, Some(&text))
+        .await;
+}
+
+/// Refuses a swap-out up front when the disk the snapshot goes to has less room than the
+/// machine's memory (what its checkpoint can take at most) plus a margin: with the runsc this
+/// engine drives, a checkpoint that runs out of space takes the sandbox down with it.
+fn check_room(dir: &Path, needed: u64) -> Result<()> {
+    let free = crate::fsutil::free_bytes(dir)?;
+    let wanted = needed + DISK_MARGIN_BYTES;
+    if free < wanted {
+        return Err(Error::limit(format!(
+            "the disk holding the machine's snapshots has {} MiB free, and saving this machine \
+             needs up to {} MiB: free some space (delete machines or checkpoints)",
+            free / (1024 * 1024),
+            wanted.div_ceil(1024 * 1024)
+        )));
+    }
+    Ok(())
+}
+
+/// Checkpoints the resident sandbox into the machine's snapshot and releases it. On failure the
+/// machine keeps its state wherever that is possible (see the module's documentation).
+pub(super) async fn swap_out(
+    engine: &Arc<EngineInner>,
+    machine: &MachineHandle,
+    resident: &mut Option<Resident>,
+) -> Result<()> {
+    let Some(mut current) = resident.take() else {
+        // Nothing in memory: the snapshot on disk (if any) is already the machine.
+        return Ok(());
+    };
+    let home = engine.config.home.clone();
+    let name = machine.name.to_string();
+    let prepared = {
+        let home = home.clone();
+        let name = name.clone();
+        let pid = current.sandbox.pid();
+        let previous = engine.disk_facts(&name).snapshot_bytes;
+        tokio::task::spawn_blocking(move || {
+            std::fs::create_dir_all(snapshot::machine_dir(&home, &name))?;
+            let memory = pid.map_or(0, crate::sandbox::process_tree_pss);
+            check_room(&snapshot::machine_dir(&home, &name), memory.max(previous))?;
+            snapshot::staging_dir(&home, &name)
+        })
+        .await
+        .map_err(|e| Error::internal(format!("preparing a swap-out stopped: {e}")))
+        .and_then(|r| r)
+    };
+    let staging = match prepared {
+        Ok(staging) => staging,
+        Err(e) => {
+            *resident = Some(current);
+            swap_deferred(engine, machine, &e).await;
+            return Err(e);
+        }
+    };
+    let image_id = current.sandbox.image_id();
+    let runtime = current
+        .sandbox
+        .runtime()
+        .unwrap_or_else(|| engine.backend.describe());
+    let started = std::time::Instant::now();
+    if let Err(e) = current.sandbox.checkpoint(&staging).await {
+        let _ = tokio::fs::remove_dir_all(&staging).await;
+        if e.kind() == ErrorKind::Unsupported {
+            *resident = Some(current);
+            return Err(e);
+        }
+        // Whether the sandbox survived its failed checkpoint decides what was lost.
+        if current.sandbox.exit_reason().is_none()
+            && current.agent.probe(PROBE_TIMEOUT).await.is_ok()
+        {
+            *resident = Some(current);
+            swap_deferred(engine, machine, &e).await;
+        } else {
+            let reason = current.kill().await;
+            let why = match reason {
+                Some(reason) => format!("a swap-out failed ({e}) and {reason}"),
+                None => format!("a swap-out failed and stopped it: {e}"),
+            };
+            state_lost(engine, machine, why).await;
+            machine.swap_failed();
+        }
+        return Err(e);
+    }
+    let checkpointed = started.elapsed();
+    if let Some(hook) = &engine.config.hooks.before_commit {
+        hook(name.clone()).await;
+    }
+    let committed = {
+        let (home, name, staging, runtime, image_id) = (
+            home.clone(),
+            name.clone(),
+            staging.clone(),
+            runtime.clone(),
+            image_id.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            snapshot::commit(&home, &name, &staging, &runtime, image_id)
+        })
+        .await
+        .map_err(|e| Error::internal(format!("saving the snapshot stopped: {e}")))
+        .and_then(|r| r)
+    };
+    engine.forget_disk_facts(&name);
+    let manifest = match committed {
+        Ok(manifest) => manifest,
+        Err(e) => {
+            // The previous snapshot is untouched; the state is in the staging directory,
+            // whole (the checkpoint finished): bring the machine back from there.
+            drop(current);
+            let restored = restore_uncommitted(engine, machine, &staging, &runtime, image_id).await;
+            let _ = tokio::fs::remove_dir_all(&staging).await;
+            match restored {
+                Ok(back) => {
+                    *resident = Some(back);
+                    swap_deferred(engine, machine, &e).await;
+                }
+                Err(again) => {
+                    state_lost(
+                        engine,
+                        machine,
+                        format!(
+                            "saving its snapshot failed ({e}) and restoring it from the \
+                             unsaved checkpoint failed too ({again})"
+                        ),
+                    )
+                    .await;
+                    machine.swap_failed();
+                }
+            }
+            return Err(e);
+        }
+    };
+    drop(current);
+    if machine.swap_succeeded() {
+        engine.record_machine_error(&machine.name, None).await;
+    }
+    tracing::debug!(
+        machine = %machine.name,
+        bytes = manifest.bytes,
+        "swapped out: checkpoint {:.1} ms, commit {:.1} ms",
+        checkpointed.as_secs_f64() * 1e3,
+        started.elapsed().saturating_sub(checkpointed).as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+/// Restores a machine from a checkpoint that could not be committed as its snapshot.
+async fn restore_uncommitted(
+    engine: &Arc<EngineInner>,
+    machine: &MachineHandle,
+    staging: &Path,
+    runtime: &str,
+    image_id: Option<String>,
+) -> Result<Resident> {
+    let spec = SandboxSpec {
+        id: sandbox_id(),
+        memory_mb: machine.shape.memory_mb,
+        profile: machine.shape.profile,
+        image_id,
+    };
+    let sandbox = engine.backend.restore(&spec, staging, runtime).await?;
+    connect_restored(engine, sandbox, false).await
+}
+
+/// Saves the machine (starting it first if it has no state yet) and copies its snapshot to `to`.
+pub(super) async fn copy_out(
+    engine: &Arc<EngineInner>,
+    machine: &MachineHandle,
+    resident: &mut Option<Resident>,
+    to: PathBuf,
+    reseed: bool,
+) -> Result<i64> {
+    if !engine.backend.capabilities().snapshots {
+        return Err(Error::unsupported(format!(
+            "the {} backend cannot snapshot a machine, so it cannot fork or checkpoint one (the \
+             gVisor backend can)",
+            engine.backend.name()
+        )));
+    }
+    let home = engine.config.home.clone();
+    let name = machine.name.to_string();
+    let from = snapshot::snapshot_dir(&home, &name);
+    if resident.is_none() {
+        if from.exists() {
+            // A damaged snapshot is not copied: the copy would be refused too.
+            let restorable = engine.restorable();
+            let dir = from.clone();
+            let verified =
+                tokio::task::spawn_blocking(move || snapshot::verify_dir(&dir, &*restorable))
+                    .await
+                    .map_err(|e| Error::internal(format!("checking the snapshot stopped: {e}")))?;
+            if let Err(e) = verified {
+                snapshot::mark_damaged(&home, &name, e.message());
+                engine.forget_disk_facts(&name);
+                return Err(e);
+            }
+        } else {
+            // A machine that never ran: its state is a fresh interpreter.
+            *resident = Some(acquire(engine, machine).await?);
+        }
+    }
+    swap_out(engine, machine, resident).await?;
+    let first_excluded = machine.first_unrun_seq(engine).await?;
+    tokio::task::spawn_blocking(move || snapshot::copy(&from, &to, reseed))
+        .await
+        .map_err(|e| Error::internal(format!("copying the snapshot stopped: {e}")))??;
+    engine.forget_disk_facts(&name);
+    Ok(first_excluded)
+}
+
+/// Replaces the machine's state with the snapshot in `from` (a checkpoint).
+pub(super) async fn rollback(
+    engine: &Arc<EngineInner>,
+    machine: &MachineHandle,
+    resident: &mut Option<Resident>,
+    from: PathBuf,
+) -> Result<()> {
+    if let Some(current) = resident.take() {
+        current.kill().await;
+    }
+    machine.set_resident(None);
+    let home = engine.config.home.clone();
+    let name = machine.name.to_string();
+    let copied = tokio::task::spawn_blocking(move || {
+        snapshot::copy(&from, &snapshot::snapshot_dir(&home, &name), false)
+    })
+    .await
+    .map_err(|e| Error::internal(format!("the rollback stopped: {e}")))
+    .and_then(|r| r);
+    engine.forget_disk_facts(machine.name.as_str());
+    if copied.is_ok() {
+        lock(&machine.state).recovering_from = None;
+        engine.record_machine_error(&machine.name, None).await;
+    }
+    copied
+}
+
+impl MachineHandle {
+    /// The seq of the first instruction that has not run: the first queued one, else the next
+    /// to be accepted. Only meaningful between instructions (in the machine's task).
+    async fn first_unrun_seq(&self, engine: &EngineInner) -> Result<i64> {
+        // No instruction gets its seq meanwhile: one stored but not yet queued would be missed.
+        let _order = self.enqueueing.lock().await;
+        if let Some(first) = lock(&self.state).queued.iter().min() {
+            return Ok(*first);
+        }
+        let name = self.name.to_string();
+        let record = engine.store.call(move |store| store.machine(&name)).await?;
+        Ok(record.map_or(0, |r| r.next_seq))
+    }
+}

@@ -1,0 +1,350 @@
+//! The machine's task: takes instructions and operations off its queues, one at a time, and owns
+//! the sandbox while it does.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::swap::{acquire, become_resident, copy_out, recovery_note, rollback, swap_out};
+use super::{Control, Job, MachineHandle};
+use crate::engine::EngineInner;
+use crate::error::Error;
+use crate::guest::channel::{AgentEvent, AgentOutcome, AgentRequest};
+use crate::pool::Resident;
+use crate::sync::lock;
+use crate::types::{Durability, ExecResult, FailureCause, Outcome, OutputStream};
+
+/// Output of a running instruction is handed to the store in pieces of about this size.
+const STORE_OUTPUT_EVERY_BYTES: usize = 1024 * 1024;
+
+pub(super) async fn run(
+    engine: Arc<EngineInner>,
+    machine: Arc<MachineHandle>,
+    mut queue: mpsc::UnboundedReceiver<Job>,
+    mut controls: mpsc::Receiver<Control>,
+    eager: bool,
+) {
+    let mut resident: Option<Resident> = None;
+    if eager {
+        machine.set_busy(true);
+        become_resident(&engine, &machine, &mut resident).await;
+    }
+    loop {
+        machine.set_busy(false);
+        let job = tokio::select! {
+            job = queue.recv() => job,
+            Some(control) = controls.recv() => {
+                machine.set_busy(true);
+                handle_control(&engine, &machine, &mut resident, control).await;
+                continue;
+            }
+            () = machine.wake.notified() => {
+                if machine.deleted.load(Ordering::SeqCst) { None } else { continue }
+            }
+        };
+        let Some(job) = job else { break };
+        machine.set_busy(true);
+        let mut result = if machine.start_job(&job) {
+            if let Some(hook) = &engine.config.hooks.before_run {
+                hook(machine.name.to_string()).await;
+            }
+            run_job(&engine, &machine, &mut resident, &job).await
+        } else {
+            let text = if machine.deleted.load(Ordering::SeqCst) {
+                "Instruction interrupted: the machine was deleted"
+            } else {
+                "Instruction interrupted before it started"
+            };
+            ExecResult::failure(FailureCause::Interrupted, text)
+        };
+        // With `durability = instruction` the state the result reflects is on disk before
+        // anyone sees the result, or the result says it is not.
+        let durable = machine.durability == Durability::Instruction
+            && engine.backend.capabilities().snapshots
+            && !machine.deleted.load(Ordering::SeqCst);
+        if durable && resident.is_some() {
+            result.saved = Some(save_for_durability(&engine, &machine, &mut resident, &job).await);
+        }
+        finish_job(&engine, &machine, &job, result).await;
+        machine.set_resident(resident.as_ref());
+        // A machine saved after its instruction is brought back at once, so that the next one
+        // does not wait for the restore.
+        if durable && resident.is_none() && !machine.deleted.load(Ordering::SeqCst) {
+            become_resident(&engine, &machine, &mut resident).await;
+        }
+    }
+    machine.set_busy(true);
+    if let Some(resident) = resident.take() {
+        resident.kill().await;
+    }
+    // Anything still queued (the machine was deleted) ends as interrupted.
+    queue.close();
+    while let Ok(job) = queue.try_recv() {
+        job.live.finish(ExecResult::failure(
+            FailureCause::Interrupted,
+            "Instruction interrupted: the machine was deleted",
+        ));
+    }
+    controls.close();
+    while let Ok(control) = controls.try_recv() {
+        let gone = || Error::machine_not_found(machine.name.as_str());
+        match control {
+            Control::SwapOut(reply) | Control::Rollback { reply, .. } => {
+                let _ = reply.send(Err(gone()));
+            }
+            Control::CopyOut { reply, .. } => {
+                let _ = reply.send(Err(gone()));
+            }
+        }
+    }
+    {
+        let mut state = lock(&machine.state);
+        state.resident = false;
+        state.resident_pid = None;
+        state.running = None;
+    }
+    machine.stopped.send_replace(true);
+}
+
+/// Saves the machine after an instruction (`durability = instruction`); true when its state is
+/// on disk. When it is not, the instruction's output says why and what that means.
+async fn save_for_durability(
+    engine: &Arc<EngineInner>,
+    machine: &MachineHandle,
+    resident: &mut Option<Resident>,
+    job: &Job,
+) -> bool {
+    match swap_out(engine, machine, resident).await {
+        Ok(()) => true,
+        Err(e) => {
+            let note = if resident.is_some() {
+                format!(
+                    "[evervm] warning: the machine's state after this instruction could not be \
+                     saved ({e}); it is still in memory, but an engine crash before its next \
+                     successful save would lose it"
+                )
+            } else {
+                format!(
+                    "[evervm] error: the machine's state after this instruction could not be \
+                     saved ({e}) and its sandbox stopped: that state is lost, and the next \
+                     instruction starts from the last saved state"
+                )
+            };
+            job.live.push_chunks([(OutputStream::Stderr, note)]);
+            tracing::error!(machine = %machine.name, "durability snapshot failed: {e}");
+            false
+        }
+    }
+}
+
+/// Stores the rest of the output and the result (before anyone sees it: a result anyone has
+/// seen is never lost), then reports it.
+async fn finish_job(engine: &EngineInner, machine: &MachineHandle, job: &Job, result: ExecResult) {
+    let chunks = job.live.take_unsaved();
+    let name = machine.name.to_string();
+    let seq = job.seq;
+    let mut stored_result = result.clone();
+    stored_result.output_truncated |= job.live.truncated();
+    let stored = engine
+        .store
+        .call(move |store| store.finish_instruction(&name, seq, &chunks, &stored_result))
+        .await;
+    if let Err(e) = stored
+        && !machine.deleted.load(Ordering::SeqCst)
+    {
+        tracing::error!(machine = %machine.name, seq = job.seq, "storing a result failed: {e}");
+    }
+    job.live.finish(result);
+    machine.touch();
+    let mut state = lock(&machine.state);
+    state.running = None;
+    state.live.remove(&job.seq);
+}
+
+async fn handle_control(
+    engine: &Arc<EngineInner>,
+    machine: &MachineHandle,
+    resident: &mut Option<Resident>,
+    control: Control,
+) {
+    match control {
+        Control::SwapOut(reply) => {
+            let swapped = swap_out(engine, machine, resident).await;
+            machine.set_resident(resident.as_ref());
+            let _ = reply.send(swapped);
+        }
+        Control::CopyOut { to, reseed, reply } => {
+            let was_resident = resident.is_some();
+            let copied = copy_out(engine, machine, resident, to, reseed).await;
+            machine.set_resident(resident.as_ref());
+            let _ = reply.send(copied);
+            if was_resident {
+                become_resident(engine, machine, resident).await;
+            }
+        }
+        Control::Rollback { from, reply } => {
+            let was_resident = resident.is_some();
+            let rolled_back = rollback(engine, machine, resident, from).await;
+            let _ = reply.send(rolled_back);
+            if was_resident {
+                become_resident(engine, machine, resident).await;
+            }
+        }
+    }
+}
+
+/// Hands the output gathered so far to the store once there is enough of it.
+async fn store_output_so_far(engine: &EngineInner, machine: &MachineHandle, job: &Job) {
+    if job.live.unsaved_bytes() < STORE_OUTPUT_EVERY_BYTES {
+        return;
+    }
+    let chunks = job.live.take_unsaved();
+    let name = machine.name.to_string();
+    let seq = job.seq;
+    if let Err(e) = engine
+        .store
+        .call(move |store| store.append_output(&name, seq, &chunks))
+        .await
+    {
+        tracing::warn!(machine = %machine.name, seq, "storing output failed: {e}");
+    }
+}
+
+async fn run_job(
+    engine: &Arc<EngineInner>,
+    machine: &MachineHandle,
+    resident: &mut Option<Resident>,
+    job: &Job,
+) -> ExecResult {
+    let note = recovery_note(engine, machine).await;
+    let mut current = match resident.take() {
+        Some(r) => r,
+        None => match acquire(engine, machine).await {
+            Ok(r) => {
+                machine.set_resident(Some(&r));
+                engine.keep_within_budget();
+                r
+            }
+            Err(e) => {
+                engine
+                    .record_machine_error(&machine.name, Some(&e.to_string()))
+                    .await;
+                let cause = if e.kind() == crate::ErrorKind::LimitExceeded {
+                    FailureCause::LimitExceeded
+                } else {
+                    FailureCause::MachineCrashed
+                };
+                return ExecResult::failure(
+                    cause,
+                    format!("MachineCrashed: the machine could not start: {e}"),
+                );
+            }
+        },
+    };
+    if let Some(note) = note {
+        job.live.push_chunks([(OutputStream::Stderr, note)]);
+    }
+    let request = AgentRequest::Exec {
+        id: job.seq,
+        code: job.code.clone(),
+        timeout_ms: job.timeout.as_millis() as u64,
+    };
+    let started = Instant::now();
+    if let Err(e) = current.agent.send(&request).await {
+        return crashed(engine, machine, current, e.to_string()).await;
+    }
+    let grace = engine.config.timeout_grace;
+    let mut deadline = started + job.timeout + grace;
+    let mut interrupted_by_request = false;
+    let mut lines = super::live::LineSplitter::default();
+    loop {
+        tokio::select! {
+            event = current.agent.next_event() => match event {
+                Ok(AgentEvent::Output { stream, data, .. }) => {
+                    lines.push(&job.live, stream, &data);
+                    store_output_so_far(engine, machine, job).await;
+                }
+                Ok(AgentEvent::Result { id, outcome, data, runtime_ms }) if id == job.seq => {
+                    lines.flush(&job.live);
+                    *resident = Some(current);
+                    let outcome = match outcome {
+                        AgentOutcome::Value(value) => Outcome::Value(value),
+                        AgentOutcome::Error { text, cause } => Outcome::Error { text, cause },
+                    };
+                    return ExecResult { outcome, data, runtime_ms, ..ExecResult::default() };
+                }
+                Ok(other) => {
+                    tracing::warn!(machine = %machine.name, "ignoring unexpected agent event {other:?}");
+                }
+                Err(e) => {
+                    lines.flush(&job.live);
+                    return crashed(engine, machine, current, e.to_string()).await;
+                }
+            },
+            () = machine.wake.notified() => {
+                if machine.deleted.load(Ordering::SeqCst) {
+                    current.kill().await;
+                    return ExecResult::failure(
+                        FailureCause::Interrupted,
+                        "Instruction interrupted: the machine was deleted",
+                    );
+                }
+                if machine.interrupt_requested.swap(false, Ordering::SeqCst) {
+                    interrupted_by_request = true;
+                    deadline = deadline.min(Instant::now() + grace);
+                    if let Err(e) = current.agent.send(&AgentRequest::Interrupt { id: job.seq }).await {
+                        return crashed(engine, machine, current, e.to_string()).await;
+                    }
+                }
+            }
+            () = tokio::time::sleep_until(deadline) => {
+                lines.flush(&job.live);
+                current.kill().await;
+                let what = if interrupted_by_request { "was interrupted" } else { "timed out" };
+                let text = format!(
+                    "Timed out: the instruction {what} and did not stop within {} s, so its sandbox \
+                     was stopped; {}",
+                    grace.as_secs(),
+                    engine.state_loss_note(),
+                );
+                engine.record_machine_error(&machine.name, Some(&text)).await;
+                lock(&machine.state).recovering_from =
+                    Some(format!("an instruction {what} and did not stop"));
+                let cause = if interrupted_by_request { FailureCause::Interrupted } else { FailureCause::Timeout };
+                let mut result = ExecResult::failure(cause, text);
+                result.runtime_ms = started.elapsed().as_millis() as u64;
+                return result;
+            }
+        }
+    }
+}
+
+async fn crashed(
+    engine: &EngineInner,
+    machine: &MachineHandle,
+    resident: Resident,
+    error: String,
+) -> ExecResult {
+    // Give the sandbox a moment to finish exiting so that its exit status can be read.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let reason = resident.kill().await;
+    let cause = match reason {
+        Some(reason) if reason.contains("signal 9") => {
+            format!("{reason} (most likely out of memory)")
+        }
+        Some(reason) => reason,
+        None => error,
+    };
+    let text = format!(
+        "MachineCrashed: the machine stopped unexpectedly ({cause}); {}",
+        engine.state_loss_note()
+    );
+    engine
+        .record_machine_error(&machine.name, Some(&text))
+        .await;
+    lock(&machine.state).recovering_from = Some(cause);
+    ExecResult::failure(FailureCause::MachineCrashed, text)
+}

@@ -1,0 +1,307 @@
+//! A machine's history: its instructions with their output and results, and its checkpoints.
+
+use rusqlite::{OptionalExtension, params};
+
+use super::{CheckpointRecord, Store, machine_gone, now, parse_time};
+use crate::error::{Error, Result};
+use crate::types::{ExecResult, FailureCause, OutputChunk, OutputStream};
+
+impl Store {
+    // --- checkpoints ----------------------------------------------------------------------
+
+    /// Records a checkpoint; refused when the machine already has one by that name.
+    pub fn insert_checkpoint(
+        &mut self,
+        machine: &str,
+        checkpoint: &CheckpointRecord,
+    ) -> Result<()> {
+        let inserted = self
+            .conn
+            .execute(
+                "INSERT OR IGNORE INTO checkpoints (machine, name, created_at, instruction_count)
+                 VALUES (?1, ?2, ?3, ?4)",
+                params![
+                    machine,
+                    checkpoint.name,
+                    checkpoint
+                        .created_at
+                        .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                    checkpoint.instruction_count
+                ],
+            )
+            .map_err(|e| machine_gone(machine, e))?;
+        if inserted == 0 {
+            return Err(Error::new(
+                crate::ErrorKind::Conflict,
+                format!(
+                    "machine {machine} already has a checkpoint named {:?}",
+                    checkpoint.name
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Records when a reserved checkpoint was taken and what it holds.
+    pub fn complete_checkpoint(
+        &mut self,
+        machine: &str,
+        checkpoint: &CheckpointRecord,
+    ) -> Result<()> {
+        let updated = self.conn.execute(
+            "UPDATE checkpoints SET created_at = ?3, instruction_count = ?4
+             WHERE machine = ?1 AND name = ?2",
+            params![
+                machine,
+                checkpoint.name,
+                checkpoint
+                    .created_at
+                    .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                checkpoint.instruction_count
+            ],
+        )?;
+        if updated == 0 {
+            // The machine (and with it the reservation) was deleted meanwhile.
+            return Err(Error::checkpoint_not_found(machine, &checkpoint.name));
+        }
+        Ok(())
+    }
+
+    /// The machine's checkpoints, oldest first.
+    pub fn checkpoints(&self, machine: &str) -> Result<Vec<CheckpointRecord>> {
+        let mut statement = self.conn.prepare_cached(
+            "SELECT name, created_at, instruction_count FROM checkpoints WHERE machine = ?1
+             ORDER BY created_at, name",
+        )?;
+        let rows = statement.query_map(params![machine], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        })?;
+        let mut checkpoints = Vec::new();
+        for row in rows {
+            let (name, created_at, instruction_count) = row?;
+            checkpoints.push(CheckpointRecord {
+                name,
+                created_at: parse_time(&created_at)?,
+                instruction_count,
+            });
+        }
+        Ok(checkpoints)
+    }
+
+    /// Removes a checkpoint's row; false if there was none.
+    pub fn delete_checkpoint(&mut self, machine: &str, name: &str) -> Result<bool> {
+        let deleted = self.conn.execute(
+            "DELETE FROM checkpoints WHERE machine = ?1 AND name = ?2",
+            params![machine, name],
+        )?;
+        Ok(deleted > 0)
+    }
+
+    /// Marks the instructions run since a checkpoint as rolled back by it (they stay in the
+    /// history). Returns how many were marked.
+    pub fn mark_rolled_back(
+        &mut self,
+        machine: &str,
+        checkpoint: &CheckpointRecord,
+    ) -> Result<usize> {
+        Ok(self.conn.execute(
+            "UPDATE instructions SET rolled_back_to = ?3
+             WHERE machine = ?1 AND seq >= ?2 AND rolled_back_to IS NULL",
+            params![machine, checkpoint.instruction_count, checkpoint.name],
+        )?)
+    }
+
+    /// The checkpoint an instruction was rolled back by, if any.
+    pub fn rolled_back_to(&self, machine: &str, seq: i64) -> Result<Option<String>> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT rolled_back_to FROM instructions WHERE machine = ?1 AND seq = ?2",
+                params![machine, seq],
+                |r| r.get(0),
+            )
+            .optional()?
+            .flatten())
+    }
+
+    // --- instructions ---------------------------------------------------------------------
+
+    /// Gives the next seq of the machine to a new instruction and stores it.
+    pub fn insert_instruction(
+        &mut self,
+        machine: &str,
+        code: &str,
+        timeout_ms: u64,
+    ) -> Result<i64> {
+        let tx = self.conn.transaction()?;
+        let seq: i64 = tx
+            .query_row(
+                "UPDATE machines SET next_seq = next_seq + 1, last_used_at = ?2 WHERE name = ?1
+                 RETURNING next_seq - 1",
+                params![machine, now()],
+                |r| r.get(0),
+            )
+            .map_err(|e| machine_gone(machine, e))?;
+        tx.execute(
+            "INSERT INTO instructions (machine, seq, code, timeout_ms, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![machine, seq, code, timeout_ms as i64, now()],
+        )?;
+        tx.commit()?;
+        Ok(seq)
+    }
+
+    /// Stores output of a running instruction (consecutive chunks, continuing what was stored
+    /// before), so that a long instruction's output reaches the disk as it comes.
+    pub fn append_output(&mut self, machine: &str, seq: i64, output: &[OutputChunk]) -> Result<()> {
+        let tx = self.conn.transaction()?;
+        insert_output(&tx, machine, seq, output)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Stores the rest of an instruction's output (what [`Store::append_output`] did not) and
+    /// its result, together.
+    pub fn finish_instruction(
+        &mut self,
+        machine: &str,
+        seq: i64,
+        output: &[OutputChunk],
+        result: &ExecResult,
+    ) -> Result<()> {
+        let encoded = serde_json::to_string(result)
+            .map_err(|e| Error::internal(format!("cannot encode a result: {e}")))?;
+        let tx = self.conn.transaction()?;
+        insert_output(&tx, machine, seq, output)?;
+        tx.execute(
+            "UPDATE instructions SET result = ?3, finished_at = ?4 WHERE machine = ?1 AND seq = ?2",
+            params![machine, seq, encoded, now()],
+        )?;
+        tx.execute(
+            "UPDATE machines SET last_used_at = ?2 WHERE name = ?1",
+            params![machine, now()],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Whether the instruction exists, and its result if it finished.
+    pub fn instruction_result(
+        &self,
+        machine: &str,
+        seq: i64,
+    ) -> Result<Option<Option<ExecResult>>> {
+        let row: Option<Option<String>> = self
+            .conn
+            .query_row(
+                "SELECT result FROM instructions WHERE machine = ?1 AND seq = ?2",
+                params![machine, seq],
+                |r| r.get(0),
+            )
+            .optional()?;
+        match row {
+            None => Ok(None),
+            Some(None) => Ok(Some(None)),
+            Some(Some(text)) => {
+                let result = serde_json::from_str(&text).map_err(|e| {
+                    Error::internal(format!(
+                        "stored result of {machine}/{seq} is unreadable: {e}"
+                    ))
+                })?;
+                Ok(Some(Some(result)))
+            }
+        }
+    }
+
+    pub fn instruction_output(&self, machine: &str, seq: i64) -> Result<Vec<OutputChunk>> {
+        let mut statement = self.conn.prepare_cached(
+            "SELECT first_seq, chunks FROM outputs WHERE machine = ?1 AND instruction = ?2
+             ORDER BY first_seq",
+        )?;
+        let rows = statement.query_map(params![machine, seq], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+        })?;
+        let mut chunks = Vec::new();
+        for row in rows {
+            let (first_seq, encoded) = row?;
+            let pairs: Vec<(String, String)> = serde_json::from_str(&encoded).map_err(|e| {
+                Error::internal(format!(
+                    "stored output of {machine}/{seq} is unreadable: {e}"
+                ))
+            })?;
+            for (offset, (stream, data)) in pairs.into_iter().enumerate() {
+                let stream = OutputStream::from_str_opt(&stream).unwrap_or(OutputStream::Stdout);
+                chunks.push(OutputChunk {
+                    seq: first_seq + offset as i64,
+                    stream,
+                    data,
+                });
+            }
+        }
+        Ok(chunks)
+    }
+
+    /// Instructions left without a result by an engine that stopped: they get an error result.
+    pub fn fail_unfinished(&mut self, reason: &str) -> Result<usize> {
+        let result = ExecResult::failure(FailureCause::MachineCrashed, reason);
+        let encoded = serde_json::to_string(&result)
+            .map_err(|e| Error::internal(format!("cannot encode a result: {e}")))?;
+        let changed = self.conn.execute(
+            "UPDATE instructions SET result = ?1, finished_at = ?2 WHERE result IS NULL",
+            params![encoded, now()],
+        )?;
+        Ok(changed)
+    }
+}
+
+/// Inserts output chunks in batches; refused (as a missing machine) when the instruction's
+/// machine is gone.
+fn insert_output(
+    tx: &rusqlite::Transaction<'_>,
+    machine: &str,
+    seq: i64,
+    output: &[OutputChunk],
+) -> Result<()> {
+    let mut insert = tx.prepare_cached(
+        "INSERT OR REPLACE INTO outputs (machine, instruction, first_seq, chunks)
+         VALUES (?1, ?2, ?3, ?4)",
+    )?;
+    for batch in output_batches(output) {
+        let first_seq = batch.first().map_or(0, |c| c.seq);
+        let pairs: Vec<(&str, &str)> = batch
+            .iter()
+            .map(|c| (c.stream.as_str(), c.data.as_str()))
+            .collect();
+        let encoded = serde_json::to_string(&pairs)
+            .map_err(|e| Error::internal(format!("cannot encode output: {e}")))?;
+        insert
+            .execute(params![machine, seq, first_seq, encoded])
+            .map_err(|e| machine_gone(machine, e))?;
+    }
+    Ok(())
+}
+
+/// Splits output into batches of at most 4096 chunks or about 1 MiB.
+fn output_batches(output: &[OutputChunk]) -> impl Iterator<Item = &[OutputChunk]> {
+    const MAX_CHUNKS: usize = 4096;
+    const MAX_BYTES: usize = 1024 * 1024;
+    let mut rest = output;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut bytes = 0;
+        let mut end = 0;
+        while end < rest.len() && end < MAX_CHUNKS && (end == 0 || bytes < MAX_BYTES) {
+            bytes += rest[end].data.len();
+            end += 1;
+        }
+        let (batch, remaining) = rest.split_at(end);
+        rest = remaining;
+        Some(batch)
+    })
+}
