@@ -107,6 +107,15 @@ impl Engine {
         self.inner.backend.name()
     }
 
+    /// Names of the machines that have a handle in this engine now (resident or not), sorted:
+    /// for tests that check nothing lingers after a delete.
+    #[doc(hidden)]
+    pub fn loaded_machines(&self) -> Vec<String> {
+        let mut names: Vec<String> = lock(&self.inner.machines).keys().cloned().collect();
+        names.sort();
+        names
+    }
+
     /// The limits this engine enforces.
     pub fn limits(&self) -> &Limits {
         &self.inner.config.limits

@@ -230,7 +230,12 @@ impl MachineHandle {
             return Err(Error::machine_not_found(self.name.as_str()));
         }
         let limit = engine.config.limits.max_queued_instructions;
-        if lock(&self.state).queued.len() >= limit {
+        let waiting = {
+            // Cancelled ones leave as soon as the running one ends: they don't count.
+            let state = lock(&self.state);
+            state.queued.len().saturating_sub(state.cancelled.len())
+        };
+        if waiting >= limit {
             return Err(Error::limit(format!(
                 "machine {} already has {limit} instructions waiting to run (the limit per \
                  machine, EVERVM_MAX_QUEUED): wait for results before sending more",

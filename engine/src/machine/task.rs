@@ -34,6 +34,11 @@ pub(super) async fn run(
     }
     loop {
         machine.set_busy(false);
+        // Checked every time round, not only when woken: a running instruction may have taken
+        // the wake-up that `stop` sent.
+        if machine.deleted.load(Ordering::SeqCst) {
+            break;
+        }
         let job = tokio::select! {
             job = queue.recv() => job,
             Some(control) = controls.recv() => {
@@ -232,15 +237,17 @@ async fn run_job(
                 engine
                     .record_machine_error(&machine.name, Some(&e.to_string()))
                     .await;
-                let cause = if e.kind() == crate::ErrorKind::LimitExceeded {
-                    FailureCause::LimitExceeded
+                return if e.kind() == crate::ErrorKind::LimitExceeded {
+                    ExecResult::failure(
+                        FailureCause::LimitExceeded,
+                        format!("LimitExceeded: the machine could not start: {e}"),
+                    )
                 } else {
-                    FailureCause::MachineCrashed
+                    ExecResult::failure(
+                        FailureCause::MachineCrashed,
+                        format!("MachineCrashed: the machine could not start: {e}"),
+                    )
                 };
-                return ExecResult::failure(
-                    cause,
-                    format!("MachineCrashed: the machine could not start: {e}"),
-                );
             }
         },
     };
