@@ -159,6 +159,9 @@ async fn make_base(
     shape: Shape,
     dir: &std::path::Path,
 ) -> Result<SnapshotManifest> {
+    if let Some(hook) = &engine.config.hooks.before_base {
+        hook(format!("{}-{}", shape.profile.as_str(), shape.memory_mb)).await;
+    }
     let started = std::time::Instant::now();
     let mut fresh = boot_sandbox(engine, shape).await?;
     if shape.profile == Profile::Data {

@@ -174,6 +174,7 @@ pub fn commit_to(
     runtime: &str,
     image_id: Option<String>,
 ) -> Result<SnapshotManifest> {
+    owner_only(staging)?;
     let (sha256, bytes) = digest_dir(staging)?;
     let manifest = SnapshotManifest {
         format: FORMAT,
@@ -190,6 +191,18 @@ pub fn commit_to(
     fsync_dir(staging)?;
     install(staging, target)?;
     Ok(manifest)
+}
+
+/// Makes the files a backend wrote into `dir` readable by their owner only: a snapshot is a
+/// machine's whole memory.
+fn owner_only(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for entry in std::fs::read_dir(dir)?.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_file()) {
+            std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o600))?;
+        }
+    }
+    Ok(())
 }
 
 /// Marks a snapshot so that every restore of it reseeds the interpreter's random generators.
@@ -528,6 +541,12 @@ mod tests {
         assert!(refused.contains("written by runsc 1"), "{refused}");
         assert_eq!(quick_check(home.path(), "other", &v1), None);
         assert_eq!(disk_bytes(home.path(), "m"), 4096);
+        use std::os::unix::fs::PermissionsExt;
+        let image = snapshot_dir(home.path(), "m").join("checkpoint.img");
+        assert_eq!(
+            std::fs::metadata(&image).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
 
         let err = verify(home.path(), "m", &v2).unwrap_err();
         assert!(err.message().contains("written by runsc 1"), "{err}");
@@ -553,6 +572,38 @@ mod tests {
         assert!(err.message().contains("manifest is unreadable"), "{err}");
         remove(home.path(), "m").unwrap();
         assert!(verify(home.path(), "m", &v1).unwrap().is_none());
+    }
+
+    #[test]
+    fn checkpoint_names_never_collide_with_scratch_names() {
+        let home = tempfile::tempdir().unwrap();
+        let v1 = runsc("r");
+        let staging = staging_dir(home.path(), "m").unwrap();
+        std::fs::write(staging.join("checkpoint.img"), vec![1u8; 100]).unwrap();
+        commit(home.path(), "m", &staging, "r", None).unwrap();
+        let snapshot = snapshot_dir(home.path(), "m");
+        // Names a user may give that look like what engines used as scratch names.
+        let names = ["a.old", "a", "x.tmp-1-0", "snapshot.old", "b.tmp-"];
+        for name in names {
+            copy(&snapshot, &checkpoint_dir(home.path(), "m", name), false).unwrap();
+        }
+        // A crash left scratch directories of its own.
+        let checkpoints = machine_dir(home.path(), "m").join("checkpoints");
+        std::fs::create_dir_all(checkpoints.join(".tmp-a-1-0")).unwrap();
+        recover(home.path());
+        for name in names {
+            let dir = checkpoint_dir(home.path(), "m", name);
+            assert!(verify_dir(&dir, &v1).unwrap().is_some(), "{name} is gone");
+        }
+        assert!(!checkpoints.join(".tmp-a-1-0").exists());
+        let mut left: Vec<String> = std::fs::read_dir(&checkpoints)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort_unstable();
+        let mut expected: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        expected.sort_unstable();
+        assert_eq!(left, expected);
     }
 
     #[test]

@@ -155,6 +155,8 @@ pub struct Hooks {
     pub before_handle: Option<Hook>,
     /// A swap-out has written its checkpoint and has not yet committed it as the snapshot.
     pub before_commit: Option<Hook>,
+    /// A base snapshot is about to be made (called with `<profile>-<memory_mb>`).
+    pub before_base: Option<Hook>,
 }
 
 impl std::fmt::Debug for Hooks {
@@ -163,6 +165,7 @@ impl std::fmt::Debug for Hooks {
             .field("before_run", &self.before_run.is_some())
             .field("before_handle", &self.before_handle.is_some())
             .field("before_commit", &self.before_commit.is_some())
+            .field("before_base", &self.before_base.is_some())
             .finish()
     }
 }

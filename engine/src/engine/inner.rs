@@ -250,6 +250,31 @@ impl EngineInner {
         Ok(())
     }
 
+    /// `<home>/reserve`: room held back on the home's disk, given up when a machine has to be
+    /// brought back from a checkpoint that could not be committed because the disk is full (a
+    /// restore writes a few small files), and taken again after the next successful save.
+    fn reserve_path(&self) -> std::path::PathBuf {
+        self.config.home.join("reserve")
+    }
+
+    /// Takes the reserve if it is not held (best effort: on a full disk it waits for later).
+    pub(crate) fn hold_reserve(&self) {
+        const RESERVE_BYTES: usize = 8 * 1024 * 1024;
+        let path = self.reserve_path();
+        if path.exists() {
+            return;
+        }
+        let written = crate::fsutil::write_durably(&path, &vec![0u8; RESERVE_BYTES]);
+        if let Err(e) = written {
+            tracing::debug!("cannot hold the disk reserve yet: {e}");
+        }
+    }
+
+    /// Gives up the reserve, so that what follows finds room on a full disk.
+    pub(crate) fn release_reserve(&self) {
+        let _ = std::fs::remove_file(self.reserve_path());
+    }
+
     /// What a crash costs on this backend, for error texts.
     pub(crate) fn state_loss_note(&self) -> String {
         if self.backend.capabilities().snapshots {

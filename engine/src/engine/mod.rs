@@ -66,6 +66,9 @@ impl Engine {
             tracing::warn!("{unfinished} instructions were left unfinished by the last engine");
         }
         let inner = EngineInner::new(config, StoreThread::start(store)?, backend, lock_file);
+        if inner.backend.capabilities().snapshots {
+            inner.hold_reserve();
+        }
         let engine = Self {
             inner: Arc::new(inner),
         };

@@ -268,6 +268,8 @@ pub(super) async fn swap_out(
             // The previous snapshot is untouched; the state is in the staging directory,
             // whole (the checkpoint finished): bring the machine back from there.
             drop(current);
+            // A full disk is the likely cause: the restore needs a little room.
+            engine.release_reserve();
             let restored = restore_uncommitted(engine, machine, &staging, &runtime, image_id).await;
             let _ = tokio::fs::remove_dir_all(&staging).await;
             match restored {
@@ -294,6 +296,8 @@ pub(super) async fn swap_out(
     drop(current);
     if machine.swap_succeeded() {
         engine.record_machine_error(&machine.name, None).await;
+        let inner = Arc::clone(engine);
+        let _ = tokio::task::spawn_blocking(move || inner.hold_reserve()).await;
     }
     tracing::debug!(
         machine = %machine.name,
@@ -305,7 +309,8 @@ pub(super) async fn swap_out(
     Ok(())
 }
 
-/// Restores a machine from a checkpoint that could not be committed as its snapshot.
+/// Restores a machine from a checkpoint that could not be committed as its snapshot, and waits
+/// until it answers.
 async fn restore_uncommitted(
     engine: &Arc<EngineInner>,
     machine: &MachineHandle,
@@ -320,7 +325,13 @@ async fn restore_uncommitted(
         image_id,
     };
     let sandbox = engine.backend.restore(&spec, staging, runtime).await?;
-    connect_restored(engine, sandbox, false).await
+    let mut back = connect_restored(engine, sandbox, false).await?;
+    // Once the agent answers, the restore has read the checkpoint: it can go.
+    if let Err(e) = back.agent.probe(engine.config.ready_timeout).await {
+        back.kill().await;
+        return Err(e);
+    }
+    Ok(back)
 }
 
 /// Saves the machine (starting it first if it has no state yet) and copies its snapshot to `to`.

@@ -50,7 +50,7 @@ async fn machines_tags_info_and_delete() {
         let a = client
             .create_machine(CreateMachineOptions {
                 tags: tags(&[("role", "worker"), ("n", "1")]),
-                memory_mb: Some(300),
+                memory_mb: Some(1024),
                 image: None,
                 ..CreateMachineOptions::default()
             })
@@ -84,7 +84,7 @@ async fn machines_tags_info_and_delete() {
             "{label}"
         );
         let info = a.info().await.unwrap();
-        assert_eq!(info.memory_mb, Some(300), "{label}");
+        assert_eq!(info.memory_mb, Some(1024), "{label}");
         assert_eq!(
             info.tags,
             tags(&[("role", "worker"), ("n", "1")]),

@@ -1,0 +1,565 @@
+//! Faults on gVisor, made on purpose: a runsc that fails its checkpoint (and one that stops the
+//! sandbox while failing), a full disk, a snapshot that cannot be committed, deletes in the
+//! middle of forks and checkpoints. Each ends in a clear error, and a machine either keeps its
+//! state or its next instruction says what was lost.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use evervm::engine::{
+    Account, BackendChoice, CreateMachine, Durability, Engine, EngineConfig, ErrorKind, ExecEvent,
+    ExecRequest, ExecResult, Hook, MachineState, Outcome, OutputStream,
+};
+use evervm_tests::backends;
+use futures::StreamExt;
+
+fn gvisor_available() -> bool {
+    if backends().iter().any(|b| b == "gvisor") {
+        return true;
+    }
+    eprintln!("skipping: the gVisor backend is not available here");
+    false
+}
+
+/// The runsc the engine found last (and its platform), from the probe cache every gVisor
+/// engine keeps; `runsc` on the PATH on ptrace otherwise.
+fn real_runsc() -> (PathBuf, String) {
+    let cache = evervm::engine::guest::image::default_cache_dir().join("runsc-probe.json");
+    // Copies of runsc that other tests made in temporary directories don't count.
+    let cached: Option<(PathBuf, String)> = std::fs::read(cache).ok().and_then(|bytes| {
+        let entries: Vec<serde_json::Value> = serde_json::from_slice(&bytes).ok()?;
+        entries.iter().find_map(|e| {
+            let path = PathBuf::from(e["path"].as_str()?);
+            if path.starts_with(std::env::temp_dir()) {
+                return None;
+            }
+            Some((path, e["platform"].as_str()?.to_owned()))
+        })
+    });
+    cached.unwrap_or_else(|| (PathBuf::from("runsc"), "ptrace".to_owned()))
+}
+
+/// A runsc wrapper whose `checkpoint` fails on demand: while `<dir>/checkpoint` holds `keep`
+/// it fails before doing anything (the sandbox runs on); `stop` checkpoints into a throwaway
+/// directory (which stops the sandbox) and then fails. Everything else goes to the real runsc.
+struct FaultyRunsc {
+    dir: tempfile::TempDir,
+}
+
+impl FaultyRunsc {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let (real, _) = real_runsc();
+        let script = format!(
+            r#"#!/bin/bash
+control={control}
+mode=$(cat "$control/checkpoint" 2>/dev/null)
+checkpoint=0
+for a in "$@"; do [ "$a" = checkpoint ] && checkpoint=1; done
+if [ $checkpoint = 1 ] && [ "$mode" = keep ]; then
+    echo "checkpoint refused by the test" >&2
+    exit 1
+fi
+if [ $checkpoint = 1 ] && [ "$mode" = stop ]; then
+    args=()
+    for a in "$@"; do
+        case "$a" in
+            --image-path=*) args+=("--image-path=$control/throwaway") ;;
+            *) args+=("$a") ;;
+        esac
+    done
+    mkdir -p "$control/throwaway"
+    {real} "${{args[@]}}" >/dev/null 2>&1
+    echo "checkpoint failed after stopping the sandbox (the test)" >&2
+    exit 1
+fi
+exec {real} "$@"
+"#,
+            control = dir.path().display(),
+            real = real.display()
+        );
+        let path = dir.path().join("runsc");
+        std::fs::write(&path, script).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Self { dir }
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.path().join("runsc")
+    }
+
+    fn set(&self, mode: &str) {
+        std::fs::write(self.dir.path().join("checkpoint"), mode).unwrap();
+    }
+}
+
+fn config(home: &Path) -> EngineConfig {
+    let mut config = EngineConfig::new(home);
+    config.backend = BackendChoice::parse("gvisor");
+    config.pool_size = 0;
+    config.idle_swap = None;
+    if std::env::var_os("EVERVM_IMAGES").is_none() {
+        config.images_dir = evervm::engine::guest::image::default_cache_dir().join("images");
+    }
+    config
+}
+
+fn faulty_config(home: &Path, runsc: &FaultyRunsc) -> EngineConfig {
+    let mut config = config(home);
+    config.runsc = Some(runsc.path());
+    config.runsc_platform = Some(real_runsc().1);
+    config
+}
+
+async fn machine(engine: &Engine, account: &Account, options: CreateMachine) -> String {
+    engine
+        .create_machine(account, options)
+        .await
+        .unwrap()
+        .name
+        .to_string()
+}
+
+/// Runs `code` and returns its result and its stderr lines.
+async fn run(
+    engine: &Engine,
+    account: &Account,
+    name: &str,
+    code: &str,
+) -> (ExecResult, Vec<String>) {
+    let seq = engine
+        .exec(account, name, ExecRequest::new(code))
+        .await
+        .unwrap()
+        .seq;
+    let events: Vec<ExecEvent> = engine
+        .events(account, name, seq)
+        .await
+        .unwrap()
+        .collect()
+        .await;
+    let mut stderr = Vec::new();
+    let mut result = None;
+    for event in events {
+        match event {
+            ExecEvent::Output(c) if c.stream == OutputStream::Stderr => stderr.push(c.data),
+            ExecEvent::Output(_) => {}
+            ExecEvent::Result(r) => result = Some(r),
+        }
+    }
+    (result.unwrap(), stderr)
+}
+
+async fn value(engine: &Engine, account: &Account, name: &str, code: &str) -> String {
+    let (result, _) = run(engine, account, name, code).await;
+    match result.outcome {
+        Outcome::Value(v) => v.unwrap_or_default(),
+        Outcome::Error { text, .. } => panic!("{code:?} failed: {text}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_checkpoint_leaves_the_machine_running_with_its_state() {
+    if !gvisor_available() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let runsc = FaultyRunsc::new();
+    let engine = Engine::open(faulty_config(home.path(), &runsc))
+        .await
+        .unwrap();
+    let account = engine.ensure_account("test").await.unwrap();
+    let name = machine(&engine, &account, CreateMachine::default()).await;
+    value(&engine, &account, &name, "x = 41").await;
+
+    runsc.set("keep");
+    let failed = engine.swap_out(&account, &name).await.unwrap_err();
+    assert!(failed.message().contains("checkpoint"), "{failed}");
+    let info = engine.machine_info(&account, &name).await.unwrap();
+    assert_eq!(info.state, MachineState::Resident);
+    let shown = info.last_error.unwrap_or_default();
+    assert!(shown.contains("could not swap out"), "{shown}");
+    // Nothing was lost, and nothing says so.
+    let (result, stderr) = run(&engine, &account, &name, "x + 1").await;
+    assert_eq!(result.outcome, Outcome::Value(Some("42".to_owned())));
+    assert!(stderr.is_empty(), "{stderr:?}");
+
+    // `durability = instruction`: a save that fails is reported as not saved.
+    let durable = machine(
+        &engine,
+        &account,
+        CreateMachine {
+            durability: Some(Durability::Instruction),
+            ..CreateMachine::default()
+        },
+    )
+    .await;
+    let (result, stderr) = run(&engine, &account, &durable, "n = 1").await;
+    assert_eq!(result.saved, Some(false), "{result:?}");
+    assert!(
+        stderr.iter().any(|l| l.contains("could not be saved")),
+        "{stderr:?}"
+    );
+    assert_eq!(value(&engine, &account, &durable, "n").await, "1");
+
+    runsc.set("off");
+    engine.swap_out(&account, &name).await.unwrap();
+    let info = engine.machine_info(&account, &name).await.unwrap();
+    assert_eq!(info.state, MachineState::Swapped);
+    assert_eq!(info.last_error, None);
+    assert_eq!(value(&engine, &account, &name, "x + 1").await, "42");
+    let (result, _) = run(&engine, &account, &durable, "n + 1").await;
+    assert_eq!(result.saved, Some(true), "{result:?}");
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_checkpoint_that_stops_the_sandbox_says_what_was_lost() {
+    if !gvisor_available() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let runsc = FaultyRunsc::new();
+    let engine = Engine::open(faulty_config(home.path(), &runsc))
+        .await
+        .unwrap();
+    let account = engine.ensure_account("test").await.unwrap();
+    let name = machine(&engine, &account, CreateMachine::default()).await;
+    value(&engine, &account, &name, "x = 1").await;
+    engine.swap_out(&account, &name).await.unwrap();
+    value(&engine, &account, &name, "y = 2").await;
+
+    runsc.set("stop");
+    engine.swap_out(&account, &name).await.unwrap_err();
+    let info = engine.machine_info(&account, &name).await.unwrap();
+    let shown = info.last_error.unwrap_or_default();
+    assert!(shown.contains("swap-out failed"), "{shown}");
+    runsc.set("off");
+    // The next instruction says that it came back from the last snapshot, and it did.
+    let (result, stderr) = run(&engine, &account, &name, "[x, 'y' in globals()]").await;
+    assert_eq!(
+        result.outcome,
+        Outcome::Value(Some("[1, False]".to_owned()))
+    );
+    assert!(
+        stderr.first().is_some_and(|l| l
+            .starts_with("[evervm] this machine's sandbox stopped (a swap-out failed")
+            && l.contains("restored from its snapshot")),
+        "{stderr:?}"
+    );
+    engine.shutdown().await;
+}
+
+/// A small file system of its own (tmpfs), unmounted when dropped; `None` where mounting is
+/// not allowed (not root).
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn mount(megabytes: u64) -> Option<Self> {
+        let dir = tempfile::tempdir().unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={megabytes}m"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        if mounted {
+            Some(Self { dir })
+        } else {
+            eprintln!("skipping: cannot mount a tmpfs here (needs root)");
+            None
+        }
+    }
+
+    fn home(&self) -> PathBuf {
+        self.dir.path().join("home")
+    }
+
+    fn filler(&self) -> PathBuf {
+        self.dir.path().join("filler")
+    }
+
+    /// Fills the disk until at most `leave` bytes are free.
+    fn fill(&self, leave: u64) {
+        fill(self.dir.path(), leave);
+    }
+
+    fn free(&self) {
+        let _ = std::fs::remove_file(self.filler());
+    }
+}
+
+/// Writes `<root>/filler` until the file system holding `root` has at most `leave` bytes free.
+fn fill(root: &Path, leave: u64) {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(root.join("filler"))
+        .unwrap();
+    let block = vec![0x5au8; 64 * 1024];
+    loop {
+        let free = evervm::engine::fsutil::free_bytes(root).unwrap();
+        if free <= leave {
+            break;
+        }
+        let size = block.len().min((free - leave) as usize).max(1);
+        if file.write_all(&block[..size]).is_err() {
+            break;
+        }
+    }
+    let _ = file.sync_all();
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_disk_keeps_machines_in_memory_and_says_why() {
+    if !gvisor_available() {
+        return;
+    }
+    let Some(disk) = SmallDisk::mount(512) else {
+        return;
+    };
+    let armed = Arc::new(AtomicBool::new(false));
+    let mut config = config(&disk.home());
+    // Fills the disk after the checkpoint is written and before it is committed.
+    let hook: Hook = {
+        let armed = Arc::clone(&armed);
+        let root = disk.dir.path().to_owned();
+        Arc::new(move |_| {
+            let armed = Arc::clone(&armed);
+            let root = root.clone();
+            Box::pin(async move {
+                if armed.swap(false, Ordering::SeqCst) {
+                    tokio::task::spawn_blocking(move || fill(&root, 0))
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+    };
+    config.hooks.before_commit = Some(hook);
+    let engine = Engine::open(config).await.unwrap();
+    let account = engine.ensure_account("test").await.unwrap();
+    let name = machine(&engine, &account, CreateMachine::default()).await;
+    value(&engine, &account, &name, "x = 'kept'").await;
+
+    // No room for a checkpoint: refused before runsc starts one (which would take the sandbox
+    // down with it).
+    disk.fill(8 << 20);
+    let refused = engine.swap_out(&account, &name).await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::LimitExceeded, "{refused}");
+    assert!(refused.message().contains("MiB free"), "{refused}");
+    let info = engine.machine_info(&account, &name).await.unwrap();
+    assert_eq!(info.state, MachineState::Resident);
+    assert!(
+        info.last_error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("stays in memory"),
+        "{info:?}"
+    );
+    assert_eq!(value(&engine, &account, &name, "x").await, "'kept'");
+    disk.free();
+
+    // The checkpoint is written, then the disk fills before it is committed: the machine comes
+    // back from the checkpoint it just wrote, and the last snapshot stays as it was.
+    engine.swap_out(&account, &name).await.unwrap();
+    value(&engine, &account, &name, "x = 'newer'").await;
+    armed.store(true, Ordering::SeqCst);
+    engine.swap_out(&account, &name).await.unwrap_err();
+    let info = engine.machine_info(&account, &name).await.unwrap();
+    assert_eq!(info.state, MachineState::Resident);
+    let (result, stderr) = run(&engine, &account, &name, "x").await;
+    assert_eq!(result.outcome, Outcome::Value(Some("'newer'".to_owned())));
+    assert!(stderr.is_empty(), "{stderr:?}");
+    disk.free();
+    engine.swap_out(&account, &name).await.unwrap();
+    assert_eq!(value(&engine, &account, &name, "x").await, "'newer'");
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn checkpoint_names_that_look_like_scratch_names_survive_restarts() {
+    if !gvisor_available() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let engine = Engine::open(config(home.path())).await.unwrap();
+    let account = engine.ensure_account("test").await.unwrap();
+    let name = machine(&engine, &account, CreateMachine::default()).await;
+    value(&engine, &account, &name, "x = 1").await;
+    engine
+        .create_checkpoint(&account, &name, Some("a.old".to_owned()))
+        .await
+        .unwrap();
+    value(&engine, &account, &name, "x = 2").await;
+    engine
+        .create_checkpoint(&account, &name, Some("a".to_owned()))
+        .await
+        .unwrap();
+    value(&engine, &account, &name, "x = 3").await;
+    engine
+        .create_checkpoint(&account, &name, Some("x.tmp-1".to_owned()))
+        .await
+        .unwrap();
+    engine.rollback(&account, &name, "a.old").await.unwrap();
+    assert_eq!(value(&engine, &account, &name, "x").await, "1");
+    engine.shutdown().await;
+
+    let engine = Engine::open(config(home.path())).await.unwrap();
+    let names: Vec<String> = engine
+        .list_checkpoints(&account, &name)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    assert_eq!(names, ["a.old", "a", "x.tmp-1"]);
+    for (checkpoint, x) in [("x.tmp-1", "3"), ("a", "2"), ("a.old", "1")] {
+        engine.rollback(&account, &name, checkpoint).await.unwrap();
+        assert_eq!(
+            value(&engine, &account, &name, "x").await,
+            x,
+            "{checkpoint}"
+        );
+    }
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deleting_a_machine_during_its_fork_and_checkpoint_leaves_nothing() {
+    if !gvisor_available() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let engine = Engine::open(config(home.path())).await.unwrap();
+    let account = engine.ensure_account("test").await.unwrap();
+    let name = machine(&engine, &account, CreateMachine::default()).await;
+    value(&engine, &account, &name, "import time\nx = 5").await;
+    // The fork and the checkpoint wait for this instruction; the delete comes meanwhile.
+    let running = engine
+        .exec(
+            &account,
+            &name,
+            ExecRequest::new("print('running', flush=True)\ntime.sleep(2)"),
+        )
+        .await
+        .unwrap()
+        .seq;
+    let mut events = engine.events(&account, &name, running).await.unwrap();
+    assert!(matches!(events.next().await, Some(ExecEvent::Output(_))));
+    let (fork, checkpoint, deleted) = tokio::join!(
+        engine.fork_machine(&account, &name, evervm::engine::ForkMachine::default()),
+        engine.create_checkpoint(&account, &name, Some("during".to_owned())),
+        async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            engine.delete_machine(&account, &name).await
+        }
+    );
+    deleted.unwrap();
+    if let Err(e) = &checkpoint {
+        assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    }
+    assert_eq!(
+        engine
+            .machine_info(&account, &name)
+            .await
+            .unwrap_err()
+            .kind(),
+        ErrorKind::NotFound
+    );
+    assert!(!home.path().join("machines").join(&name).exists());
+    let conn = rusqlite::Connection::open(home.path().join("evervm.db")).unwrap();
+    for table in ["instructions", "outputs", "checkpoints"] {
+        let rows: i64 = conn
+            .query_row(
+                &format!("SELECT COUNT(*) FROM {table} WHERE machine = ?1"),
+                [&name],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(rows, 0, "{table} still has rows of the deleted machine");
+    }
+    match fork {
+        // A fork that finished is a machine of its own, with the parent's state.
+        Ok(child) => {
+            let child = child.name.to_string();
+            assert_eq!(value(&engine, &account, &child, "x").await, "5");
+        }
+        Err(e) => assert_eq!(e.kind(), ErrorKind::NotFound, "{e}"),
+    }
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn making_one_base_snapshot_does_not_hold_up_another() {
+    if !gvisor_available() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let released_by_test = Arc::new(AtomicBool::new(false));
+    let mut config = config(home.path());
+    // The `data` base waits until the test lets it go (or a minute).
+    config.hooks.before_base = Some({
+        let release = Arc::clone(&release);
+        let released_by_test = Arc::clone(&released_by_test);
+        Arc::new(move |shape: String| {
+            let release = Arc::clone(&release);
+            let released_by_test = Arc::clone(&released_by_test);
+            Box::pin(async move {
+                if shape.starts_with("data-") {
+                    let notified =
+                        tokio::time::timeout(Duration::from_secs(60), release.notified()).await;
+                    released_by_test.store(notified.is_ok(), Ordering::SeqCst);
+                }
+            })
+        })
+    });
+    let engine = Engine::open(config).await.unwrap();
+    let account = engine.ensure_account("test").await.unwrap();
+    let data = machine(
+        &engine,
+        &account,
+        CreateMachine {
+            image: Some("data".to_owned()),
+            ..CreateMachine::default()
+        },
+    )
+    .await;
+    let data_run = {
+        let (engine, account, data) = (engine.clone(), account.clone(), data.clone());
+        tokio::spawn(async move { value(&engine, &account, &data, "import pandas\n1").await })
+    };
+    // Another shape gets its base (and its machine runs) while the `data` one is held.
+    let small = machine(
+        &engine,
+        &account,
+        CreateMachine {
+            memory_mb: Some(256),
+            ..CreateMachine::default()
+        },
+    )
+    .await;
+    assert_eq!(value(&engine, &account, &small, "6 * 7").await, "42");
+    release.notify_one();
+    assert_eq!(data_run.await.unwrap(), "1");
+    assert!(
+        released_by_test.load(Ordering::SeqCst),
+        "the other shape waited for the held base snapshot"
+    );
+    engine.shutdown().await;
+}
