@@ -507,3 +507,71 @@ fn with_instruction_durability_a_sigkilled_engine_loses_no_acknowledged_state() 
     }
     assert!(last_acknowledged >= 2, "the loop ran instructions");
 }
+
+#[test]
+fn with_idle_durability_a_sigkilled_engine_says_what_it_lost() {
+    if !backends().iter().any(|b| b == "gvisor") {
+        eprintln!("skipping: the gVisor backend is not available here");
+        return;
+    }
+    let mut server = Server::start("gvisor");
+    let name = ok(server.evervm(&["machine", "new"]));
+    let name = name.trim().to_owned();
+    let step = "n = globals().get('n', 0) + 1\nopen('/tmp/n', 'w').write(str(n))\nn";
+    let read_back = "import os\n(globals().get('n', 0), \
+                     int(open('/tmp/n').read()) if os.path.exists('/tmp/n') else 0)";
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let mut last_acknowledged = 0;
+    for round in 0..3u32 {
+        ok(server.evervm(&["exec", "-m", &name, read_back]));
+        // Two instructions, then a swap: the snapshot holds `saved`; what comes after it is
+        // in memory only until the engine dies.
+        for _ in 0..2 {
+            last_acknowledged = acknowledged(&server.evervm(&["exec", "-m", &name, step])).unwrap();
+        }
+        ok(server.evervm(&["machine", "swap", &name]));
+        let saved = [last_acknowledged];
+        let delay = 800 + u64::from(seed.rotate_left(round * 7) % 1600);
+        let pid = server.child.id();
+        let killer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(delay));
+            // SAFETY: kill has no memory effects; the pid is our own child, not yet reaped.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        });
+        while let Some(n) = acknowledged(&server.evervm(&["exec", "-m", &name, step])) {
+            assert_eq!(n, last_acknowledged + 1, "round {round}");
+            last_acknowledged = n;
+        }
+        killer.join().unwrap();
+        let _ = server.child.wait();
+        let token = server.token.clone();
+        let home = std::mem::replace(&mut server.home, tempfile::tempdir().unwrap());
+        drop(server);
+        server = Server::start_in("gvisor", home, Some(token));
+        // The machine is there, back at its last snapshot; when that is older than what was
+        // acknowledged, its next instruction says so first.
+        let output = server.evervm(&["exec", "-m", &name, read_back]);
+        let now = ok(output.clone());
+        let (n, file): (i64, i64) = {
+            let inner = now.trim().trim_start_matches('(').trim_end_matches(')');
+            let mut parts = inner.split(',').map(|p| p.trim().parse::<i64>().unwrap());
+            (parts.next().unwrap(), parts.next().unwrap())
+        };
+        assert_eq!(n, file, "round {round}: memory and files agree");
+        if n != last_acknowledged {
+            assert!(
+                saved.contains(&n),
+                "round {round}: {n} is not a saved state {saved:?}"
+            );
+            let said = String::from_utf8_lossy(&output.stderr).into_owned() + &now;
+            assert!(
+                said.contains("the engine stopped while the machine was running"),
+                "round {round}: rolled back from {last_acknowledged} to {n} without a word: {said}"
+            );
+        }
+        last_acknowledged = n;
+    }
+}

@@ -487,6 +487,18 @@ impl Legacy {
     }
 }
 
+/// The machines that have a snapshot directory under `home`.
+pub fn machines_with_snapshots(home: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(home.join("machines")) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.path().join("snapshot").join(MANIFEST).is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
 /// Records why a machine's snapshot cannot be used.
 pub fn mark_damaged(home: &Path, machine: &str, reason: &str) {
     let path = snapshot_dir(home, machine).join(DAMAGED);

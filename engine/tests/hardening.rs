@@ -386,3 +386,114 @@ async fn an_account_past_its_resident_memory_is_refused_with_the_limit() {
     assert_eq!(result.outcome, Outcome::Value(Some("42".to_owned())));
     engine.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_machine_that_lost_its_state_in_a_restart_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(config(&dir)).await.unwrap();
+    let account = engine.ensure_account("test").await.unwrap();
+    let name = engine
+        .create_machine(&account, CreateMachine::default())
+        .await
+        .unwrap()
+        .name
+        .to_string();
+    run(&engine, &account, &name, "x = 1").await;
+    // The process backend cannot save a machine: a restart loses its interpreter.
+    engine.shutdown().await;
+    let engine = Engine::open(config(&dir)).await.unwrap();
+    let seq = engine
+        .exec(&account, &name, ExecRequest::new("'x' in globals()"))
+        .await
+        .unwrap()
+        .seq;
+    let events: Vec<ExecEvent> = engine
+        .events(&account, &name, seq)
+        .await
+        .unwrap()
+        .collect()
+        .await;
+    match events.first() {
+        Some(ExecEvent::Output(note)) => {
+            assert!(
+                note.data
+                    .contains("the engine stopped while the machine was running")
+                    && note.data.contains("earlier state was lost"),
+                "{}",
+                note.data
+            );
+        }
+        other => panic!("expected a note first, got {other:?}"),
+    }
+    match events.last() {
+        Some(ExecEvent::Result(result)) => {
+            assert_eq!(result.outcome, Outcome::Value(Some("False".to_owned())));
+        }
+        other => panic!("{other:?}"),
+    }
+    // Said once.
+    let again = run(&engine, &account, &name, "1").await;
+    assert_eq!(again.outcome, Outcome::Value(Some("1".to_owned())));
+    let seq = engine
+        .exec(&account, &name, ExecRequest::new("2"))
+        .await
+        .unwrap()
+        .seq;
+    let events: Vec<ExecEvent> = engine
+        .events(&account, &name, seq)
+        .await
+        .unwrap()
+        .collect()
+        .await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_home_and_its_database_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let mut config = config(&dir);
+    config.home.clone_from(&home);
+    let engine = Engine::open(config).await.unwrap();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&home), 0o700);
+    assert_eq!(mode(&home.join("evervm.db")), 0o600);
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_database_locked_by_another_process_makes_work_wait_not_fail() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(config(&dir)).await.unwrap();
+    let account = engine.ensure_account("test").await.unwrap();
+    let name = engine
+        .create_machine(&account, CreateMachine::default())
+        .await
+        .unwrap()
+        .name
+        .to_string();
+    run(&engine, &account, &name, "x = 20").await;
+    // Another process (a backup, `sqlite3` at a console) holds the database for a while.
+    let holder = rusqlite::Connection::open(dir.path().join("evervm.db")).unwrap();
+    holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let work = {
+        let (engine, account, name) = (engine.clone(), account.clone(), name.clone());
+        tokio::spawn(async move { run(&engine, &account, &name, "x + 22").await })
+    };
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    holder.execute_batch("COMMIT").unwrap();
+    let result = work.await.unwrap();
+    assert_eq!(result.outcome, Outcome::Value(Some("42".to_owned())));
+    // Stored, too.
+    let seq = engine
+        .machine_info(&account, &name)
+        .await
+        .unwrap()
+        .instruction_count
+        - 1;
+    let stored = engine.result(&account, &name, seq).await.unwrap();
+    assert_eq!(stored, result);
+    engine.shutdown().await;
+}

@@ -39,6 +39,8 @@ impl Engine {
             next_seq: 0,
             last_used_at: None,
             last_error: None,
+            unsaved_since: None,
+            snapshot_at: Some(Utc::now()),
             ..parent
         };
         let home = self.inner.config.home.clone();

@@ -11,7 +11,6 @@ use super::inner::{DiskFacts, EngineInner};
 use crate::error::{Error, ErrorKind, Result};
 use crate::guest::image::Profile;
 use crate::machine::MachineHandle;
-use crate::pool::Shape;
 use crate::store::MachineRecord;
 use crate::sync::lock;
 use crate::types::{
@@ -64,6 +63,8 @@ impl Engine {
             last_used_at: None,
             last_error: None,
             durability,
+            unsaved_since: None,
+            snapshot_at: None,
         };
         self.insert_machine(&record).await?;
         let handle = self.spawn_handle(&record, true);
@@ -91,20 +92,11 @@ impl Engine {
 
     pub(super) fn spawn_handle(&self, record: &MachineRecord, eager: bool) -> Arc<MachineHandle> {
         let mut machines = lock(&self.inner.machines);
-        let shape = Shape {
-            profile: record.image,
-            memory_mb: record.memory_mb,
-        };
-        Arc::clone(machines.entry(record.name.to_string()).or_insert_with(|| {
-            MachineHandle::spawn(
-                Arc::clone(&self.inner),
-                record.name.clone(),
-                record.account_id,
-                shape,
-                record.durability,
-                eager,
-            )
-        }))
+        Arc::clone(
+            machines
+                .entry(record.name.to_string())
+                .or_insert_with(|| MachineHandle::spawn(Arc::clone(&self.inner), record, eager)),
+        )
     }
 
     /// The machine's row, if the account has it.

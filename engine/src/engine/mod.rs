@@ -54,6 +54,7 @@ impl Engine {
         let (store, unfinished) = tokio::task::spawn_blocking(move || -> Result<(Store, usize)> {
             let mut store = Store::open(&home.join("evervm.db"))?;
             crate::snapshot::recover(&home);
+            store.note_snapshots_on_disk(&crate::snapshot::machines_with_snapshots(&home))?;
             let unfinished = store.fail_unfinished(
                 "MachineCrashed: the engine stopped before this instruction finished",
             )?;

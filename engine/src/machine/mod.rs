@@ -57,6 +57,10 @@ struct MachineState {
     /// Failed swap-outs in a row, and when the idle swapper may try again.
     swap_failures: u32,
     swap_retry_at: Option<Instant>,
+    /// True once the store notes that the machine may hold unsaved state (until its next save).
+    marked_unsaved: bool,
+    /// When its snapshot was last written, if it ever was.
+    snapshot_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// Work on a machine's state that its task does between instructions.
@@ -104,21 +108,35 @@ impl MachineHandle {
     /// sandbox at once (from the pool), so that its first instruction does not wait for one.
     pub(crate) fn spawn(
         engine: Arc<EngineInner>,
-        name: MachineName,
-        account_id: i64,
-        shape: Shape,
-        durability: Durability,
+        record: &crate::store::MachineRecord,
         eager: bool,
     ) -> Arc<Self> {
+        let shape = Shape {
+            profile: record.image,
+            memory_mb: record.memory_mb,
+        };
+        let state = MachineState {
+            // A machine that may have held unsaved state when the last engine stopped lost it:
+            // its next instruction says so.
+            recovering_from: record.unsaved_since.map(|since| {
+                format!(
+                    "the engine stopped while the machine was running (it had changes since {}                      that were not saved)",
+                    since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                )
+            }),
+            marked_unsaved: record.unsaved_since.is_some(),
+            snapshot_at: record.snapshot_at,
+            ..MachineState::default()
+        };
         let (jobs, queue) = mpsc::unbounded_channel();
         let (controls, control_requests) =
             mpsc::channel(engine.config.limits.max_waiting_operations.max(1));
         let handle = Arc::new(Self {
-            name,
-            account_id,
+            name: record.name.clone(),
+            account_id: record.account_id,
             shape,
-            durability,
-            state: Mutex::new(MachineState::default()),
+            durability: record.durability,
+            state: Mutex::new(state),
             jobs,
             controls,
             enqueueing: tokio::sync::Mutex::new(()),
@@ -207,6 +225,34 @@ impl MachineHandle {
             .min(SWAP_RETRY_MAX);
         state.swap_retry_at = Some(Instant::now() + wait);
         wait
+    }
+
+    /// Notes (in the store, once until the next save) that the machine may now hold state that
+    /// is not on disk.
+    async fn mark_unsaved(&self, engine: &EngineInner) {
+        let first = {
+            let mut state = lock(&self.state);
+            !std::mem::replace(&mut state.marked_unsaved, true)
+        };
+        if first {
+            let name = self.name.to_string();
+            if let Err(e) = engine.store.call(move |s| s.mark_unsaved(&name)).await {
+                tracing::warn!(machine = %self.name, "cannot note unsaved state: {e}");
+            }
+        }
+    }
+
+    /// Notes that the machine's whole state is in its snapshot now.
+    async fn mark_saved(&self, engine: &EngineInner) {
+        {
+            let mut state = lock(&self.state);
+            state.marked_unsaved = false;
+            state.snapshot_at = Some(chrono::Utc::now());
+        }
+        let name = self.name.to_string();
+        if let Err(e) = engine.store.call(move |s| s.mark_saved(&name)).await {
+            tracing::warn!(machine = %self.name, "cannot note a save: {e}");
+        }
     }
 
     fn swap_succeeded(&self) -> bool {

@@ -76,6 +76,17 @@ pub(super) async fn acquire(
             .map_err(refuse)?
     };
     let Some(manifest) = manifest else {
+        let had_snapshot = lock(&machine.state).snapshot_at;
+        if let Some(saved) = had_snapshot {
+            // It had a snapshot and its files are gone: that is damage, not a fresh start.
+            let e = Error::crashed(format!(
+                "its snapshot (saved {}) is missing from the disk: roll back to a checkpoint \
+                 or delete the machine",
+                saved.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ));
+            let _ = std::fs::create_dir_all(&dir);
+            return Err(refuse(e));
+        }
         return Pool::take(engine, machine.shape).await;
     };
     // The checksum is computed while runsc starts (most of a restore is starting its processes);
@@ -294,6 +305,7 @@ pub(super) async fn swap_out(
         }
     };
     drop(current);
+    machine.mark_saved(engine).await;
     if machine.swap_succeeded() {
         engine.record_machine_error(&machine.name, None).await;
         let inner = Arc::clone(engine);
@@ -402,6 +414,7 @@ pub(super) async fn rollback(
     engine.forget_disk_facts(machine.name.as_str());
     if copied.is_ok() {
         lock(&machine.state).recovering_from = None;
+        machine.mark_saved(engine).await;
         engine.record_machine_error(&machine.name, None).await;
     }
     copied

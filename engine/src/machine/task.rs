@@ -254,6 +254,7 @@ async fn run_job(
     if let Some(note) = note {
         job.live.push_chunks([(OutputStream::Stderr, note)]);
     }
+    machine.mark_unsaved(engine).await;
     let request = AgentRequest::Exec {
         id: job.seq,
         code: job.code.clone(),

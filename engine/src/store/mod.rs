@@ -17,6 +17,9 @@ mod thread;
 
 pub(crate) use thread::StoreThread;
 
+/// How long a statement waits for another process's lock on the database before it fails.
+pub const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// A machine's row.
 #[derive(Debug, Clone)]
 pub struct MachineRecord {
@@ -31,6 +34,12 @@ pub struct MachineRecord {
     pub last_used_at: Option<DateTime<Utc>>,
     pub last_error: Option<String>,
     pub durability: Durability,
+    /// Set while the machine may hold state that is not on disk (it ran an instruction since
+    /// its last save): a machine found with it after a restart lost that state, and says so.
+    pub unsaved_since: Option<DateTime<Utc>>,
+    /// When its snapshot was last written (`None`: it never had one). A machine that had one
+    /// and finds none on disk is damaged, not silently fresh.
+    pub snapshot_at: Option<DateTime<Utc>>,
 }
 
 /// A checkpoint's row.
@@ -108,7 +117,9 @@ impl Store {
             .map_err(|e| Error::internal(format!("cannot open {}: {e}", path.display())))?;
         // First, so that opening while another process (`evervm token create` beside a
         // server) holds the database waits instead of failing.
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        // Long: a write that waits for another process's lock (a backup, `sqlite3` at the
+        // console) is better late than an error; results are stored before they are reported.
+        conn.busy_timeout(BUSY_TIMEOUT)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
@@ -196,7 +207,7 @@ impl Store {
             .map_err(|e| Error::internal(format!("cannot encode tags: {e}")))?;
         self.conn.execute(
             "INSERT INTO machines (name, account_id, created_at, tags, memory_mb, image, backend,
-             next_seq, durability) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 0, ?8)",
+             next_seq, durability, snapshot_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 0, ?8, ?9)",
             params![
                 record.name.as_str(),
                 record.account_id,
@@ -207,7 +218,10 @@ impl Store {
                 record.memory_mb,
                 record.image.as_str(),
                 record.backend,
-                record.durability.as_str()
+                record.durability.as_str(),
+                record
+                    .snapshot_at
+                    .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
             ],
         )?;
         Ok(())
@@ -226,11 +240,14 @@ impl Store {
             last_error: row.get(8)?,
             image: row.get(9)?,
             durability: row.get(10)?,
+            unsaved_since: row.get(11)?,
+            snapshot_at: row.get(12)?,
         })
     }
 
     const MACHINE_COLUMNS: &'static str = "name, account_id, created_at, tags, memory_mb, \
-        backend, next_seq, last_used_at, last_error, image, durability";
+        backend, next_seq, last_used_at, last_error, image, durability, unsaved_since, \
+        snapshot_at";
 
     pub fn machine(&self, name: &str) -> Result<Option<MachineRecord>> {
         let raw = self
@@ -259,6 +276,42 @@ impl Store {
             machines.push(row?.into_record()?);
         }
         Ok(machines)
+    }
+
+    /// Notes that the machine may now hold state that is not on disk (unless already noted).
+    pub fn mark_unsaved(&mut self, name: &str) -> Result<()> {
+        self.conn.execute(
+            "UPDATE machines SET unsaved_since = COALESCE(unsaved_since, ?2) WHERE name = ?1",
+            params![name, now()],
+        )?;
+        Ok(())
+    }
+
+    /// Notes that the machine's whole state is in its snapshot, written now.
+    pub fn mark_saved(&mut self, name: &str) -> Result<()> {
+        self.conn.execute(
+            "UPDATE machines SET unsaved_since = NULL, snapshot_at = ?2 WHERE name = ?1",
+            params![name, now()],
+        )?;
+        Ok(())
+    }
+
+    /// Notes a snapshot found on disk for each named machine that has none recorded (machines
+    /// from before the store recorded them).
+    pub fn note_snapshots_on_disk(&mut self, names: &[String]) -> Result<usize> {
+        let tx = self.conn.transaction()?;
+        let mut noted = 0;
+        {
+            let mut update = tx.prepare_cached(
+                "UPDATE machines SET snapshot_at = ?2 WHERE name = ?1 AND snapshot_at IS NULL",
+            )?;
+            let at = now();
+            for name in names {
+                noted += update.execute(params![name, at])?;
+            }
+        }
+        tx.commit()?;
+        Ok(noted)
     }
 
     /// How many machines the account has.
@@ -302,6 +355,8 @@ struct RawMachine {
     last_error: Option<String>,
     image: String,
     durability: String,
+    unsaved_since: Option<String>,
+    snapshot_at: Option<String>,
 }
 
 impl RawMachine {
@@ -321,6 +376,8 @@ impl RawMachine {
             last_used_at: self.last_used_at.as_deref().map(parse_time).transpose()?,
             last_error: self.last_error,
             durability: Durability::parse(&self.durability)?,
+            unsaved_since: self.unsaved_since.as_deref().map(parse_time).transpose()?,
+            snapshot_at: self.snapshot_at.as_deref().map(parse_time).transpose()?,
         })
     }
 }
@@ -348,6 +405,8 @@ mod tests {
                     last_used_at: None,
                     last_error: None,
                     durability: Durability::Idle,
+                    unsaved_since: None,
+                    snapshot_at: None,
                 })
                 .unwrap();
         }

@@ -39,7 +39,9 @@ CREATE TABLE IF NOT EXISTS machines (
     next_seq INTEGER NOT NULL DEFAULT 0,
     last_used_at TEXT,
     last_error TEXT,
-    durability TEXT NOT NULL DEFAULT 'idle'
+    durability TEXT NOT NULL DEFAULT 'idle',
+    unsaved_since TEXT,
+    snapshot_at TEXT
 );
 ";
 
@@ -136,8 +138,14 @@ fn migrate(conn: &mut Connection, from: i64) -> Result<()> {
                      instruction_count INTEGER NOT NULL, PRIMARY KEY (machine, name));",
             )?;
         }
-        // Version 4: the machine's rows get foreign keys; rows whose machine is gone (left by
+        // Version 4: machines say whether they may hold unsaved state and when their snapshot
+        // was written (the engine fills that in for existing snapshots when it opens); the
+        // machine's rows get foreign keys; rows whose machine is gone (left by
         // a delete that raced an insert) are dropped on the way.
+        tx.execute_batch(
+            "ALTER TABLE machines ADD COLUMN unsaved_since TEXT;
+             ALTER TABLE machines ADD COLUMN snapshot_at TEXT;",
+        )?;
         tx.execute_batch(
             "ALTER TABLE instructions RENAME TO old_instructions;
              ALTER TABLE checkpoints RENAME TO old_checkpoints;

@@ -563,3 +563,32 @@ async fn making_one_base_snapshot_does_not_hold_up_another() {
     );
     engine.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_machine_whose_snapshot_was_deleted_is_damaged_not_silently_fresh() {
+    if !gvisor_available() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let engine = Engine::open(config(home.path())).await.unwrap();
+    let account = engine.ensure_account("test").await.unwrap();
+    let name = machine(&engine, &account, CreateMachine::default()).await;
+    let other = machine(&engine, &account, CreateMachine::default()).await;
+    value(&engine, &account, &name, "x = 1").await;
+    value(&engine, &account, &other, "y = 2").await;
+    engine.swap_out(&account, &name).await.unwrap();
+    engine.swap_out(&account, &other).await.unwrap();
+    std::fs::remove_dir_all(home.path().join("machines").join(&name).join("snapshot")).unwrap();
+    let (result, _) = run(&engine, &account, &name, "x").await;
+    match result.outcome {
+        Outcome::Error { text, .. } => assert!(text.contains("missing"), "{text}"),
+        Outcome::Value(v) => panic!("ran on a fresh interpreter: {v:?}"),
+    }
+    let info = engine.machine_info(&account, &name).await.unwrap();
+    assert_eq!(info.state, MachineState::Damaged);
+    assert!(info.last_error.unwrap_or_default().contains("missing"));
+    // Another machine is not affected.
+    assert_eq!(value(&engine, &account, &other, "y").await, "2");
+    engine.delete_machine(&account, &name).await.unwrap();
+    engine.shutdown().await;
+}
