@@ -77,7 +77,6 @@ impl Error {
     }
 }
 
-#[cfg(feature = "local")]
 impl From<evervm_engine::Error> for Error {
     fn from(e: evervm_engine::Error) -> Self {
         use evervm_engine::ErrorKind as E;
