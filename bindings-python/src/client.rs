@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::StreamExt;
 use pyo3::exceptions::{PyStopAsyncIteration, PyStopIteration, PyValueError};
@@ -17,13 +16,8 @@ use crate::types::{Checkpoint, ExecResult, MachineInfo, OutputChunk};
 type Tags = BTreeMap<String, String>;
 
 fn exec_options(timeout: f64, interrupt: bool) -> PyResult<evervm::ExecOptions> {
-    if !(timeout.is_finite() && timeout > 0.0) {
-        return Err(PyValueError::new_err(format!(
-            "timeout must be a positive number of seconds, not {timeout}"
-        )));
-    }
     Ok(evervm::ExecOptions {
-        timeout: Duration::from_secs_f64(timeout.max(1.0).ceil()),
+        timeout: evervm::timeout_from_secs(timeout).map_err(to_py)?,
         interrupt,
     })
 }

@@ -53,7 +53,7 @@ def test_errors_have_one_class_per_kind(client: evervm.Client) -> None:
         client.create_machine(tags={"bad key": "v"})
     with pytest.raises(evervm.InvalidInputError):
         client.create_machine(memory_mb=1)
-    with pytest.raises(ValueError):
+    with pytest.raises(evervm.InvalidInputError):
         client.create_machine().exec("1", timeout=-1)
     # The process backend cannot snapshot.
     machine = client.create_machine()
@@ -62,6 +62,21 @@ def test_errors_have_one_class_per_kind(client: evervm.Client) -> None:
     with pytest.raises(evervm.UnsupportedError):
         client.create_machine(durability="instruction")
     assert machine.checkpoints() == []
+
+
+@pytest.mark.parametrize("timeout", [1e20, float("inf"), float("-inf"), float("nan"), -1.0, 0.0, 86400.5])
+async def test_bad_timeouts_are_invalid_input_before_any_call(timeout: float) -> None:
+    # Nothing listens on port 9: the timeout is refused before anything is sent.
+    machine = evervm.Client("http://127.0.0.1:9", "a.b").machine("m")
+    with pytest.raises(evervm.InvalidInputError, match="timeout"):
+        machine.exec("1", timeout=timeout)
+    with pytest.raises(evervm.InvalidInputError, match="timeout"):
+        machine.stream("1", timeout=timeout)
+    async_machine = evervm.AsyncClient("http://127.0.0.1:9", "a.b").machine("m")
+    with pytest.raises(evervm.InvalidInputError, match="timeout"):
+        await async_machine.exec("1", timeout=timeout)
+    with pytest.raises(evervm.InvalidInputError, match="timeout"):
+        async_machine.stream("1", timeout=timeout)
 
 
 def test_a_remote_client_without_a_server_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,7 +4,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use evervm_engine::MAX_TIMEOUT;
 use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
 
 /// Tags: string keys and values, set when a machine is created.
 pub type Tags = BTreeMap<String, String>;
@@ -39,6 +42,20 @@ impl Default for ExecOptions {
             interrupt: false,
         }
     }
+}
+
+/// A timeout given in seconds as a float (what the bindings take): rounded up to whole seconds
+/// (the wire carries whole seconds), at least 1 s and at most [`MAX_TIMEOUT`]. Not a number,
+/// infinite, zero, negative or longer than that is `InvalidInput`.
+pub fn timeout_from_secs(secs: f64) -> Result<Duration> {
+    let max = MAX_TIMEOUT.as_secs();
+    if !(secs.is_finite() && secs > 0.0 && secs.ceil() <= max as f64) {
+        return Err(Error::invalid(format!(
+            "timeout must be a number of seconds from 1 to {max} ({} h), not {secs}",
+            max / 3600
+        )));
+    }
+    Ok(Duration::from_secs(secs.ceil().max(1.0) as u64))
 }
 
 /// What is known about a machine.
@@ -204,5 +221,34 @@ impl Execution {
 
     pub fn stderr(&self) -> String {
         self.joined(OutputStream::Stderr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_in_seconds_are_checked_and_rounded_up() {
+        assert_eq!(timeout_from_secs(0.2).unwrap(), Duration::from_secs(1));
+        assert_eq!(timeout_from_secs(1.5).unwrap(), Duration::from_secs(2));
+        assert_eq!(timeout_from_secs(15.0).unwrap(), Duration::from_secs(15));
+        let max = MAX_TIMEOUT.as_secs_f64();
+        assert_eq!(timeout_from_secs(max).unwrap(), MAX_TIMEOUT);
+        for bad in [
+            0.0,
+            -0.0,
+            -1.0,
+            max + 0.5,
+            1e20,
+            f64::MAX,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+        ] {
+            let err = timeout_from_secs(bad).unwrap_err();
+            assert_eq!(err.kind(), crate::ErrorKind::InvalidInput, "{bad}");
+            assert!(err.message().contains("timeout"), "{err}");
+        }
     }
 }
