@@ -6,10 +6,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use pyo3::exceptions::{PyStopAsyncIteration, PyStopIteration, PyValueError};
+use pyo3::exceptions::{PyStopAsyncIteration, PyStopIteration};
 use pyo3::prelude::*;
 
-use crate::error::to_py;
+use crate::error::{invalid_input, to_py};
 use crate::runtime::{awaitable, wait};
 use crate::types::{Checkpoint, ExecResult, MachineInfo, OutputChunk};
 
@@ -88,14 +88,14 @@ fn connect_remote(
 ) -> PyResult<(evervm::Client, (String, String))> {
     let env = |key: &str| std::env::var(key).ok().filter(|v| !v.is_empty());
     let url = url.or_else(|| env("EVERVM_URL")).ok_or_else(|| {
-        PyValueError::new_err(
+        invalid_input(
             "no server given: pass url= (or set EVERVM_URL), or use Client.local() to run the \
              engine in this process",
         )
     })?;
-    let token = token.or_else(|| env("EVERVM_TOKEN")).ok_or_else(|| {
-        PyValueError::new_err("no token given: pass token= (or set EVERVM_TOKEN)")
-    })?;
+    let token = token
+        .or_else(|| env("EVERVM_TOKEN"))
+        .ok_or_else(|| invalid_input("no token given: pass token= (or set EVERVM_TOKEN)"))?;
     let client = evervm::Client::remote(&url, &token).map_err(to_py)?;
     Ok((client, (url, token)))
 }

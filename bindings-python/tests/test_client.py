@@ -53,8 +53,12 @@ def test_errors_have_one_class_per_kind(client: evervm.Client) -> None:
         client.create_machine(tags={"bad key": "v"})
     with pytest.raises(evervm.InvalidInputError):
         client.create_machine(memory_mb=1)
-    with pytest.raises(evervm.InvalidInputError):
+    with pytest.raises(evervm.InvalidInputError) as bad_timeout:
         client.create_machine().exec("1", timeout=-1)
+    # Also a ValueError, as a wrong argument is in Python.
+    assert isinstance(bad_timeout.value, ValueError)
+    assert isinstance(bad_timeout.value, evervm.EvervmError)
+    assert getattr(bad_timeout.value, "kind") == "InvalidInput"
     # The process backend cannot snapshot.
     machine = client.create_machine()
     with pytest.raises(evervm.UnsupportedError):
@@ -82,10 +86,14 @@ async def test_bad_timeouts_are_invalid_input_before_any_call(timeout: float) ->
 def test_a_remote_client_without_a_server_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("EVERVM_URL", raising=False)
     monkeypatch.delenv("EVERVM_TOKEN", raising=False)
-    with pytest.raises(ValueError, match="EVERVM_URL"):
+    with pytest.raises(evervm.InvalidInputError, match="EVERVM_URL"):
         evervm.Client()
-    with pytest.raises(ValueError, match="EVERVM_TOKEN"):
+    with pytest.raises(evervm.InvalidInputError, match="EVERVM_TOKEN"):
         evervm.Client("http://127.0.0.1:9")
+    with pytest.raises(evervm.InvalidInputError, match="EVERVM_URL"):
+        evervm.AsyncClient()
+    with pytest.raises(ValueError, match="EVERVM_TOKEN"):
+        evervm.AsyncClient("http://127.0.0.1:9")
 
 
 def test_wrong_token_is_unauthorized(process_server) -> None:  # type: ignore[no-untyped-def]
