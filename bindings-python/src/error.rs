@@ -47,6 +47,13 @@ create_exception!(
 );
 create_exception!(
     evervm,
+    LimitExceededError,
+    EvervmError,
+    "A quota or limit was hit (too many machines, a rate limit, an output cap, a full queue); the \
+     message names the limit."
+);
+create_exception!(
+    evervm,
     TransportError,
     EvervmError,
     "The server could not be reached or answered something unexpected."
@@ -109,6 +116,7 @@ pub(crate) fn to_py(error: evervm::Error) -> PyErr {
             K::Unsupported => UnsupportedError::new_err(message),
             K::MachineCrashed => MachineCrashedError::new_err(message),
             K::Conflict => ConflictError::new_err(message),
+            K::LimitExceeded => LimitExceededError::new_err(message),
             K::Transport => TransportError::new_err(message),
             K::Internal => InternalError::new_err(message),
         };
@@ -126,6 +134,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("UnsupportedError", py.get_type::<UnsupportedError>())?;
     m.add("MachineCrashedError", py.get_type::<MachineCrashedError>())?;
     m.add("ConflictError", py.get_type::<ConflictError>())?;
+    m.add("LimitExceededError", py.get_type::<LimitExceededError>())?;
     m.add("TransportError", py.get_type::<TransportError>())?;
     m.add("InternalError", py.get_type::<InternalError>())?;
     Ok(())

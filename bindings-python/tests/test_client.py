@@ -96,6 +96,35 @@ def test_a_remote_client_without_a_server_says_what_to_do(monkeypatch: pytest.Mo
         evervm.AsyncClient("http://127.0.0.1:9")
 
 
+def test_a_limit_answered_by_a_server_is_limit_exceeded() -> None:
+    import http.server
+    import json
+
+    class Limited(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"code": "LimitExceeded", "id": None,
+                               "message": "at most 3 machines per account"}).encode()
+            self.send_response(429)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Limited)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = evervm.Client(f"http://127.0.0.1:{server.server_address[1]}", "a.b")
+        with pytest.raises(evervm.LimitExceededError, match="at most 3 machines") as limited:
+            client.whoami()
+        assert isinstance(limited.value, evervm.EvervmError)
+        assert getattr(limited.value, "kind") == "LimitExceeded"
+    finally:
+        server.shutdown()
+
+
 def test_wrong_token_is_unauthorized(process_server) -> None:  # type: ignore[no-untyped-def]
     client = evervm.Client(process_server.url, "abc.def")
     with pytest.raises(evervm.UnauthorizedError):

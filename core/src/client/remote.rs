@@ -10,9 +10,9 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use url::Url;
 
 use super::{EventStream, SessionTransport, Transport};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::protocol::{
-    self, ApiError, CreateMachineRequest, CreateMachineResponse, DeleteMachineResponse,
+    self, ApiError, CreateMachineRequest, CreateMachineResponse, DeleteMachineResponse, ErrorCode,
     ExecResponse, ExecResultResponse, InterruptResponse, ListMachinesRequest, ListMachinesResponse,
     MessageFromServer, MessageToServer, WhoamiResponse, WireInstruction,
 };
@@ -27,25 +27,10 @@ pub(crate) struct RemoteTransport {
     http: reqwest::Client,
 }
 
-/// Maps an error body and status to an error.
+/// Maps an error body and status to an error, by the wire's one table of codes.
 fn api_error(status: StatusCode, body: &str) -> Error {
     let parsed: Option<ApiError> = serde_json::from_str(body).ok();
-    let kind = match parsed.as_ref().map(|e| e.code.as_str()) {
-        Some("MachineNotFound" | "InstructionNotFound" | "NotFound") => ErrorKind::NotFound,
-        Some("Unauthorized") => ErrorKind::Unauthorized,
-        Some("BadRequest" | "PayloadTooLarge") => ErrorKind::InvalidInput,
-        Some("Unsupported") => ErrorKind::Unsupported,
-        Some("MachineCrashed") => ErrorKind::MachineCrashed,
-        Some("Conflict") => ErrorKind::Conflict,
-        _ => match status.as_u16() {
-            401 | 403 => ErrorKind::Unauthorized,
-            404 => ErrorKind::NotFound,
-            400 | 413 | 422 => ErrorKind::InvalidInput,
-            409 => ErrorKind::Conflict,
-            501 => ErrorKind::Unsupported,
-            _ => ErrorKind::Internal,
-        },
-    };
+    let kind = ErrorCode::kind_of(parsed.as_ref().map(|e| e.code.as_str()), status.as_u16());
     let message = match parsed {
         Some(ApiError {
             message: Some(message),
@@ -587,6 +572,7 @@ impl SessionTransport for WebSocketSession {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ErrorKind;
 
     #[test]
     fn error_bodies_map_to_kinds() {
@@ -606,6 +592,16 @@ mod tests {
         let e = api_error(StatusCode::BAD_GATEWAY, "<html>proxy</html>");
         assert_eq!(e.kind(), ErrorKind::Internal);
         assert!(e.message().contains("proxy"));
+        let e = api_error(
+            StatusCode::TOO_MANY_REQUESTS,
+            r#"{"code":"LimitExceeded","id":null,"message":"at most 3 machines"}"#,
+        );
+        assert_eq!(
+            (e.kind(), e.message()),
+            (ErrorKind::LimitExceeded, "at most 3 machines")
+        );
+        let e = api_error(StatusCode::TOO_MANY_REQUESTS, "slow down");
+        assert_eq!(e.kind(), ErrorKind::LimitExceeded);
     }
 
     #[test]

@@ -6,6 +6,10 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+mod errors;
+
+pub use errors::{ERROR_CODES, ErrorCode};
+
 /// Tags on the wire: a JSON object of strings.
 pub type WireTags = BTreeMap<String, String>;
 

@@ -1,12 +1,13 @@
 //! Errors on the wire: every failure is a status and an [`ApiError`] body
-//! `{"code", "id", "message"}`, mapped here once from the engine's [`ErrorKind`].
+//! `{"code", "id", "message"}`, from the engine's [`ErrorKind`] by the wire's one table
+//! ([`ErrorCode`]).
 
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use evervm_engine::{self as engine, ErrorKind};
 
-use crate::protocol::ApiError;
+use crate::protocol::{ApiError, ErrorCode};
 
 /// A failed request: the status and the body's `code` and `message`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,16 +26,22 @@ impl ApiFailure {
         }
     }
 
+    /// A failure with one of the wire's codes, sent with its status.
+    pub(crate) fn coded(code: &ErrorCode, message: impl Into<String>) -> Self {
+        let status = StatusCode::from_u16(code.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        Self::new(status, code.code, message)
+    }
+
     pub(crate) fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "BadRequest", message)
+        Self::coded(&ErrorCode::BAD_REQUEST, message)
     }
 
     pub(crate) fn unauthorized(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "Unauthorized", message)
+        Self::coded(&ErrorCode::UNAUTHORIZED, message)
     }
 
     pub(crate) fn payload_too_large(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "PayloadTooLarge", message)
+        Self::coded(&ErrorCode::PAYLOAD_TOO_LARGE, message)
     }
 
     /// An engine error from accepting an instruction of `code_bytes` bytes: the same as
@@ -59,23 +66,10 @@ impl ApiFailure {
 
 impl From<&engine::Error> for ApiFailure {
     fn from(error: &engine::Error) -> Self {
-        let (status, code) = match error.kind() {
-            ErrorKind::NotFound => (
-                StatusCode::NOT_FOUND,
-                match error.resource() {
-                    Some("machine") => "MachineNotFound",
-                    Some("instruction") => "InstructionNotFound",
-                    _ => "NotFound",
-                },
-            ),
-            ErrorKind::InvalidInput => (StatusCode::BAD_REQUEST, "BadRequest"),
-            ErrorKind::Unauthorized => (StatusCode::UNAUTHORIZED, "Unauthorized"),
-            ErrorKind::Unsupported => (StatusCode::NOT_IMPLEMENTED, "Unsupported"),
-            ErrorKind::Conflict => (StatusCode::CONFLICT, "Conflict"),
-            ErrorKind::MachineCrashed => (StatusCode::SERVICE_UNAVAILABLE, "MachineCrashed"),
-            ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "InternalError"),
-        };
-        Self::new(status, code, error.message())
+        Self::coded(
+            ErrorCode::for_error(error.kind(), error.resource()),
+            error.message(),
+        )
     }
 }
 
@@ -134,6 +128,10 @@ mod tests {
         );
         assert_eq!(mapped(engine::Error::crashed("x")), (503, "MachineCrashed"));
         assert_eq!(mapped(engine::Error::internal("x")), (500, "InternalError"));
+        assert_eq!(
+            mapped(engine::Error::limit_exceeded("at most 3 machines")),
+            (429, "LimitExceeded")
+        );
     }
 
     #[test]

@@ -29,14 +29,14 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::header::CONTENT_TYPE;
-use axum::http::{Method, StatusCode, Uri};
+use axum::http::{Method, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use evervm_engine::Engine;
 
 use self::error::ApiFailure;
-use crate::protocol::HealthResponse;
+use crate::protocol::{ErrorCode, HealthResponse};
 
 /// The largest request body, a bit above the engine's code limit so that code between the two
 /// gets the engine's own explanation; larger bodies get `413 PayloadTooLarge` too.
@@ -281,18 +281,16 @@ async fn openapi() -> Response {
 /// `POST /internal/signup` (the ForeverVM CLI's `signup`): accounts on evervm are made by whoever
 /// runs the server.
 async fn signup() -> ApiFailure {
-    ApiFailure::new(
-        StatusCode::NOT_IMPLEMENTED,
-        "Unsupported",
+    ApiFailure::coded(
+        &ErrorCode::UNSUPPORTED,
         "evervm has no sign-up: whoever runs the server creates tokens with \
          `evervm token create <account>`",
     )
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiFailure {
-    ApiFailure::new(
-        StatusCode::NOT_FOUND,
-        "NotFound",
+    ApiFailure::coded(
+        &ErrorCode::NOT_FOUND,
         format!(
             "no route {method} {}: see /openapi.json for the API",
             uri.path()
@@ -301,9 +299,8 @@ async fn not_found(method: Method, uri: Uri) -> ApiFailure {
 }
 
 async fn method_not_allowed(method: Method, uri: Uri) -> ApiFailure {
-    ApiFailure::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "MethodNotAllowed",
+    ApiFailure::coded(
+        &ErrorCode::METHOD_NOT_ALLOWED,
         format!(
             "{} does not take {method}: see /openapi.json for the API",
             uri.path()

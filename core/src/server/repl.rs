@@ -23,7 +23,7 @@ use super::auth::WsAuthed;
 use super::error::ApiFailure;
 use super::extract::WirePath;
 use crate::convert::server::{event_to_wire, exec_from_wire};
-use crate::protocol::{MessageFromServer, MessageToServer, WireInstruction};
+use crate::protocol::{ErrorCode, MessageFromServer, MessageToServer, WireInstruction};
 
 /// The machine name that asks for a new machine.
 const NEW: &str = "new";
@@ -55,7 +55,7 @@ pub(crate) async fn repl(
     let upgrade = upgrade.map_err(|rejection| {
         ApiFailure::new(
             rejection.status(),
-            "BadRequest",
+            ErrorCode::BAD_REQUEST.code,
             format!("this route is a WebSocket: {}", rejection.body_text()),
         )
     })?;
