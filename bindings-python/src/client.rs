@@ -15,11 +15,13 @@ use crate::types::{Checkpoint, ExecResult, MachineInfo, OutputChunk};
 
 type Tags = BTreeMap<String, String>;
 
-fn exec_options(timeout: f64, interrupt: bool) -> PyResult<evervm::ExecOptions> {
-    Ok(evervm::ExecOptions {
-        timeout: evervm::timeout_from_secs(timeout).map_err(to_py)?,
-        interrupt,
-    })
+/// An instruction's options; `timeout` in seconds, [`evervm::DEFAULT_TIMEOUT`] when `None`.
+fn exec_options(timeout: Option<f64>, interrupt: bool) -> PyResult<evervm::ExecOptions> {
+    let timeout = match timeout {
+        Some(secs) => evervm::timeout_from_secs(secs).map_err(to_py)?,
+        None => evervm::DEFAULT_TIMEOUT,
+    };
+    Ok(evervm::ExecOptions { timeout, interrupt })
 }
 
 /// What a client object holds: the Rust client of the process it runs in. After `os.fork()`
@@ -300,14 +302,14 @@ impl Machine {
         &self.name
     }
 
-    /// Runs code and returns its result with everything it printed. Ctrl-C while waiting
-    /// interrupts the instruction.
-    #[pyo3(signature = (code, *, timeout=15.0, interrupt=false))]
+    /// Runs code and returns its result with everything it printed; `timeout` in seconds
+    /// (`DEFAULT_TIMEOUT`, 15 s, when not given). Ctrl-C while waiting interrupts the instruction.
+    #[pyo3(signature = (code, *, timeout=None, interrupt=false))]
     fn exec(
         &self,
         py: Python<'_>,
         code: String,
-        timeout: f64,
+        timeout: Option<f64>,
         interrupt: bool,
     ) -> PyResult<ExecResult> {
         let options = exec_options(timeout, interrupt)?;
@@ -322,8 +324,8 @@ impl Machine {
     }
 
     /// Runs code and yields its output chunks as they come, then its `ExecResult`.
-    #[pyo3(signature = (code, *, timeout=15.0))]
-    fn stream(&self, py: Python<'_>, code: String, timeout: f64) -> PyResult<ExecStream> {
+    #[pyo3(signature = (code, *, timeout=None))]
+    fn stream(&self, py: Python<'_>, code: String, timeout: Option<f64>) -> PyResult<ExecStream> {
         let options = exec_options(timeout, false)?;
         let machine = self.checked()?;
         let state = wait(py, open_stream(machine, code, options), None)?;
@@ -666,12 +668,12 @@ impl AsyncMachine {
         &self.name
     }
 
-    #[pyo3(signature = (code, *, timeout=15.0, interrupt=false))]
+    #[pyo3(signature = (code, *, timeout=None, interrupt=false))]
     fn exec<'py>(
         &self,
         py: Python<'py>,
         code: String,
-        timeout: f64,
+        timeout: Option<f64>,
         interrupt: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let options = exec_options(timeout, interrupt)?;
@@ -680,8 +682,8 @@ impl AsyncMachine {
 
     /// `async for event in machine.stream(code)`: output chunks, then the result (the
     /// instruction starts at the first iteration).
-    #[pyo3(signature = (code, *, timeout=15.0))]
-    fn stream(&self, code: String, timeout: f64) -> PyResult<AsyncExecStream> {
+    #[pyo3(signature = (code, *, timeout=None))]
+    fn stream(&self, code: String, timeout: Option<f64>) -> PyResult<AsyncExecStream> {
         let options = exec_options(timeout, false)?;
         Ok(AsyncExecStream {
             state: Arc::new(tokio::sync::Mutex::new(StreamState {

@@ -68,6 +68,13 @@ def test_errors_have_one_class_per_kind(client: evervm.Client) -> None:
     assert machine.checkpoints() == []
 
 
+def test_the_default_timeout_is_the_engines(client: evervm.Client) -> None:
+    assert (evervm.DEFAULT_TIMEOUT, evervm.MAX_TIMEOUT) == (15.0, 86400.0)
+    machine = client.create_machine()
+    assert machine.exec("1 + 1", timeout=None).value == "2"
+    assert machine.exec("2 + 2", timeout=evervm.MAX_TIMEOUT).value == "4"
+
+
 @pytest.mark.parametrize("timeout", [1e20, float("inf"), float("-inf"), float("nan"), -1.0, 0.0, 86400.5])
 async def test_bad_timeouts_are_invalid_input_before_any_call(timeout: float) -> None:
     # Nothing listens on port 9: the timeout is refused before anything is sent.

@@ -80,7 +80,7 @@ enum Command {
         #[arg(long, short)]
         machine: Option<String>,
         /// Seconds before the code is interrupted.
-        #[arg(long, default_value_t = 15)]
+        #[arg(long, default_value_t = evervm::DEFAULT_TIMEOUT.as_secs())]
         timeout: u64,
         /// Print the result as JSON.
         #[arg(long)]
@@ -90,7 +90,7 @@ enum Command {
     Repl {
         machine: Option<String>,
         /// Seconds before each instruction is interrupted.
-        #[arg(long, default_value_t = 15)]
+        #[arg(long, default_value_t = evervm::DEFAULT_TIMEOUT.as_secs())]
         timeout: u64,
     },
 }

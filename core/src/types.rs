@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use evervm_engine::MAX_TIMEOUT;
+/// The default and the longest instruction timeout: the engine's, the one definition every
+/// surface uses.
+pub use evervm_engine::{DEFAULT_TIMEOUT, MAX_TIMEOUT};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -29,7 +31,7 @@ pub struct CreateMachineOptions {
 /// Options for one instruction.
 #[derive(Debug, Clone)]
 pub struct ExecOptions {
-    /// Interrupted with `KeyboardInterrupt` after this long (default 15 s).
+    /// Interrupted with `KeyboardInterrupt` after this long (default [`DEFAULT_TIMEOUT`], 15 s).
     pub timeout: Duration,
     /// Interrupt whatever runs or waits on the machine first.
     pub interrupt: bool,
@@ -38,7 +40,7 @@ pub struct ExecOptions {
 impl Default for ExecOptions {
     fn default() -> Self {
         Self {
-            timeout: Duration::from_secs(15),
+            timeout: DEFAULT_TIMEOUT,
             interrupt: false,
         }
     }
@@ -227,6 +229,18 @@ impl Execution {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_timeout_is_the_engines() {
+        assert_eq!(
+            ExecOptions::default().timeout,
+            evervm_engine::DEFAULT_TIMEOUT
+        );
+        assert_eq!(
+            i64::from(crate::protocol::DEFAULT_TIMEOUT_SECONDS),
+            evervm_engine::DEFAULT_TIMEOUT.as_secs() as i64
+        );
+    }
 
     #[test]
     fn timeouts_in_seconds_are_checked_and_rounded_up() {

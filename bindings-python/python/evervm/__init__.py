@@ -14,6 +14,8 @@ functions and files persist across instructions.
 """
 
 from evervm._native import (
+    DEFAULT_TIMEOUT,
+    MAX_TIMEOUT,
     AsyncClient,
     AsyncExecStream,
     AsyncMachine,
@@ -38,6 +40,8 @@ from evervm._native import (
 )
 
 __all__ = [
+    "DEFAULT_TIMEOUT",
+    "MAX_TIMEOUT",
     "AsyncClient",
     "AsyncExecStream",
     "AsyncMachine",
