@@ -14,6 +14,11 @@ use crate::error::{Error, Result};
 /// Tags: string keys and values, set when a machine is created.
 pub type Tags = BTreeMap<String, String>;
 
+/// Parses a tag written `KEY=VALUE` (the CLI's `--tag`), checking the key by the engine's rule.
+pub fn parse_tag(text: &str) -> Result<(String, String)> {
+    Ok(evervm_engine::parse_tag(text)?)
+}
+
 /// Options for a new machine.
 #[derive(Debug, Clone, Default)]
 pub struct CreateMachineOptions {

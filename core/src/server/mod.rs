@@ -8,11 +8,19 @@
 //! accepted too.
 //!
 //! ```no_run
-//! # async fn run() -> std::io::Result<()> {
-//! use evervm::engine::{Engine, EngineConfig};
-//! let engine = Engine::open(EngineConfig::new("/tmp/evervm")).await.map_err(std::io::Error::other)?;
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use evervm::server::{self, ServeOptions};
+//! let server = server::open(ServeOptions {
+//!     home: Some("/tmp/evervm".into()),
+//!     ..ServeOptions::default()
+//! })
+//! .await?;
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
-//! evervm::server::serve(engine, listener).await
+//! server.serve_with_shutdown(listener, async {
+//!     let _ = tokio::signal::ctrl_c().await;
+//! })
+//! .await?;
+//! # Ok(())
 //! # }
 //! ```
 
@@ -21,7 +29,10 @@ mod error;
 mod exec;
 mod extract;
 mod machines;
+mod open;
 mod repl;
+
+pub use open::{ServeOptions, Server, open};
 
 use std::future::{Future, IntoFuture};
 use std::time::{Duration, Instant};
