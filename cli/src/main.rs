@@ -44,7 +44,9 @@ struct Target {
     /// ~/.local/share/evervm).
     #[arg(long, env = "EVERVM_HOME", global = true)]
     home: Option<PathBuf>,
-    /// The sandbox backend, for `serve` and --local (`auto`, `process`).
+    /// The sandbox backend, for `serve` and --local: `auto` (gVisor; --local falls back to
+    /// `process` with a warning, `serve` refuses to), `gvisor`, or `process` (no security
+    /// boundary: for development).
     #[arg(long, env = "EVERVM_BACKEND", global = true)]
     backend: Option<String>,
 }
@@ -335,6 +337,12 @@ async fn serve(listen: SocketAddr, options: ServeOptions) -> Result<ExitCode> {
         let _ = writeln!(banner, "  export EVERVM_URL={url}");
         let _ = writeln!(banner, "  export EVERVM_TOKEN={token}");
         let _ = writeln!(banner, "(more with `evervm token create`)");
+    }
+    if server.backend_name() == "process" {
+        let _ = writeln!(
+            banner,
+            "warning: the process backend is not a security boundary: serve only trusted code"
+        );
     }
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(banner.as_bytes());

@@ -32,7 +32,7 @@ mod machines;
 mod open;
 mod repl;
 
-pub use open::{ServeOptions, Server, open};
+pub use open::{PROCESS_FALLBACK_REFUSED, ServeOptions, Server, open};
 
 use std::future::{Future, IntoFuture};
 use std::time::{Duration, Instant};

@@ -5,16 +5,25 @@ use std::path::{Path, PathBuf};
 
 use evervm_engine::{BackendChoice, Engine, EngineConfig};
 
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 
 /// How to open the engine that a server exposes.
 #[derive(Debug, Clone, Default)]
 pub struct ServeOptions {
     /// The engine's home (default: [`crate::admin::default_home`]).
     pub home: Option<PathBuf>,
-    /// The sandbox backend: `auto` (the default), `gvisor` or `process`.
+    /// The sandbox backend: `auto` (the default: gVisor, and no server at all where gVisor does
+    /// not run), `gvisor`, or `process`, which is no security boundary and serves only when
+    /// named here.
     pub backend: Option<String>,
 }
+
+/// Why a server does not start on the process backend unless it is asked for by name.
+pub const PROCESS_FALLBACK_REFUSED: &str = "gVisor is not available on this host (the warning \
+     above says why), and the process backend is not a security boundary: code in a machine \
+     shares the host's kernel and can read the host's world-readable files. Install runsc \
+     (scripts/setup.sh does), or, for development only, pass `--backend process` (or set \
+     EVERVM_BACKEND=process) to serve on the process backend anyway";
 
 /// An engine opened for serving: [`open`] it, say that it is up, then
 /// [`Server::serve_with_shutdown`].
@@ -31,12 +40,20 @@ impl std::fmt::Debug for Server {
     }
 }
 
-/// Opens the engine to serve.
+/// Opens the engine to serve. With backend `auto` a host without a working gVisor is refused
+/// (`Unsupported`, the message says what to do) rather than served on the process backend, which
+/// an in-process client may fall back to but a server must not.
 pub async fn open(options: ServeOptions) -> Result<Server> {
     let backend = options.backend.as_deref().unwrap_or("auto");
     let mut config = EngineConfig::new(options.home.unwrap_or_else(EngineConfig::default_home));
     config.backend = BackendChoice::parse(backend);
+    let process_named =
+        matches!(config.backend, BackendChoice::Named(ref name) if name == "process");
     let engine = Engine::open(config).await?;
+    if engine.backend_name() == "process" && !process_named {
+        engine.shutdown().await;
+        return Err(Error::new(ErrorKind::Unsupported, PROCESS_FALLBACK_REFUSED));
+    }
     Ok(Server { engine })
 }
 
