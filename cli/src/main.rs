@@ -313,6 +313,8 @@ async fn serve(listen: SocketAddr, options: ServeOptions) -> Result<ExitCode> {
     };
     let address = listener.local_addr()?;
     let url = format!("http://{address}");
+    // Listening for Ctrl-C and SIGTERM before the banner says the server is up.
+    let stop = evervm::server::shutdown_signal();
     // The banner is best effort: a closed stdout must not stop the server.
     let mut banner = String::new();
     let _ = writeln!(
@@ -348,10 +350,7 @@ async fn serve(listen: SocketAddr, options: ServeOptions) -> Result<ExitCode> {
     let _ = out.write_all(banner.as_bytes());
     let _ = out.flush();
     drop(out);
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    server.serve_with_shutdown(listener, shutdown).await?;
+    server.serve_with_shutdown(listener, stop).await?;
     Ok(ExitCode::SUCCESS)
 }
 

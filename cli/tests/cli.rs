@@ -343,6 +343,17 @@ fn serve_refuses_the_process_fallback_unless_it_is_named() {
     assert!(first.contains("backend process"), "{first}");
 }
 
+/// SIGTERM stops `serve` gracefully (machines saved where the backend can), like Ctrl-C.
+#[test]
+fn sigterm_stops_the_server_gracefully() {
+    let mut server = Server::start("process");
+    let pid = server.child.id();
+    // SAFETY: kill has no memory effects; the pid is our own child, not yet reaped.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let status = server.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
 fn forevervm_cli() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().and_then(Path::parent).unwrap();

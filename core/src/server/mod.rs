@@ -198,32 +198,43 @@ where
     result
 }
 
-/// Ctrl-C, or SIGTERM on Unix. Never completes if no signal handler can be installed.
-async fn shutdown_signal() {
-    let ctrl_c = async {
+/// Completes at Ctrl-C, or SIGTERM on Unix. The handlers are installed when this is called (a
+/// signal that arrives between this call and the first poll is not lost), so call it before
+/// telling anyone that the server is up. Never completes if no handler can be installed. Needs a
+/// tokio runtime.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let listen = |kind: SignalKind, name: &'static str| {
+            let installed = signal(kind);
+            async move {
+                match installed {
+                    Ok(mut signal) => {
+                        signal.recv().await;
+                    }
+                    Err(e) => {
+                        tracing::warn!("cannot listen for {name}: {e}");
+                        std::future::pending::<()>().await;
+                    }
+                }
+            }
+        };
+        let interrupt = listen(SignalKind::interrupt(), "Ctrl-C");
+        let terminate = listen(SignalKind::terminate(), "SIGTERM");
+        async move {
+            tokio::select! {
+                () = interrupt => {}
+                () = terminate => {}
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    async {
         if let Err(e) = tokio::signal::ctrl_c().await {
             tracing::warn!("cannot listen for Ctrl-C: {e}");
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut terminate) => {
-                terminate.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!("cannot listen for SIGTERM: {e}");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
     }
 }
 

@@ -25,8 +25,8 @@ pub const PROCESS_FALLBACK_REFUSED: &str = "gVisor is not available on this host
      (scripts/setup.sh does), or, for development only, pass `--backend process` (or set \
      EVERVM_BACKEND=process) to serve on the process backend anyway";
 
-/// An engine opened for serving: [`open`] it, say that it is up, then
-/// [`Server::serve_with_shutdown`].
+/// An engine opened for serving: [`open`] it, install [`super::shutdown_signal`], say that it
+/// is up, then [`Server::serve_with_shutdown`].
 pub struct Server {
     engine: Engine,
 }
