@@ -30,11 +30,13 @@ mod exec;
 mod extract;
 mod machines;
 mod open;
+pub(crate) mod redact;
 mod repl;
 
 pub use open::{PROCESS_FALLBACK_REFUSED, ServeOptions, Server, open};
 
 use std::future::{Future, IntoFuture};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -47,6 +49,7 @@ use axum::routing::{delete, get, post};
 use evervm_engine::Engine;
 
 use self::error::ApiFailure;
+use self::redact::Redactor;
 use crate::protocol::{ErrorCode, HealthResponse};
 
 /// The largest request body, a bit above the engine's code limit so that code between the two
@@ -107,10 +110,16 @@ pub(crate) mod paths {
 #[derive(Clone)]
 pub(crate) struct AppState {
     pub(crate) engine: Engine,
+    /// Takes host paths out of the engine's text before a client sees it.
+    pub(crate) redactor: Arc<Redactor>,
 }
 
 /// The whole API for `engine`, ready for `axum::serve`.
 pub fn router(engine: Engine) -> Router {
+    let state = AppState {
+        redactor: Arc::new(Redactor::for_engine(&engine)),
+        engine,
+    };
     let api = Router::new()
         .route(paths::HEALTHZ, get(healthz))
         .route(paths::OPENAPI, get(openapi))
@@ -138,7 +147,11 @@ pub fn router(engine: Engine) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
-        .with_state(AppState { engine });
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state.redactor),
+            error::redact_failure,
+        ))
+        .with_state(state);
     // Routing happens inside `api`, after the outer layers have run: that is what lets
     // `normalize` rewrite the path before it is matched.
     Router::new()
@@ -292,7 +305,10 @@ async fn healthz(State(state): State<AppState>) -> axum::Json<HealthResponse> {
     axum::Json(HealthResponse {
         status: "ok".to_owned(),
         backend: state.engine.backend_name().to_owned(),
-        backend_version: state.engine.backend_description(),
+        backend_version: state
+            .redactor
+            .text(&state.engine.backend_description())
+            .into_owned(),
     })
 }
 
