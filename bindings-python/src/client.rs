@@ -4,28 +4,24 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::StreamExt;
-use pyo3::exceptions::{PyStopAsyncIteration, PyStopIteration, PyValueError};
+use pyo3::exceptions::{PyStopAsyncIteration, PyStopIteration};
 use pyo3::prelude::*;
 
-use crate::error::to_py;
+use crate::error::{invalid_input, to_py};
 use crate::runtime::{awaitable, wait};
 use crate::types::{Checkpoint, ExecResult, MachineInfo, OutputChunk};
 
 type Tags = BTreeMap<String, String>;
 
-fn exec_options(timeout: f64, interrupt: bool) -> PyResult<evervm::ExecOptions> {
-    if !(timeout.is_finite() && timeout > 0.0) {
-        return Err(PyValueError::new_err(format!(
-            "timeout must be a positive number of seconds, not {timeout}"
-        )));
-    }
-    Ok(evervm::ExecOptions {
-        timeout: Duration::from_secs_f64(timeout.max(1.0).ceil()),
-        interrupt,
-    })
+/// An instruction's options; `timeout` in seconds, [`evervm::DEFAULT_TIMEOUT`] when `None`.
+fn exec_options(timeout: Option<f64>, interrupt: bool) -> PyResult<evervm::ExecOptions> {
+    let timeout = match timeout {
+        Some(secs) => evervm::timeout_from_secs(secs).map_err(to_py)?,
+        None => evervm::DEFAULT_TIMEOUT,
+    };
+    Ok(evervm::ExecOptions { timeout, interrupt })
 }
 
 /// What a client object holds: the Rust client of the process it runs in. After `os.fork()`
@@ -94,14 +90,14 @@ fn connect_remote(
 ) -> PyResult<(evervm::Client, (String, String))> {
     let env = |key: &str| std::env::var(key).ok().filter(|v| !v.is_empty());
     let url = url.or_else(|| env("EVERVM_URL")).ok_or_else(|| {
-        PyValueError::new_err(
+        invalid_input(
             "no server given: pass url= (or set EVERVM_URL), or use Client.local() to run the \
              engine in this process",
         )
     })?;
-    let token = token.or_else(|| env("EVERVM_TOKEN")).ok_or_else(|| {
-        PyValueError::new_err("no token given: pass token= (or set EVERVM_TOKEN)")
-    })?;
+    let token = token
+        .or_else(|| env("EVERVM_TOKEN"))
+        .ok_or_else(|| invalid_input("no token given: pass token= (or set EVERVM_TOKEN)"))?;
     let client = evervm::Client::remote(&url, &token).map_err(to_py)?;
     Ok((client, (url, token)))
 }
@@ -306,14 +302,14 @@ impl Machine {
         &self.name
     }
 
-    /// Runs code and returns its result with everything it printed. Ctrl-C while waiting
-    /// interrupts the instruction.
-    #[pyo3(signature = (code, *, timeout=15.0, interrupt=false))]
+    /// Runs code and returns its result with everything it printed; `timeout` in seconds
+    /// (`DEFAULT_TIMEOUT`, 15 s, when not given). Ctrl-C while waiting interrupts the instruction.
+    #[pyo3(signature = (code, *, timeout=None, interrupt=false))]
     fn exec(
         &self,
         py: Python<'_>,
         code: String,
-        timeout: f64,
+        timeout: Option<f64>,
         interrupt: bool,
     ) -> PyResult<ExecResult> {
         let options = exec_options(timeout, interrupt)?;
@@ -328,8 +324,8 @@ impl Machine {
     }
 
     /// Runs code and yields its output chunks as they come, then its `ExecResult`.
-    #[pyo3(signature = (code, *, timeout=15.0))]
-    fn stream(&self, py: Python<'_>, code: String, timeout: f64) -> PyResult<ExecStream> {
+    #[pyo3(signature = (code, *, timeout=None))]
+    fn stream(&self, py: Python<'_>, code: String, timeout: Option<f64>) -> PyResult<ExecStream> {
         let options = exec_options(timeout, false)?;
         let machine = self.checked()?;
         let state = wait(py, open_stream(machine, code, options), None)?;
@@ -672,12 +668,12 @@ impl AsyncMachine {
         &self.name
     }
 
-    #[pyo3(signature = (code, *, timeout=15.0, interrupt=false))]
+    #[pyo3(signature = (code, *, timeout=None, interrupt=false))]
     fn exec<'py>(
         &self,
         py: Python<'py>,
         code: String,
-        timeout: f64,
+        timeout: Option<f64>,
         interrupt: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let options = exec_options(timeout, interrupt)?;
@@ -686,8 +682,8 @@ impl AsyncMachine {
 
     /// `async for event in machine.stream(code)`: output chunks, then the result (the
     /// instruction starts at the first iteration).
-    #[pyo3(signature = (code, *, timeout=15.0))]
-    fn stream(&self, code: String, timeout: f64) -> PyResult<AsyncExecStream> {
+    #[pyo3(signature = (code, *, timeout=None))]
+    fn stream(&self, code: String, timeout: Option<f64>) -> PyResult<AsyncExecStream> {
         let options = exec_options(timeout, false)?;
         Ok(AsyncExecStream {
             state: Arc::new(tokio::sync::Mutex::new(StreamState {

@@ -22,5 +22,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<types::Checkpoint>()?;
     error::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // Seconds: what `timeout=None` means, and the longest timeout accepted.
+    m.add("DEFAULT_TIMEOUT", evervm::DEFAULT_TIMEOUT.as_secs_f64())?;
+    m.add("MAX_TIMEOUT", evervm::MAX_TIMEOUT.as_secs_f64())?;
     Ok(())
 }

@@ -5,8 +5,12 @@ use pyo3::types::PyDict;
 
 /// JSON from Rust as Python objects (`dict`, `list`, `str`, ...).
 pub(crate) fn json_to_py(py: Python<'_>, value: &serde_json::Value) -> PyResult<Py<PyAny>> {
-    let text = serde_json::to_string(value)
-        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+    let text = serde_json::to_string(value).map_err(|e| {
+        crate::error::to_py(evervm::Error::new(
+            evervm::ErrorKind::Internal,
+            format!("cannot pass rich output to Python: {e}"),
+        ))
+    })?;
     Ok(py.import("json")?.call_method1("loads", (text,))?.unbind())
 }
 

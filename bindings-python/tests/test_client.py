@@ -53,8 +53,12 @@ def test_errors_have_one_class_per_kind(client: evervm.Client) -> None:
         client.create_machine(tags={"bad key": "v"})
     with pytest.raises(evervm.InvalidInputError):
         client.create_machine(memory_mb=1)
-    with pytest.raises(ValueError):
+    with pytest.raises(evervm.InvalidInputError) as bad_timeout:
         client.create_machine().exec("1", timeout=-1)
+    # Also a ValueError, as a wrong argument is in Python.
+    assert isinstance(bad_timeout.value, ValueError)
+    assert isinstance(bad_timeout.value, evervm.EvervmError)
+    assert getattr(bad_timeout.value, "kind") == "InvalidInput"
     # The process backend cannot snapshot.
     machine = client.create_machine()
     with pytest.raises(evervm.UnsupportedError):
@@ -64,13 +68,68 @@ def test_errors_have_one_class_per_kind(client: evervm.Client) -> None:
     assert machine.checkpoints() == []
 
 
+def test_the_default_timeout_is_the_engines(client: evervm.Client) -> None:
+    assert (evervm.DEFAULT_TIMEOUT, evervm.MAX_TIMEOUT) == (15.0, 86400.0)
+    machine = client.create_machine()
+    assert machine.exec("1 + 1", timeout=None).value == "2"
+    assert machine.exec("2 + 2", timeout=evervm.MAX_TIMEOUT).value == "4"
+
+
+@pytest.mark.parametrize("timeout", [1e20, float("inf"), float("-inf"), float("nan"), -1.0, 0.0, 86400.5])
+async def test_bad_timeouts_are_invalid_input_before_any_call(timeout: float) -> None:
+    # Nothing listens on port 9: the timeout is refused before anything is sent.
+    machine = evervm.Client("http://127.0.0.1:9", "a.b").machine("m")
+    with pytest.raises(evervm.InvalidInputError, match="timeout"):
+        machine.exec("1", timeout=timeout)
+    with pytest.raises(evervm.InvalidInputError, match="timeout"):
+        machine.stream("1", timeout=timeout)
+    async_machine = evervm.AsyncClient("http://127.0.0.1:9", "a.b").machine("m")
+    with pytest.raises(evervm.InvalidInputError, match="timeout"):
+        await async_machine.exec("1", timeout=timeout)
+    with pytest.raises(evervm.InvalidInputError, match="timeout"):
+        async_machine.stream("1", timeout=timeout)
+
+
 def test_a_remote_client_without_a_server_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("EVERVM_URL", raising=False)
     monkeypatch.delenv("EVERVM_TOKEN", raising=False)
-    with pytest.raises(ValueError, match="EVERVM_URL"):
+    with pytest.raises(evervm.InvalidInputError, match="EVERVM_URL"):
         evervm.Client()
-    with pytest.raises(ValueError, match="EVERVM_TOKEN"):
+    with pytest.raises(evervm.InvalidInputError, match="EVERVM_TOKEN"):
         evervm.Client("http://127.0.0.1:9")
+    with pytest.raises(evervm.InvalidInputError, match="EVERVM_URL"):
+        evervm.AsyncClient()
+    with pytest.raises(ValueError, match="EVERVM_TOKEN"):
+        evervm.AsyncClient("http://127.0.0.1:9")
+
+
+def test_a_limit_answered_by_a_server_is_limit_exceeded() -> None:
+    import http.server
+    import json
+
+    class Limited(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"code": "LimitExceeded", "id": None,
+                               "message": "at most 3 machines per account"}).encode()
+            self.send_response(429)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Limited)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = evervm.Client(f"http://127.0.0.1:{server.server_address[1]}", "a.b")
+        with pytest.raises(evervm.LimitExceededError, match="at most 3 machines") as limited:
+            client.whoami()
+        assert isinstance(limited.value, evervm.EvervmError)
+        assert getattr(limited.value, "kind") == "LimitExceeded"
+    finally:
+        server.shutdown()
 
 
 def test_wrong_token_is_unauthorized(process_server) -> None:  # type: ignore[no-untyped-def]

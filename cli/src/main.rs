@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
-use evervm::engine::{self, Engine, EngineConfig};
+use evervm::server::ServeOptions;
 use evervm::{Client, CreateMachineOptions, ExecEvent, ExecOptions, LocalOptions, Tags};
 use futures::StreamExt;
 
@@ -44,7 +44,9 @@ struct Target {
     /// ~/.local/share/evervm).
     #[arg(long, env = "EVERVM_HOME", global = true)]
     home: Option<PathBuf>,
-    /// The sandbox backend, for `serve` and --local (`auto`, `process`).
+    /// The sandbox backend, for `serve` and --local: `auto` (gVisor; --local falls back to
+    /// `process` with a warning, `serve` refuses to), `gvisor`, or `process` (no security
+    /// boundary: for development).
     #[arg(long, env = "EVERVM_BACKEND", global = true)]
     backend: Option<String>,
 }
@@ -80,7 +82,7 @@ enum Command {
         #[arg(long, short)]
         machine: Option<String>,
         /// Seconds before the code is interrupted.
-        #[arg(long, default_value_t = 15)]
+        #[arg(long, default_value_t = evervm::DEFAULT_TIMEOUT.as_secs())]
         timeout: u64,
         /// Print the result as JSON.
         #[arg(long)]
@@ -90,7 +92,7 @@ enum Command {
     Repl {
         machine: Option<String>,
         /// Seconds before each instruction is interrupted.
-        #[arg(long, default_value_t = 15)]
+        #[arg(long, default_value_t = evervm::DEFAULT_TIMEOUT.as_secs())]
         timeout: u64,
     },
 }
@@ -186,7 +188,7 @@ enum CheckpointCommand {
 fn parse_tags(pairs: &[String]) -> Result<Tags> {
     let mut tags = Tags::new();
     for pair in pairs {
-        let (key, value) = engine::parse_tag(pair).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let (key, value) = evervm::parse_tag(pair)?;
         tags.insert(key, value);
     }
     Ok(tags)
@@ -245,7 +247,11 @@ async fn main() -> ExitCode {
 async fn run(command: Command, target: &Target) -> Result<ExitCode> {
     match command {
         Command::Serve { listen } => {
-            serve(listen, target.home.clone(), target.backend.as_deref()).await
+            let options = ServeOptions {
+                home: target.home.clone(),
+                backend: target.backend.clone(),
+            };
+            serve(listen, options).await
         }
         Command::Token {
             command: TokenCommand::Create { account },
@@ -253,8 +259,8 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
             let home = target
                 .home
                 .clone()
-                .unwrap_or_else(EngineConfig::default_home);
-            let token = engine::create_token_in_home(&home, &account)?;
+                .unwrap_or_else(evervm::admin::default_home);
+            let token = evervm::admin::create_token(&home, &account)?;
             println!("{token}");
             Ok(ExitCode::SUCCESS)
         }
@@ -264,13 +270,9 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
             let home = target
                 .home
                 .clone()
-                .unwrap_or_else(EngineConfig::default_home);
-            let profile = engine::guest::image::Profile::parse(&profile)?;
-            let builder =
-                engine::guest::image::ImageBuilder::new(EngineConfig::new(home).images_dir);
-            let image =
-                builder.ensure(profile, &engine::guest::image::StderrProgress::default())?;
-            println!("{}", image.root.display());
+                .unwrap_or_else(evervm::admin::default_home);
+            let root = evervm::admin::build_image(&home, &profile)?;
+            println!("{}", root.display());
             Ok(ExitCode::SUCCESS)
         }
         Command::Machine { command } => {
@@ -300,30 +302,36 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
     }
 }
 
-async fn serve(
-    listen: SocketAddr,
-    home: Option<PathBuf>,
-    backend: Option<&str>,
-) -> Result<ExitCode> {
-    let mut config = EngineConfig::new(home.unwrap_or_else(EngineConfig::default_home));
-    config.backend = engine::BackendChoice::parse(backend.unwrap_or("auto"));
-    let engine = Engine::open(config).await?;
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("cannot listen on {listen}"))?;
+async fn serve(listen: SocketAddr, options: ServeOptions) -> Result<ExitCode> {
+    let server = evervm::server::open(options).await?;
+    let listener = match tokio::net::TcpListener::bind(listen).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            server.shutdown().await;
+            return Err(e).with_context(|| format!("cannot listen on {listen}"));
+        }
+    };
     let address = listener.local_addr()?;
     let url = format!("http://{address}");
+    // Listening for Ctrl-C and SIGTERM before the banner says the server is up.
+    let stop = evervm::server::shutdown_signal();
     // The banner is best effort: a closed stdout must not stop the server.
     let mut banner = String::new();
     let _ = writeln!(
         banner,
         "evervm {} listening on {url} (home {}, backend {})",
         env!("CARGO_PKG_VERSION"),
-        engine.home().display(),
-        engine.backend_description()
+        server.home().display(),
+        server.backend_description()
     );
-    if engine.token_count().await? == 0 {
-        let token = engine.create_token("default").await?;
+    let first_token = match server.first_token().await {
+        Ok(token) => token,
+        Err(e) => {
+            server.shutdown().await;
+            return Err(e.into());
+        }
+    };
+    if let Some(token) = first_token {
         let _ = writeln!(
             banner,
             "first start: created a token for account `default`:"
@@ -332,15 +340,17 @@ async fn serve(
         let _ = writeln!(banner, "  export EVERVM_TOKEN={token}");
         let _ = writeln!(banner, "(more with `evervm token create`)");
     }
+    if server.backend_name() == "process" {
+        let _ = writeln!(
+            banner,
+            "warning: the process backend is not a security boundary: serve only trusted code"
+        );
+    }
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(banner.as_bytes());
     let _ = out.flush();
     drop(out);
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    evervm::server::serve_with_shutdown(engine.clone(), listener, shutdown).await?;
-    engine.shutdown().await;
+    server.serve_with_shutdown(listener, stop).await?;
     Ok(ExitCode::SUCCESS)
 }
 

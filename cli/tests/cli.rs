@@ -287,6 +287,85 @@ fn local_mode_needs_no_server() {
     }
 }
 
+/// Where gVisor cannot run (`EVERVM_RUNSC` names no binary), `serve` refuses to fall back to
+/// the process backend, which is not a security boundary, and says what to do; named
+/// explicitly, the process backend serves. `--local` still falls back, with a warning.
+#[test]
+fn serve_refuses_the_process_fallback_unless_it_is_named() {
+    let home = tempfile::tempdir().unwrap();
+    let without_gvisor = |command: &mut Command| {
+        command
+            .arg("--home")
+            .arg(home.path())
+            .env("EVERVM_RUNSC", "/nonexistent/runsc")
+            .env_remove("EVERVM_BACKEND")
+            .env_remove("EVERVM_URL")
+            .env_remove("EVERVM_TOKEN");
+    };
+    let mut serve = Command::new(EVERVM);
+    serve.args(["serve", "--listen", "127.0.0.1:0"]);
+    without_gvisor(&mut serve);
+    let mut child = serve
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A server that starts prints its banner; a refused one exits with nothing on stdout.
+    let banner = BufReader::new(child.stdout.take().unwrap()).lines().next();
+    if let Some(line) = banner {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("serve started on the process fallback: {line:?}");
+    }
+    let refused = child.wait_with_output().unwrap();
+    assert!(!refused.status.success(), "{refused:?}");
+    let why = stderr(&refused);
+    for needed in [
+        "not a security boundary",
+        "runsc",
+        "scripts/setup.sh",
+        "--backend process",
+    ] {
+        assert!(why.contains(needed), "{needed:?} is not in: {why}");
+    }
+
+    let mut local = Command::new(EVERVM);
+    local.args(["--local", "exec", "1 + 1"]);
+    without_gvisor(&mut local);
+    let fell_back = run_with_input(&mut local, "");
+    let warning = stderr(&fell_back);
+    assert_eq!(ok(fell_back), "2\n");
+    assert!(warning.contains("not a security boundary"), "{warning}");
+
+    // The refused server released the home; named, the process backend serves on it.
+    let mut server = Command::new(EVERVM);
+    server.args(["serve", "--listen", "127.0.0.1:0", "--backend", "process"]);
+    without_gvisor(&mut server);
+    let mut child = server
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(first.contains("listening on"), "{first}");
+    assert!(first.contains("backend process"), "{first}");
+}
+
+/// SIGTERM stops `serve` gracefully (machines saved where the backend can), like Ctrl-C.
+#[test]
+fn sigterm_stops_the_server_gracefully() {
+    let mut server = Server::start("process");
+    let pid = server.child.id();
+    // SAFETY: kill has no memory effects; the pid is our own child, not yet reaped.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let status = server.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
 fn forevervm_cli() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().and_then(Path::parent).unwrap();

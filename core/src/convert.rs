@@ -271,32 +271,50 @@ pub(crate) mod server {
         ApiMachine, CreateMachineRequest, ListMachinesRequest, MessageFromServer, WireExecResult,
         WireInstruction,
     };
-    use crate::types::{
-        CreateMachineOptions, ExecEvent, ExecOptions, ExecResult, MachineInfo, Tags,
-    };
+    use crate::server::redact::Redactor;
+    use crate::types::{CreateMachineOptions, ExecOptions, ExecResult, MachineInfo, Tags};
 
-    pub(crate) fn machine_to_wire(info: engine::MachineInfo) -> ApiMachine {
-        MachineInfo::from(info).into()
+    /// A machine's info for a client: `last_error` (engine text) without host paths.
+    pub(crate) fn machine_to_wire(info: engine::MachineInfo, redactor: &Redactor) -> ApiMachine {
+        let mut info = MachineInfo::from(info);
+        if let Some(error) = info.last_error.as_mut() {
+            redactor.string(error);
+        }
+        info.into()
     }
 
-    pub(crate) fn result_to_wire(result: engine::ExecResult) -> WireExecResult {
-        ExecResult::from(result).into()
+    /// A result for a client: a failure's text without host paths.
+    pub(crate) fn result_to_wire(
+        result: engine::ExecResult,
+        redactor: &Redactor,
+    ) -> WireExecResult {
+        let mut result = ExecResult::from(result);
+        if let Some(error) = result.error.as_mut() {
+            redactor.string(error);
+        }
+        result.into()
     }
 
     /// One event of instruction `instruction_id` as the message that carries it (`output` or
-    /// `result`), on a WebSocket or as an NDJSON line.
+    /// `result`), on a WebSocket or as an NDJSON line; output and failures without host paths
+    /// (the engine's own notes in the output can name them).
     pub(crate) fn event_to_wire(
         instruction_id: i64,
         event: engine::ExecEvent,
+        redactor: &Redactor,
     ) -> MessageFromServer {
-        match ExecEvent::from(event) {
-            ExecEvent::Output(chunk) => MessageFromServer::Output {
-                chunk: chunk.into(),
+        match event {
+            engine::ExecEvent::Output(chunk) => {
+                let mut chunk = crate::types::OutputChunk::from(chunk);
+                redactor.string(&mut chunk.data);
+                MessageFromServer::Output {
+                    chunk: chunk.into(),
+                    instruction_id,
+                }
+            }
+            engine::ExecEvent::Result(result) => MessageFromServer::Result {
                 instruction_id,
-            },
-            ExecEvent::Result(result) => MessageFromServer::Result {
-                instruction_id,
-                result: result.into(),
+                result: result_to_wire(result, redactor),
             },
         }
     }
@@ -403,6 +421,7 @@ pub(crate) mod server {
                     stream: engine::OutputStream::Stderr,
                     data: "x".into(),
                 }),
+                &Redactor::default(),
             );
             match output {
                 MessageFromServer::Output {
@@ -422,6 +441,7 @@ pub(crate) mod server {
                     runtime_ms: 5,
                     ..engine::ExecResult::default()
                 }),
+                &Redactor::default(),
             );
             match result {
                 MessageFromServer::Result {
@@ -438,6 +458,47 @@ pub(crate) mod server {
                         }
                     );
                 }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+
+        #[test]
+        fn engine_text_reaches_clients_without_host_paths() {
+            let redactor = Redactor::new(
+                std::path::Path::new("/srv/evervm"),
+                std::path::Path::new("/srv/images"),
+                None,
+            );
+            let failed = engine::ExecResult {
+                outcome: engine::Outcome::Error {
+                    text: "cannot restore /srv/evervm/machines/m/snapshot: truncated".into(),
+                    cause: engine::FailureCause::MachineCrashed,
+                },
+                ..engine::ExecResult::default()
+            };
+            let wire = result_to_wire(failed.clone(), &redactor);
+            assert_eq!(
+                wire.outcome,
+                WireOutcome::Error {
+                    error: "cannot restore <evervm home>/machines/m/snapshot: truncated".into(),
+                    cause: Some("machine_crashed".into()),
+                }
+            );
+            match event_to_wire(0, engine::ExecEvent::Result(failed), &redactor) {
+                MessageFromServer::Result { result, .. } => assert_eq!(result, wire),
+                other => panic!("unexpected {other:?}"),
+            }
+            let note = engine::ExecEvent::Output(engine::OutputChunk {
+                seq: 0,
+                stream: engine::OutputStream::Stderr,
+                data: "[evervm] this machine's sandbox stopped (/srv/images/minimal-1 is gone)"
+                    .into(),
+            });
+            match event_to_wire(0, note, &redactor) {
+                MessageFromServer::Output { chunk, .. } => assert_eq!(
+                    chunk.data,
+                    "[evervm] this machine's sandbox stopped (<evervm images>/minimal-1 is gone)"
+                ),
                 other => panic!("unexpected {other:?}"),
             }
         }

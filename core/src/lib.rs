@@ -3,8 +3,11 @@
 //! [`Client`] is the one API every surface uses (CLI, Python, Node, Swift), over two transports:
 //! a remote evervm (or ForeverVM-compatible) server over HTTP and WebSocket, or the engine
 //! in-process (feature `local`). [`protocol`] has the wire types; [`server`] (feature `server`)
-//! exposes an engine over that wire.
+//! exposes an engine over that wire; [`admin`] (feature `local`) makes tokens and images in a
+//! home.
 
+#[cfg(feature = "local")]
+pub mod admin;
 pub mod client;
 mod convert;
 mod error;
@@ -19,5 +22,8 @@ pub use client::{Client, EventStream, Machine, Session};
 pub use error::{Error, ErrorKind, Result};
 pub use types::*;
 
-#[cfg(feature = "local")]
+/// The engine itself, for evervm's own tests and benchmarks (feature `internals`). Not an API:
+/// every surface goes through [`Client`], [`server`] and [`admin`].
+#[cfg(feature = "internals")]
+#[doc(hidden)]
 pub use evervm_engine as engine;

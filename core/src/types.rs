@@ -4,10 +4,20 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+/// The default and the longest instruction timeout: the engine's, the one definition every
+/// surface uses.
+pub use evervm_engine::{DEFAULT_TIMEOUT, MAX_TIMEOUT};
 use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
 
 /// Tags: string keys and values, set when a machine is created.
 pub type Tags = BTreeMap<String, String>;
+
+/// Parses a tag written `KEY=VALUE` (the CLI's `--tag`), checking the key by the engine's rule.
+pub fn parse_tag(text: &str) -> Result<(String, String)> {
+    Ok(evervm_engine::parse_tag(text)?)
+}
 
 /// Options for a new machine.
 #[derive(Debug, Clone, Default)]
@@ -26,7 +36,7 @@ pub struct CreateMachineOptions {
 /// Options for one instruction.
 #[derive(Debug, Clone)]
 pub struct ExecOptions {
-    /// Interrupted with `KeyboardInterrupt` after this long (default 15 s).
+    /// Interrupted with `KeyboardInterrupt` after this long (default [`DEFAULT_TIMEOUT`], 15 s).
     pub timeout: Duration,
     /// Interrupt whatever runs or waits on the machine first.
     pub interrupt: bool,
@@ -35,10 +45,24 @@ pub struct ExecOptions {
 impl Default for ExecOptions {
     fn default() -> Self {
         Self {
-            timeout: Duration::from_secs(15),
+            timeout: DEFAULT_TIMEOUT,
             interrupt: false,
         }
     }
+}
+
+/// A timeout given in seconds as a float (what the bindings take): rounded up to whole seconds
+/// (the wire carries whole seconds), at least 1 s and at most [`MAX_TIMEOUT`]. Not a number,
+/// infinite, zero, negative or longer than that is `InvalidInput`.
+pub fn timeout_from_secs(secs: f64) -> Result<Duration> {
+    let max = MAX_TIMEOUT.as_secs();
+    if !(secs.is_finite() && secs > 0.0 && secs.ceil() <= max as f64) {
+        return Err(Error::invalid(format!(
+            "timeout must be a number of seconds from 1 to {max} ({} h), not {secs}",
+            max / 3600
+        )));
+    }
+    Ok(Duration::from_secs(secs.ceil().max(1.0) as u64))
 }
 
 /// What is known about a machine.
@@ -214,5 +238,46 @@ impl Execution {
 
     pub fn stderr(&self) -> String {
         self.joined(OutputStream::Stderr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_timeout_is_the_engines() {
+        assert_eq!(
+            ExecOptions::default().timeout,
+            evervm_engine::DEFAULT_TIMEOUT
+        );
+        assert_eq!(
+            i64::from(crate::protocol::DEFAULT_TIMEOUT_SECONDS),
+            evervm_engine::DEFAULT_TIMEOUT.as_secs() as i64
+        );
+    }
+
+    #[test]
+    fn timeouts_in_seconds_are_checked_and_rounded_up() {
+        assert_eq!(timeout_from_secs(0.2).unwrap(), Duration::from_secs(1));
+        assert_eq!(timeout_from_secs(1.5).unwrap(), Duration::from_secs(2));
+        assert_eq!(timeout_from_secs(15.0).unwrap(), Duration::from_secs(15));
+        let max = MAX_TIMEOUT.as_secs_f64();
+        assert_eq!(timeout_from_secs(max).unwrap(), MAX_TIMEOUT);
+        for bad in [
+            0.0,
+            -0.0,
+            -1.0,
+            max + 0.5,
+            1e20,
+            f64::MAX,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+        ] {
+            let err = timeout_from_secs(bad).unwrap_err();
+            assert_eq!(err.kind(), crate::ErrorKind::InvalidInput, "{bad}");
+            assert!(err.message().contains("timeout"), "{err}");
+        }
     }
 }

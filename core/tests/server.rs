@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use evervm::engine::{BackendChoice, Engine, EngineConfig};
+use evervm_engine::{BackendChoice, Engine, EngineConfig};
 use futures::{SinkExt, StreamExt};
 use reqwest::{Method, RequestBuilder, StatusCode};
 use serde_json::{Value, json};

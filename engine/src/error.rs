@@ -3,9 +3,33 @@
 
 use std::fmt;
 
-/// What went wrong, independent of the message. Stable across versions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ErrorKind {
+/// Defines [`ErrorKind`] from one list: the enum, [`ErrorKind::ALL`] and [`ErrorKind::as_str`]
+/// (the variant's name), so that no kind can be missing from any of them.
+macro_rules! error_kinds {
+    ($($(#[$doc:meta])* $kind:ident,)*) => {
+        /// What went wrong, independent of the message. Stable across versions, and the one list
+        /// of kinds every surface maps (`evervm::ErrorKind` is this type; HTTP statuses and wire
+        /// codes in `evervm::protocol`, Python exception classes in the Python package).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum ErrorKind {
+            $($(#[$doc])* $kind,)*
+        }
+
+        impl ErrorKind {
+            /// Every kind, in the order declared.
+            pub const ALL: &'static [ErrorKind] = &[$(ErrorKind::$kind,)*];
+
+            /// A short, stable identifier: the kind's name (`NotFound`, `InvalidInput`, ...).
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(ErrorKind::$kind => stringify!($kind),)*
+                }
+            }
+        }
+    };
+}
+
+error_kinds! {
     /// The named machine, instruction or account does not exist (or is not visible to the caller).
     NotFound,
     /// The request itself was wrong: bad tag syntax, code too large, bad memory size.
@@ -18,27 +42,14 @@ pub enum ErrorKind {
     MachineCrashed,
     /// Another engine already holds this home, or a resource is busy.
     Conflict,
-    /// A limit or quota was reached (machines per account, instruction rate, queue length,
-    /// resident memory, disk); the message names the limit.
+    /// A quota or limit was hit (too many machines, a rate limit, an output cap, a full queue);
+    /// the message names the limit.
     LimitExceeded,
+    /// Clients only (the engine never returns it): the server could not be reached, or answered
+    /// something that is not the protocol.
+    Transport,
     /// Something broke inside the engine (I/O, database). The message says what.
     Internal,
-}
-
-impl ErrorKind {
-    /// A short, stable identifier (`NotFound`, `InvalidInput`, ...).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorKind::NotFound => "NotFound",
-            ErrorKind::InvalidInput => "InvalidInput",
-            ErrorKind::Unauthorized => "Unauthorized",
-            ErrorKind::Unsupported => "Unsupported",
-            ErrorKind::MachineCrashed => "MachineCrashed",
-            ErrorKind::Conflict => "Conflict",
-            ErrorKind::LimitExceeded => "LimitExceeded",
-            ErrorKind::Internal => "Internal",
-        }
-    }
 }
 
 impl fmt::Display for ErrorKind {
@@ -107,11 +118,6 @@ impl Error {
         Self::new(ErrorKind::InvalidInput, message)
     }
 
-    /// A limit or quota was reached; the message names it and says what to do.
-    pub fn limit(message: impl Into<String>) -> Self {
-        Self::new(ErrorKind::LimitExceeded, message)
-    }
-
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Internal, message)
     }
@@ -126,6 +132,11 @@ impl Error {
 
     pub fn unsupported(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Unsupported, message)
+    }
+
+    /// A quota or limit was hit; `message` names the limit (and what to do about it).
+    pub fn limit_exceeded(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::LimitExceeded, message)
     }
 
     /// Prefixes the message with context, keeping the kind.
@@ -149,3 +160,21 @@ impl From<std::io::Error> for Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_is_listed_once_under_its_name() {
+        let names: Vec<&str> = ErrorKind::ALL.iter().map(|k| k.as_str()).collect();
+        let mut unique = names.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len());
+        assert!(names.contains(&"LimitExceeded"));
+        assert_eq!(ErrorKind::LimitExceeded.to_string(), "LimitExceeded");
+        let limit = Error::limit_exceeded("at most 3 machines per account");
+        assert_eq!(limit.kind(), ErrorKind::LimitExceeded);
+    }
+}

@@ -14,18 +14,20 @@ functions and files persist across instructions.
 """
 
 from evervm._native import (
+    DEFAULT_TIMEOUT,
+    MAX_TIMEOUT,
     AsyncClient,
     AsyncExecStream,
     AsyncMachine,
     Checkpoint,
     Client,
     ConflictError,
-    LimitExceededError,
     EvervmError,
     ExecResult,
     ExecStream,
     InternalError,
     InvalidInputError,
+    LimitExceededError,
     Machine,
     MachineCrashedError,
     MachineInfo,
@@ -38,18 +40,20 @@ from evervm._native import (
 )
 
 __all__ = [
+    "DEFAULT_TIMEOUT",
+    "MAX_TIMEOUT",
     "AsyncClient",
     "AsyncExecStream",
     "AsyncMachine",
     "Checkpoint",
     "Client",
     "ConflictError",
-    "LimitExceededError",
     "EvervmError",
     "ExecResult",
     "ExecStream",
     "InternalError",
     "InvalidInputError",
+    "LimitExceededError",
     "Machine",
     "MachineCrashedError",
     "MachineInfo",

@@ -10,9 +10,9 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use url::Url;
 
 use super::{EventStream, SessionTransport, Transport};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::protocol::{
-    self, ApiError, CreateMachineRequest, CreateMachineResponse, DeleteMachineResponse,
+    self, ApiError, CreateMachineRequest, CreateMachineResponse, DeleteMachineResponse, ErrorCode,
     ExecResponse, ExecResultResponse, InterruptResponse, ListMachinesRequest, ListMachinesResponse,
     MessageFromServer, MessageToServer, WhoamiResponse, WireInstruction,
 };
@@ -27,27 +27,10 @@ pub(crate) struct RemoteTransport {
     http: reqwest::Client,
 }
 
-/// Maps an error body and status to an error.
+/// Maps an error body and status to an error, by the wire's one table of codes.
 fn api_error(status: StatusCode, body: &str) -> Error {
     let parsed: Option<ApiError> = serde_json::from_str(body).ok();
-    let kind = match parsed.as_ref().map(|e| e.code.as_str()) {
-        Some("MachineNotFound" | "InstructionNotFound" | "NotFound") => ErrorKind::NotFound,
-        Some("Unauthorized") => ErrorKind::Unauthorized,
-        Some("BadRequest" | "PayloadTooLarge") => ErrorKind::InvalidInput,
-        Some("Unsupported") => ErrorKind::Unsupported,
-        Some("MachineCrashed") => ErrorKind::MachineCrashed,
-        Some("Conflict") => ErrorKind::Conflict,
-        Some("LimitExceeded") => ErrorKind::LimitExceeded,
-        _ => match status.as_u16() {
-            401 | 403 => ErrorKind::Unauthorized,
-            404 => ErrorKind::NotFound,
-            400 | 413 | 422 => ErrorKind::InvalidInput,
-            409 => ErrorKind::Conflict,
-            429 => ErrorKind::LimitExceeded,
-            501 => ErrorKind::Unsupported,
-            _ => ErrorKind::Internal,
-        },
-    };
+    let kind = ErrorCode::kind_of(parsed.as_ref().map(|e| e.code.as_str()), status.as_u16());
     let message = match parsed {
         Some(ApiError {
             message: Some(message),
@@ -90,21 +73,44 @@ impl RemoteTransport {
         })
     }
 
-    fn url(&self, path: &str) -> Result<Url> {
-        self.base
-            .join(path)
-            .map_err(|e| Error::invalid(format!("cannot build a URL for {path}: {e}")))
+    /// The URL of `segments` at the server's root (like the ForeverVM SDK, any path of the base
+    /// URL is dropped), each segment percent-encoded.
+    fn url(&self, segments: &[&str]) -> Result<Url> {
+        let mut url = self.base.clone();
+        url.set_query(None);
+        url.set_fragment(None);
+        url.path_segments_mut()
+            .map_err(|()| Error::invalid(format!("{} cannot be a base URL", self.base)))?
+            .clear()
+            .extend(segments);
+        Ok(url)
+    }
+
+    /// The URL of `/v1/machine/{name}/{rest...}`, for a name that can exist.
+    fn machine_url(&self, name: &str, rest: &[&str]) -> Result<Url> {
+        check_machine_name(name)?;
+        let mut segments = vec!["v1", "machine", name];
+        segments.extend_from_slice(rest);
+        self.url(&segments)
+    }
+
+    /// The URL of `/v1/machine/{name}/checkpoints/{checkpoint}/{rest...}`.
+    fn checkpoint_url(&self, name: &str, checkpoint: &str, rest: &[&str]) -> Result<Url> {
+        evervm_engine::validate_checkpoint_name(checkpoint)?;
+        let mut segments = vec!["checkpoints", checkpoint];
+        segments.extend_from_slice(rest);
+        self.machine_url(name, &segments)
     }
 
     async fn send(
         &self,
         method: Method,
-        path: &str,
+        url: Url,
         body: Option<&dyn erased::Body>,
     ) -> Result<reqwest::Response> {
         let mut request = self
             .http
-            .request(method, self.url(path)?)
+            .request(method, url)
             .bearer_auth(&self.token)
             .header("x-forevervm-sdk", "evervm-rust");
         if let Some(body) = body {
@@ -124,10 +130,11 @@ impl RemoteTransport {
     async fn call<T: DeserializeOwned>(
         &self,
         method: Method,
-        path: &str,
+        url: Url,
         body: Option<&dyn erased::Body>,
     ) -> Result<T> {
-        let response = self.send(method, path, body).await?;
+        let path = url.path().to_owned();
+        let response = self.send(method, url, body).await?;
         let bytes = response.bytes().await?;
         serde_json::from_slice(&bytes).map_err(|e| {
             Error::transport(format!(
@@ -136,8 +143,12 @@ impl RemoteTransport {
         })
     }
 
-    fn websocket_url(&self, name: &str) -> Result<Url> {
-        let mut url = self.url(&format!("/v1/machine/{name}/repl"))?;
+    /// The WebSocket URL of a machine's REPL; `None` asks for a new machine.
+    fn websocket_url(&self, name: Option<&str>) -> Result<Url> {
+        let mut url = match name {
+            Some(name) => self.machine_url(name, &["repl"])?,
+            None => self.url(&["v1", "machine", "new", "repl"])?,
+        };
         let scheme = if url.scheme() == "https" { "wss" } else { "ws" };
         url.set_scheme(scheme)
             .map_err(|()| Error::invalid("cannot derive the WebSocket URL"))?;
@@ -169,7 +180,9 @@ impl Transport for RemoteTransport {
     }
 
     async fn whoami(&self) -> Result<String> {
-        let answer: WhoamiResponse = self.call(Method::GET, "/v1/whoami", None).await?;
+        let answer: WhoamiResponse = self
+            .call(Method::GET, self.url(&["v1", "whoami"])?, None)
+            .await?;
         Ok(answer.account)
     }
 
@@ -181,7 +194,11 @@ impl Transport for RemoteTransport {
             durability: options.durability,
         };
         let answer: CreateMachineResponse = self
-            .call(Method::POST, "/v1/machine/new", Some(body(&request)))
+            .call(
+                Method::POST,
+                self.url(&["v1", "machine", "new"])?,
+                Some(body(&request)),
+            )
             .await?;
         Ok(answer.machine_name)
     }
@@ -191,18 +208,18 @@ impl Transport for RemoteTransport {
             tags: (!tags.is_empty()).then(|| tags.clone()),
         };
         let answer: ListMachinesResponse = self
-            .call(Method::POST, "/v1/machine/list", Some(body(&request)))
+            .call(
+                Method::POST,
+                self.url(&["v1", "machine", "list"])?,
+                Some(body(&request)),
+            )
             .await?;
         Ok(answer.machines.into_iter().map(Into::into).collect())
     }
 
     async fn machine_info(&self, name: &str) -> Result<MachineInfo> {
         let answer: protocol::MachineInfoResponse = self
-            .call(
-                Method::GET,
-                &format!("/v1/machine/{}", segment(name)?),
-                None,
-            )
+            .call(Method::GET, self.machine_url(name, &[])?, None)
             .await?;
         Ok(answer.into())
     }
@@ -218,7 +235,7 @@ impl Transport for RemoteTransport {
         let answer: ExecResponse = self
             .call(
                 Method::POST,
-                &format!("/v1/machine/{}/exec", segment(name)?),
+                self.machine_url(name, &["exec"])?,
                 Some(body(&request)),
             )
             .await?;
@@ -235,7 +252,7 @@ impl Transport for RemoteTransport {
         let answer: ExecResultResponse = self
             .call(
                 Method::GET,
-                &format!("/v1/machine/{}/exec/{seq}/result", segment(name)?),
+                self.machine_url(name, &["exec", &seq.to_string(), "result"])?,
                 None,
             )
             .await?;
@@ -246,7 +263,7 @@ impl Transport for RemoteTransport {
         let response = self
             .send(
                 Method::GET,
-                &format!("/v1/machine/{}/exec/{seq}/stream-result", segment(name)?),
+                self.machine_url(name, &["exec", &seq.to_string(), "stream-result"])?,
                 None,
             )
             .await?;
@@ -286,33 +303,21 @@ impl Transport for RemoteTransport {
 
     async fn interrupt(&self, name: &str) -> Result<bool> {
         let answer: InterruptResponse = self
-            .call(
-                Method::POST,
-                &format!("/v1/machine/{}/interrupt", segment(name)?),
-                None,
-            )
+            .call(Method::POST, self.machine_url(name, &["interrupt"])?, None)
             .await?;
         Ok(answer.interrupted)
     }
 
     async fn delete_machine(&self, name: &str) -> Result<()> {
         let _: DeleteMachineResponse = self
-            .call(
-                Method::DELETE,
-                &format!("/v1/machine/{}", segment(name)?),
-                None,
-            )
+            .call(Method::DELETE, self.machine_url(name, &[])?, None)
             .await?;
         Ok(())
     }
 
     async fn swap_out(&self, name: &str) -> Result<()> {
         let _: protocol::SwapResponse = self
-            .call(
-                Method::POST,
-                &format!("/v1/machine/{}/swap", segment(name)?),
-                None,
-            )
+            .call(Method::POST, self.machine_url(name, &["swap"])?, None)
             .await?;
         Ok(())
     }
@@ -322,7 +327,7 @@ impl Transport for RemoteTransport {
         let answer: CreateMachineResponse = self
             .call(
                 Method::POST,
-                &format!("/v1/machine/{}/fork", segment(name)?),
+                self.machine_url(name, &["fork"])?,
                 Some(body(&request)),
             )
             .await?;
@@ -339,7 +344,7 @@ impl Transport for RemoteTransport {
         };
         self.call(
             Method::POST,
-            &format!("/v1/machine/{}/checkpoints", segment(name)?),
+            self.machine_url(name, &["checkpoints"])?,
             Some(body(&request)),
         )
         .await
@@ -347,11 +352,7 @@ impl Transport for RemoteTransport {
 
     async fn list_checkpoints(&self, name: &str) -> Result<Vec<CheckpointInfo>> {
         let answer: protocol::ListCheckpointsResponse = self
-            .call(
-                Method::GET,
-                &format!("/v1/machine/{}/checkpoints", segment(name)?),
-                None,
-            )
+            .call(Method::GET, self.machine_url(name, &["checkpoints"])?, None)
             .await?;
         Ok(answer.checkpoints)
     }
@@ -360,11 +361,7 @@ impl Transport for RemoteTransport {
         let answer: protocol::MachineInfoResponse = self
             .call(
                 Method::POST,
-                &format!(
-                    "/v1/machine/{}/checkpoints/{}/rollback",
-                    segment(name)?,
-                    segment(checkpoint)?
-                ),
+                self.checkpoint_url(name, checkpoint, &["rollback"])?,
                 None,
             )
             .await?;
@@ -375,11 +372,7 @@ impl Transport for RemoteTransport {
         let _: protocol::DeleteCheckpointResponse = self
             .call(
                 Method::DELETE,
-                &format!(
-                    "/v1/machine/{}/checkpoints/{}",
-                    segment(name)?,
-                    segment(checkpoint)?
-                ),
+                self.checkpoint_url(name, checkpoint, &[])?,
                 None,
             )
             .await?;
@@ -387,11 +380,7 @@ impl Transport for RemoteTransport {
     }
 
     async fn connect(&self, name: Option<&str>) -> Result<Box<dyn SessionTransport>> {
-        let name = match name {
-            Some(name) => segment(name)?.to_owned(),
-            None => "new".to_owned(),
-        };
-        let mut request = self.websocket_url(&name)?.as_str().into_client_request()?;
+        let mut request = self.websocket_url(name)?.as_str().into_client_request()?;
         let bearer = format!("Bearer {}", self.token)
             .parse()
             .map_err(|_| Error::invalid("the token contains characters not allowed in a header"))?;
@@ -429,19 +418,11 @@ impl Transport for RemoteTransport {
     }
 }
 
-/// A machine name as one URL path segment.
-fn segment(name: &str) -> Result<&str> {
-    if name.is_empty()
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-    {
-        return Err(Error::new(
-            ErrorKind::NotFound,
-            format!("no machine named {name:?}"),
-        ));
-    }
-    Ok(name)
+/// Checks a machine name by the engine's rule: a name that cannot exist is `NotFound`, as the
+/// server would answer.
+fn check_machine_name(name: &str) -> Result<()> {
+    evervm_engine::MachineName::parse(name)?;
+    Ok(())
 }
 
 /// Bytes split into lines without moving the unread rest for every line.
@@ -591,6 +572,7 @@ impl SessionTransport for WebSocketSession {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ErrorKind;
 
     #[test]
     fn error_bodies_map_to_kinds() {
@@ -610,20 +592,76 @@ mod tests {
         let e = api_error(StatusCode::BAD_GATEWAY, "<html>proxy</html>");
         assert_eq!(e.kind(), ErrorKind::Internal);
         assert!(e.message().contains("proxy"));
+        let e = api_error(
+            StatusCode::TOO_MANY_REQUESTS,
+            r#"{"code":"LimitExceeded","id":null,"message":"at most 3 machines"}"#,
+        );
+        assert_eq!(
+            (e.kind(), e.message()),
+            (ErrorKind::LimitExceeded, "at most 3 machines")
+        );
+        let e = api_error(StatusCode::TOO_MANY_REQUESTS, "slow down");
+        assert_eq!(e.kind(), ErrorKind::LimitExceeded);
     }
 
     #[test]
     fn urls_drop_any_base_path_like_the_forevervm_sdk() {
-        let t = RemoteTransport::new("http://127.0.0.1:9/prefix/", "a.b").unwrap();
+        let t = RemoteTransport::new("http://127.0.0.1:9/prefix/?q=1#f", "a.b").unwrap();
         assert_eq!(
-            t.url("/v1/whoami").unwrap().as_str(),
+            t.url(&["v1", "whoami"]).unwrap().as_str(),
             "http://127.0.0.1:9/v1/whoami"
         );
         assert_eq!(
-            t.websocket_url("abc").unwrap().as_str(),
+            t.websocket_url(None).unwrap().as_str(),
+            "ws://127.0.0.1:9/v1/machine/new/repl"
+        );
+        assert_eq!(
+            t.websocket_url(Some("abc")).unwrap().as_str(),
             "ws://127.0.0.1:9/v1/machine/abc/repl"
         );
         assert!(RemoteTransport::new("ftp://x", "a.b").is_err());
-        assert_eq!(segment("../etc").unwrap_err().kind(), ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn machine_names_follow_the_engine_rule() {
+        let t = RemoteTransport::new("http://127.0.0.1:9", "a.b").unwrap();
+        assert_eq!(
+            t.machine_url("a_B-9", &["exec"]).unwrap().as_str(),
+            "http://127.0.0.1:9/v1/machine/a_B-9/exec"
+        );
+        for bad in ["", "../etc", "a/b", "a.b", "new", "é", &"x".repeat(65)] {
+            let err = t.machine_url(bad, &[]).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::NotFound, "{bad:?}");
+            assert!(err.message().contains("no machine named"), "{err}");
+        }
+    }
+
+    #[test]
+    fn checkpoint_names_follow_the_engine_rule() {
+        let t = RemoteTransport::new("http://127.0.0.1:9", "a.b").unwrap();
+        for good in ["v1.2", "before-cleanup", "a_b.c-d", "x.", &"c".repeat(64)] {
+            let url = t.checkpoint_url("m", good, &["rollback"]).unwrap();
+            assert_eq!(
+                url.as_str(),
+                format!("http://127.0.0.1:9/v1/machine/m/checkpoints/{good}/rollback")
+            );
+        }
+        for bad in [
+            "",
+            ".hidden",
+            "..",
+            "a/b",
+            "a b",
+            "a%2Fb",
+            "é",
+            &"c".repeat(65),
+        ] {
+            let err = t.checkpoint_url("m", bad, &[]).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{bad:?}");
+            assert!(err.message().contains("checkpoint name"), "{err}");
+        }
+        // The machine is checked as a machine, not as a checkpoint.
+        let err = t.checkpoint_url("m.1", "v1.2", &[]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotFound);
     }
 }

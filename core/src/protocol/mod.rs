@@ -6,11 +6,16 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+mod errors;
+
+pub use errors::{ERROR_CODES, ErrorCode};
+
 /// Tags on the wire: a JSON object of strings.
 pub type WireTags = BTreeMap<String, String>;
 
-/// The default instruction timeout when a request gives none (every ForeverVM client's default).
-pub const DEFAULT_TIMEOUT_SECONDS: i32 = 15;
+/// The default instruction timeout when a request gives none (every ForeverVM client's default,
+/// 15 s): the engine's `DEFAULT_TIMEOUT`.
+pub const DEFAULT_TIMEOUT_SECONDS: i32 = evervm_engine::DEFAULT_TIMEOUT.as_secs() as i32;
 
 /// An error body: `{"code": "...", "id": null}`; evervm adds a human-readable `message`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -94,7 +99,7 @@ pub struct ApiMachine {
     pub durability: Option<String>,
 }
 
-/// An instruction: code and a timeout in seconds (15 when absent).
+/// An instruction: code and a timeout in seconds ([`DEFAULT_TIMEOUT_SECONDS`] when absent).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WireInstruction {
     pub code: String,

@@ -1,12 +1,19 @@
 //! Errors on the wire: every failure is a status and an [`ApiError`] body
-//! `{"code", "id", "message"}`, mapped here once from the engine's [`ErrorKind`].
+//! `{"code", "id", "message"}`, from the engine's [`ErrorKind`] by the wire's one table
+//! ([`ErrorCode`]).
+
+use std::borrow::Cow;
+use std::sync::Arc;
 
 use axum::Json;
+use axum::extract::{Request, State};
 use axum::http::StatusCode;
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use evervm_engine::{self as engine, ErrorKind};
 
-use crate::protocol::ApiError;
+use super::redact::Redactor;
+use crate::protocol::{ApiError, ErrorCode};
 
 /// A failed request: the status and the body's `code` and `message`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,16 +32,22 @@ impl ApiFailure {
         }
     }
 
+    /// A failure with one of the wire's codes, sent with its status.
+    pub(crate) fn coded(code: &ErrorCode, message: impl Into<String>) -> Self {
+        let status = StatusCode::from_u16(code.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        Self::new(status, code.code, message)
+    }
+
     pub(crate) fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "BadRequest", message)
+        Self::coded(&ErrorCode::BAD_REQUEST, message)
     }
 
     pub(crate) fn unauthorized(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "Unauthorized", message)
+        Self::coded(&ErrorCode::UNAUTHORIZED, message)
     }
 
     pub(crate) fn payload_too_large(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "PayloadTooLarge", message)
+        Self::coded(&ErrorCode::PAYLOAD_TOO_LARGE, message)
     }
 
     /// An engine error from accepting an instruction of `code_bytes` bytes: the same as
@@ -59,24 +72,10 @@ impl ApiFailure {
 
 impl From<&engine::Error> for ApiFailure {
     fn from(error: &engine::Error) -> Self {
-        let (status, code) = match error.kind() {
-            ErrorKind::NotFound => (
-                StatusCode::NOT_FOUND,
-                match error.resource() {
-                    Some("machine") => "MachineNotFound",
-                    Some("instruction") => "InstructionNotFound",
-                    _ => "NotFound",
-                },
-            ),
-            ErrorKind::InvalidInput => (StatusCode::BAD_REQUEST, "BadRequest"),
-            ErrorKind::Unauthorized => (StatusCode::UNAUTHORIZED, "Unauthorized"),
-            ErrorKind::Unsupported => (StatusCode::NOT_IMPLEMENTED, "Unsupported"),
-            ErrorKind::Conflict => (StatusCode::CONFLICT, "Conflict"),
-            ErrorKind::LimitExceeded => (StatusCode::TOO_MANY_REQUESTS, "LimitExceeded"),
-            ErrorKind::MachineCrashed => (StatusCode::SERVICE_UNAVAILABLE, "MachineCrashed"),
-            ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "InternalError"),
-        };
-        Self::new(status, code, error.message())
+        Self::coded(
+            ErrorCode::for_error(error.kind(), error.resource()),
+            error.message(),
+        )
     }
 }
 
@@ -86,6 +85,15 @@ impl From<engine::Error> for ApiFailure {
     }
 }
 
+impl ApiFailure {
+    /// The status and JSON body, as sent.
+    fn render(&self) -> Response {
+        (self.status, Json(self.body())).into_response()
+    }
+}
+
+/// Logged with the full message, rendered, and kept in the response's extensions so that
+/// [`redact_failure`] can take the host paths out of what the client sees.
 impl IntoResponse for ApiFailure {
     fn into_response(self) -> Response {
         if self.status.is_server_error() {
@@ -93,7 +101,29 @@ impl IntoResponse for ApiFailure {
         } else {
             tracing::debug!(code = self.code, "{}", self.message);
         }
-        (self.status, Json(self.body())).into_response()
+        let mut response = self.render();
+        response.extensions_mut().insert(self);
+        response
+    }
+}
+
+/// Middleware: a failure whose message names host paths is sent again without them.
+pub(crate) async fn redact_failure(
+    State(redactor): State<Arc<Redactor>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let response = next.run(request).await;
+    let Some(failure) = response.extensions().get::<ApiFailure>() else {
+        return response;
+    };
+    match redactor.text(&failure.message) {
+        Cow::Borrowed(_) => response,
+        Cow::Owned(message) => ApiFailure {
+            message,
+            ..failure.clone()
+        }
+        .render(),
     }
 }
 
@@ -135,6 +165,10 @@ mod tests {
         );
         assert_eq!(mapped(engine::Error::crashed("x")), (503, "MachineCrashed"));
         assert_eq!(mapped(engine::Error::internal("x")), (500, "InternalError"));
+        assert_eq!(
+            mapped(engine::Error::limit_exceeded("at most 3 machines")),
+            (429, "LimitExceeded")
+        );
     }
 
     #[test]
@@ -150,6 +184,59 @@ mod tests {
         let missing =
             ApiFailure::from_exec_error(&engine::Error::machine_not_found("m"), usize::MAX);
         assert_eq!(missing.code, "MachineNotFound");
+    }
+
+    #[tokio::test]
+    async fn failures_reach_clients_without_host_paths() {
+        use axum::routing::get;
+        let redactor = Arc::new(Redactor::new(
+            std::path::Path::new("/srv/evervm"),
+            std::path::Path::new("/srv/evervm/images"),
+            None,
+        ));
+        let app = axum::Router::new()
+            .route(
+                "/damaged",
+                get(|| async {
+                    ApiFailure::from(engine::Error::crashed(
+                        "the snapshot in /srv/evervm/machines/m/snapshot cannot be used: truncated",
+                    ))
+                }),
+            )
+            .route(
+                "/plain",
+                get(|| async { ApiFailure::from(engine::Error::machine_not_found("m")) }),
+            )
+            .layer(axum::middleware::from_fn_with_state(
+                redactor,
+                redact_failure,
+            ));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let answer = |path: &'static str| {
+            let url = format!("{base}{path}");
+            async move {
+                let response = reqwest::get(url).await.unwrap();
+                let status = response.status().as_u16();
+                (status, response.text().await.unwrap())
+            }
+        };
+        let (status, body) = answer("/damaged").await;
+        assert_eq!(status, 503);
+        assert!(!body.contains("/srv/evervm"), "{body}");
+        let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "code": "MachineCrashed",
+                "id": null,
+                "message": "the snapshot in <evervm home>/machines/m/snapshot cannot be used: truncated",
+            })
+        );
+        let (status, body) = answer("/plain").await;
+        assert_eq!(status, 404);
+        assert!(body.contains("MachineNotFound"), "{body}");
     }
 
     #[test]

@@ -45,7 +45,7 @@ pub(crate) async fn result(
     let result = state.engine.result(&account, &name, seq).await?;
     Ok(Json(ExecResultResponse {
         instruction_id: seq,
-        result: result_to_wire(result),
+        result: result_to_wire(result, &state.redactor),
     }))
 }
 
@@ -68,11 +68,12 @@ pub(crate) async fn stream_result(
     WirePath((name, seq)): WirePath<(String, i64)>,
 ) -> Result<Response, ApiFailure> {
     let events = state.engine.events(&account, &name, seq).await?;
+    let redactor = state.redactor;
     // The events ready at once go out as one body chunk: large outputs are many lines.
     let lines = events.ready_chunks(1024).map(move |batch| {
         let mut body = Vec::new();
         for event in batch {
-            body.extend_from_slice(&ndjson_line(&event_to_wire(seq, event)));
+            body.extend_from_slice(&ndjson_line(&event_to_wire(seq, event, &redactor)));
         }
         Ok::<_, Infallible>(Bytes::from(body))
     });

@@ -48,7 +48,10 @@ async fn list(
 ) -> ApiResult<ListMachinesResponse> {
     let machines = state.engine.list_machines(account, filter).await?;
     Ok(Json(ListMachinesResponse {
-        machines: machines.into_iter().map(machine_to_wire).collect(),
+        machines: machines
+            .into_iter()
+            .map(|m| machine_to_wire(m, &state.redactor))
+            .collect(),
     }))
 }
 
@@ -76,7 +79,7 @@ pub(crate) async fn info(
     WirePath(name): WirePath<String>,
 ) -> ApiResult<MachineInfoResponse> {
     let info = state.engine.machine_info(&account, &name).await?;
-    Ok(Json(machine_to_wire(info)))
+    Ok(Json(machine_to_wire(info, &state.redactor)))
 }
 
 /// `DELETE /v1/machine/{machine_name}` (evervm): the machine, its sandbox and its history.
@@ -160,7 +163,7 @@ pub(crate) async fn rollback(
     WirePath((name, checkpoint)): WirePath<(String, String)>,
 ) -> ApiResult<MachineInfoResponse> {
     let info = state.engine.rollback(&account, &name, &checkpoint).await?;
-    Ok(Json(machine_to_wire(info)))
+    Ok(Json(machine_to_wire(info, &state.redactor)))
 }
 
 /// `DELETE /v1/machine/{machine_name}/checkpoints/{checkpoint}` (evervm).

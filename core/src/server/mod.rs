@@ -8,11 +8,19 @@
 //! accepted too.
 //!
 //! ```no_run
-//! # async fn run() -> std::io::Result<()> {
-//! use evervm::engine::{Engine, EngineConfig};
-//! let engine = Engine::open(EngineConfig::new("/tmp/evervm")).await.map_err(std::io::Error::other)?;
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use evervm::server::{self, ServeOptions};
+//! let server = server::open(ServeOptions {
+//!     home: Some("/tmp/evervm".into()),
+//!     ..ServeOptions::default()
+//! })
+//! .await?;
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
-//! evervm::server::serve(engine, listener).await
+//! server.serve_with_shutdown(listener, async {
+//!     let _ = tokio::signal::ctrl_c().await;
+//! })
+//! .await?;
+//! # Ok(())
 //! # }
 //! ```
 
@@ -21,22 +29,28 @@ mod error;
 mod exec;
 mod extract;
 mod machines;
+mod open;
+pub(crate) mod redact;
 mod repl;
 
+pub use open::{PROCESS_FALLBACK_REFUSED, ServeOptions, Server, open};
+
 use std::future::{Future, IntoFuture};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::header::CONTENT_TYPE;
-use axum::http::{Method, StatusCode, Uri};
+use axum::http::{Method, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use evervm_engine::Engine;
 
 use self::error::ApiFailure;
-use crate::protocol::HealthResponse;
+use self::redact::Redactor;
+use crate::protocol::{ErrorCode, HealthResponse};
 
 /// The largest request body, a bit above the engine's code limit so that code between the two
 /// gets the engine's own explanation; larger bodies get `413 PayloadTooLarge` too.
@@ -96,10 +110,16 @@ pub(crate) mod paths {
 #[derive(Clone)]
 pub(crate) struct AppState {
     pub(crate) engine: Engine,
+    /// Takes host paths out of the engine's text before a client sees it.
+    pub(crate) redactor: Arc<Redactor>,
 }
 
 /// The whole API for `engine`, ready for `axum::serve`.
 pub fn router(engine: Engine) -> Router {
+    let state = AppState {
+        redactor: Arc::new(Redactor::for_engine(&engine)),
+        engine,
+    };
     let api = Router::new()
         .route(paths::HEALTHZ, get(healthz))
         .route(paths::OPENAPI, get(openapi))
@@ -127,7 +147,11 @@ pub fn router(engine: Engine) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
-        .with_state(AppState { engine });
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state.redactor),
+            error::redact_failure,
+        ))
+        .with_state(state);
     // Routing happens inside `api`, after the outer layers have run: that is what lets
     // `normalize` rewrite the path before it is matched.
     Router::new()
@@ -187,32 +211,43 @@ where
     result
 }
 
-/// Ctrl-C, or SIGTERM on Unix. Never completes if no signal handler can be installed.
-async fn shutdown_signal() {
-    let ctrl_c = async {
+/// Completes at Ctrl-C, or SIGTERM on Unix. The handlers are installed when this is called (a
+/// signal that arrives between this call and the first poll is not lost), so call it before
+/// telling anyone that the server is up. Never completes if no handler can be installed. Needs a
+/// tokio runtime.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let listen = |kind: SignalKind, name: &'static str| {
+            let installed = signal(kind);
+            async move {
+                match installed {
+                    Ok(mut signal) => {
+                        signal.recv().await;
+                    }
+                    Err(e) => {
+                        tracing::warn!("cannot listen for {name}: {e}");
+                        std::future::pending::<()>().await;
+                    }
+                }
+            }
+        };
+        let interrupt = listen(SignalKind::interrupt(), "Ctrl-C");
+        let terminate = listen(SignalKind::terminate(), "SIGTERM");
+        async move {
+            tokio::select! {
+                () = interrupt => {}
+                () = terminate => {}
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    async {
         if let Err(e) = tokio::signal::ctrl_c().await {
             tracing::warn!("cannot listen for Ctrl-C: {e}");
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut terminate) => {
-                terminate.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!("cannot listen for SIGTERM: {e}");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
     }
 }
 
@@ -270,7 +305,10 @@ async fn healthz(State(state): State<AppState>) -> axum::Json<HealthResponse> {
     axum::Json(HealthResponse {
         status: "ok".to_owned(),
         backend: state.engine.backend_name().to_owned(),
-        backend_version: state.engine.backend_description(),
+        backend_version: state
+            .redactor
+            .text(&state.engine.backend_description())
+            .into_owned(),
     })
 }
 
@@ -281,18 +319,16 @@ async fn openapi() -> Response {
 /// `POST /internal/signup` (the ForeverVM CLI's `signup`): accounts on evervm are made by whoever
 /// runs the server.
 async fn signup() -> ApiFailure {
-    ApiFailure::new(
-        StatusCode::NOT_IMPLEMENTED,
-        "Unsupported",
+    ApiFailure::coded(
+        &ErrorCode::UNSUPPORTED,
         "evervm has no sign-up: whoever runs the server creates tokens with \
          `evervm token create <account>`",
     )
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiFailure {
-    ApiFailure::new(
-        StatusCode::NOT_FOUND,
-        "NotFound",
+    ApiFailure::coded(
+        &ErrorCode::NOT_FOUND,
         format!(
             "no route {method} {}: see /openapi.json for the API",
             uri.path()
@@ -301,9 +337,8 @@ async fn not_found(method: Method, uri: Uri) -> ApiFailure {
 }
 
 async fn method_not_allowed(method: Method, uri: Uri) -> ApiFailure {
-    ApiFailure::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "MethodNotAllowed",
+    ApiFailure::coded(
+        &ErrorCode::METHOD_NOT_ALLOWED,
         format!(
             "{} does not take {method}: see /openapi.json for the API",
             uri.path()

@@ -9,6 +9,7 @@
 //! SDK reports the problem instead of retrying.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use axum::extract::State;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
@@ -22,8 +23,9 @@ use super::AppState;
 use super::auth::WsAuthed;
 use super::error::ApiFailure;
 use super::extract::WirePath;
+use super::redact::Redactor;
 use crate::convert::server::{event_to_wire, exec_from_wire};
-use crate::protocol::{MessageFromServer, MessageToServer, WireInstruction};
+use crate::protocol::{ErrorCode, MessageFromServer, MessageToServer, WireInstruction};
 
 /// The machine name that asks for a new machine.
 const NEW: &str = "new";
@@ -55,13 +57,13 @@ pub(crate) async fn repl(
     let upgrade = upgrade.map_err(|rejection| {
         ApiFailure::new(
             rejection.status(),
-            "BadRequest",
+            ErrorCode::BAD_REQUEST.code,
             format!("this route is a WebSocket: {}", rejection.body_text()),
         )
     })?;
     Ok(upgrade
         .max_message_size(super::BODY_LIMIT_BYTES)
-        .on_upgrade(move |socket| session(state.engine, account, name, socket, received_delay)))
+        .on_upgrade(move |socket| session(state, account, name, socket, received_delay)))
 }
 
 /// The instruction being streamed: its seq and its events, in batches of those ready at once.
@@ -80,6 +82,7 @@ enum Flow {
 /// One connection, once upgraded.
 struct Session {
     engine: Engine,
+    redactor: Arc<Redactor>,
     account: Account,
     machine: String,
     socket: WebSocket,
@@ -91,15 +94,16 @@ struct Session {
 }
 
 async fn session(
-    engine: Engine,
+    state: AppState,
     account: Account,
     requested: String,
     mut socket: WebSocket,
     received_delay: std::time::Duration,
 ) {
+    let AppState { engine, redactor } = state;
     let machine = match open_machine(&engine, &account, &requested).await {
         Ok(machine) => machine,
-        Err(failure) => return fail(&mut socket, &failure).await,
+        Err(failure) => return fail(&mut socket, &failure, &redactor).await,
     };
     let connected = MessageFromServer::Connected {
         machine_name: machine.clone(),
@@ -109,6 +113,7 @@ async fn session(
     }
     let mut session = Session {
         engine,
+        redactor,
         account,
         machine,
         socket,
@@ -131,7 +136,7 @@ impl Session {
                     self.streaming = Some((seq, events.ready_chunks(EVENT_BATCH).boxed()));
                 }
                 Err(e) => {
-                    fail(&mut self.socket, &ApiFailure::from(e)).await;
+                    fail(&mut self.socket, &ApiFailure::from(e), &self.redactor).await;
                     return Flow::Stop;
                 }
             }
@@ -200,6 +205,7 @@ impl Session {
                 fail(
                     &mut self.socket,
                     &ApiFailure::from_exec_error(&e, code_bytes),
+                    &self.redactor,
                 )
                 .await;
                 Flow::Stop
@@ -224,7 +230,7 @@ impl Session {
             if matches!(event, engine::ExecEvent::Result(_)) {
                 self.streaming = None;
             }
-            if feed(&mut self.socket, &event_to_wire(seq, event))
+            if feed(&mut self.socket, &event_to_wire(seq, event, &self.redactor))
                 .await
                 .is_err()
             {
@@ -300,8 +306,9 @@ async fn send_error(socket: &mut WebSocket, failure: &ApiFailure) -> Result<(), 
     send(socket, &message).await
 }
 
-/// Sends an `error` message, then closes the connection with the message as the reason.
-async fn fail(socket: &mut WebSocket, failure: &ApiFailure) {
+/// Sends an `error` message, then closes the connection with the message (without host paths)
+/// as the reason.
+async fn fail(socket: &mut WebSocket, failure: &ApiFailure, redactor: &Redactor) {
     if send_error(socket, failure).await.is_err() {
         return;
     }
@@ -312,7 +319,7 @@ async fn fail(socket: &mut WebSocket, failure: &ApiFailure) {
     };
     let frame = CloseFrame {
         code,
-        reason: close_reason(&failure.message).into(),
+        reason: close_reason(&redactor.text(&failure.message)).into(),
     };
     let _ = socket.send(Message::Close(Some(frame))).await;
 }

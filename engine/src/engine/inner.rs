@@ -156,7 +156,7 @@ impl EngineInner {
         bucket.tokens = (bucket.tokens + earned).min(burst);
         bucket.at = now;
         if bucket.tokens < 1.0 {
-            return Err(Error::limit(format!(
+            return Err(Error::limit_exceeded(format!(
                 "this account started more than {} instructions a second (bursts up to {}; \
                  EVERVM_INSTRUCTION_RATE and EVERVM_INSTRUCTION_BURST on the server): slow down \
                  and try again",
@@ -198,7 +198,7 @@ impl EngineInner {
                 || idle.is_empty()
                 || Instant::now() > deadline
             {
-                return Err(Error::limit(format!(
+                return Err(Error::limit_exceeded(format!(
                     "this account's resident machines hold {used} MiB and {machine} needs \
                      {memory_mb} MiB more, past the limit of {limit} MiB per account \
                      (EVERVM_ACCOUNT_RESIDENT_MB on the server): wait for idle machines to swap \
@@ -240,7 +240,7 @@ impl EngineInner {
         let limit_mb = self.config.limits.max_disk_mb_per_account;
         let used = self.account_disk_bytes(account_id).await?;
         if used >= limit_mb.saturating_mul(1024 * 1024) {
-            return Err(Error::limit(format!(
+            return Err(Error::limit_exceeded(format!(
                 "this account's snapshots and checkpoints take {} MiB of disk, the limit per \
                  account is {limit_mb} MiB (EVERVM_ACCOUNT_DISK_MB on the server): delete \
                  checkpoints or machines first",

@@ -80,7 +80,7 @@ impl Engine {
             .call(move |store| {
                 let count = store.count_machines(record.account_id)?;
                 if count >= limit {
-                    return Err(Error::limit(format!(
+                    return Err(Error::limit_exceeded(format!(
                         "this account has {count} machines, the limit per account is {limit} \
                          (EVERVM_MAX_MACHINES on the server): delete machines first"
                     )));

@@ -282,7 +282,7 @@ impl MachineHandle {
             state.queued.len().saturating_sub(state.cancelled.len())
         };
         if waiting >= limit {
-            return Err(Error::limit(format!(
+            return Err(Error::limit_exceeded(format!(
                 "machine {} already has {limit} instructions waiting to run (the limit per \
                  machine, EVERVM_MAX_QUEUED): wait for results before sending more",
                 self.name
@@ -343,7 +343,7 @@ impl MachineHandle {
     ) -> Result<T> {
         let (reply, answer) = oneshot::channel();
         self.controls.try_send(make(reply)).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(_) => Error::limit(format!(
+            mpsc::error::TrySendError::Full(_) => Error::limit_exceeded(format!(
                 "machine {} already has {} operations (swap, fork, checkpoint, rollback) \
                  waiting: try again when they are done",
                 self.name,

@@ -178,7 +178,7 @@ fn check_room(dir: &Path, needed: u64) -> Result<()> {
     let free = crate::fsutil::free_bytes(dir)?;
     let wanted = needed + DISK_MARGIN_BYTES;
     if free < wanted {
-        return Err(Error::limit(format!(
+        return Err(Error::limit_exceeded(format!(
             "the disk holding the machine's snapshots has {} MiB free, and saving this machine \
              needs up to {} MiB: free some space (delete machines or checkpoints)",
             free / (1024 * 1024),

@@ -112,8 +112,8 @@ async fn checkpoints_roll_a_machine_back() {
         .await
         .unwrap();
     value(&m, "n = 1\nopen('/tmp/a', 'w').write('a')").await;
-    let one = m.checkpoint(Some("one")).await.unwrap();
-    assert_eq!(one.name, "one");
+    let one = m.checkpoint(Some("v1.0")).await.unwrap();
+    assert_eq!(one.name, "v1.0");
     assert_eq!(one.instruction_count, 1);
     value(&m, "n = 2\nimport os\nopen('/tmp/b', 'w').write('b')").await;
     let generated = m.checkpoint(None).await.unwrap();
@@ -127,13 +127,13 @@ async fn checkpoints_roll_a_machine_back() {
         .into_iter()
         .map(|c| c.name)
         .collect();
-    assert_eq!(names, ["one".to_owned(), generated.name.clone()]);
-    let again = m.checkpoint(Some("one")).await.unwrap_err();
+    assert_eq!(names, ["v1.0".to_owned(), generated.name.clone()]);
+    let again = m.checkpoint(Some("v1.0")).await.unwrap_err();
     assert_eq!(again.kind(), ErrorKind::Conflict, "{again}");
     let bad = m.checkpoint(Some("../x")).await.unwrap_err();
     assert_eq!(bad.kind(), ErrorKind::InvalidInput, "{bad}");
 
-    m.rollback("one").await.unwrap();
+    m.rollback("v1.0").await.unwrap();
     assert_eq!(
         value(
             &m,
@@ -156,16 +156,28 @@ async fn checkpoints_roll_a_machine_back() {
     let middle = bytes.len() / 2;
     bytes[middle] ^= 0xff;
     std::fs::write(&image, &bytes).unwrap();
-    assert!(m.exec("n").await.unwrap().result.error.is_some());
-    assert_eq!(m.info().await.unwrap().state.as_deref(), Some("damaged"));
+    // The engine names the snapshot's path; a client sees it without the server's home,
+    // whether it comes as the instruction's failure or as the request's error.
+    let home = server.home().to_string_lossy().into_owned();
+    let damaged = match m.exec("n").await {
+        Ok(run) => run.result.error.unwrap(),
+        Err(e) => e.message().to_owned(),
+    };
+    assert!(damaged.contains("<evervm home>/machines/"), "{damaged}");
+    assert!(!damaged.contains(&home), "{damaged}");
+    let info = m.info().await.unwrap();
+    assert_eq!(info.state.as_deref(), Some("damaged"));
+    let last_error = info.last_error.unwrap();
+    assert!(!last_error.contains(&home), "{last_error}");
     let refused = m.fork(None).await.unwrap_err();
     assert!(refused.message().contains("do not match"), "{refused}");
-    m.rollback("one").await.unwrap();
+    assert!(!refused.message().contains(&home), "{refused}");
+    m.rollback("v1.0").await.unwrap();
     assert_eq!(value(&m, "n").await, "1");
     assert_ne!(m.info().await.unwrap().state.as_deref(), Some("damaged"));
 
-    m.delete_checkpoint("one").await.unwrap();
-    let gone = m.rollback("one").await.unwrap_err();
+    m.delete_checkpoint("v1.0").await.unwrap();
+    let gone = m.rollback("v1.0").await.unwrap_err();
     assert_eq!(gone.kind(), ErrorKind::NotFound, "{gone}");
     assert_eq!(m.checkpoints().await.unwrap().len(), 1);
 }
@@ -215,6 +227,14 @@ async fn the_process_backend_refuses_forks_and_checkpoints() {
     let err = m.checkpoint(Some("c")).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
     assert!(m.checkpoints().await.unwrap().is_empty());
+    // A dotted checkpoint name reaches the server, which answers about the checkpoint.
+    let err = m.rollback("v1.2").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    assert!(err.message().contains(r#"no checkpoint "v1.2""#), "{err}");
+    let err = m.delete_checkpoint("v1.2").await.unwrap_err();
+    assert!(err.message().contains(r#"no checkpoint "v1.2""#), "{err}");
+    let err = m.rollback(".hidden").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
     let err = client
         .create_machine(CreateMachineOptions {
             durability: Some("instruction".to_owned()),

@@ -1,0 +1,101 @@
+//! Opening an engine to serve it: what `evervm serve` does, without reaching into the engine.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+
+use evervm_engine::{BackendChoice, Engine, EngineConfig};
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// How to open the engine that a server exposes.
+#[derive(Debug, Clone, Default)]
+pub struct ServeOptions {
+    /// The engine's home (default: [`crate::admin::default_home`]).
+    pub home: Option<PathBuf>,
+    /// The sandbox backend: `auto` (the default: gVisor, and no server at all where gVisor does
+    /// not run), `gvisor`, or `process`, which is no security boundary and serves only when
+    /// named here.
+    pub backend: Option<String>,
+}
+
+/// Why a server does not start on the process backend unless it is asked for by name.
+pub const PROCESS_FALLBACK_REFUSED: &str = "gVisor is not available on this host (the warning \
+     above says why), and the process backend is not a security boundary: code in a machine \
+     shares the host's kernel and can read the host's world-readable files. Install runsc \
+     (scripts/setup.sh does), or, for development only, pass `--backend process` (or set \
+     EVERVM_BACKEND=process) to serve on the process backend anyway";
+
+/// An engine opened for serving: [`open`] it, install [`super::shutdown_signal`], say that it
+/// is up, then [`Server::serve_with_shutdown`].
+pub struct Server {
+    engine: Engine,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("home", &self.engine.home())
+            .field("backend", &self.engine.backend_name())
+            .finish()
+    }
+}
+
+/// Opens the engine to serve. With backend `auto` a host without a working gVisor is refused
+/// (`Unsupported`, the message says what to do) rather than served on the process backend, which
+/// an in-process client may fall back to but a server must not.
+pub async fn open(options: ServeOptions) -> Result<Server> {
+    let backend = options.backend.as_deref().unwrap_or("auto");
+    let mut config = EngineConfig::new(options.home.unwrap_or_else(EngineConfig::default_home));
+    config.backend = BackendChoice::parse(backend);
+    let process_named =
+        matches!(config.backend, BackendChoice::Named(ref name) if name == "process");
+    let engine = Engine::open(config).await?;
+    if engine.backend_name() == "process" && !process_named {
+        engine.shutdown().await;
+        return Err(Error::new(ErrorKind::Unsupported, PROCESS_FALLBACK_REFUSED));
+    }
+    Ok(Server { engine })
+}
+
+impl Server {
+    /// The engine's home.
+    pub fn home(&self) -> &Path {
+        self.engine.home()
+    }
+
+    /// The backend in use (`gvisor`, `process`).
+    pub fn backend_name(&self) -> &'static str {
+        self.engine.backend_name()
+    }
+
+    /// The backend and its exact version (for gVisor: the runsc and its platform).
+    pub fn backend_description(&self) -> String {
+        self.engine.backend_description()
+    }
+
+    /// On a home without any token (the first start): a new token for the account `default`.
+    pub async fn first_token(&self) -> Result<Option<String>> {
+        if self.engine.token_count().await? > 0 {
+            return Ok(None);
+        }
+        Ok(Some(self.engine.create_token("default").await?))
+    }
+
+    /// Serves on `listener` until `signal` completes, then stops the engine (machines are saved
+    /// to disk where the backend can). See [`super::serve_with_shutdown`].
+    pub async fn serve_with_shutdown<F>(
+        self,
+        listener: tokio::net::TcpListener,
+        signal: F,
+    ) -> std::io::Result<()>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        super::serve_with_shutdown(self.engine, listener, signal).await
+    }
+
+    /// Stops the engine without serving.
+    pub async fn shutdown(self) {
+        self.engine.shutdown().await;
+    }
+}
