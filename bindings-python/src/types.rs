@@ -95,6 +95,20 @@ impl ExecResult {
         self.run.result.runtime_ms
     }
 
+    /// True when the instruction printed more than the server keeps per instruction: the rest
+    /// of its output was dropped (the output ends with a line saying so).
+    #[getter]
+    fn output_truncated(&self) -> bool {
+        self.run.result.output_truncated
+    }
+
+    /// For machines with `durability="instruction"`: whether the state after the instruction
+    /// is on disk; `None` for other machines.
+    #[getter]
+    fn saved(&self) -> Option<bool> {
+        self.run.result.saved
+    }
+
     /// Everything printed to stdout, one line per chunk.
     #[getter]
     fn stdout(&self) -> String {
