@@ -301,6 +301,40 @@ async fn service_routes_auth_and_unknown_routes() {
     server.stop().await;
 }
 
+/// The router and `openapi.json` agree on the methods of every path: a documented method is
+/// routed (any answer but 405), any other answers 405. (The unit tests of `openapi.rs` check the
+/// paths themselves and the bodies.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openapi_methods_are_the_routers() {
+    let server = Server::start().await;
+    let document = ok(server.anon(GET, "/openapi.json")).await;
+    let described = document["paths"].as_object().unwrap();
+    let methods = [GET, POST, Method::PUT, Method::PATCH, Method::DELETE];
+    for (path, item) in described {
+        // Any value for a path parameter: the method is routed before parameters are read.
+        let concrete = path
+            .split('/')
+            .map(|part| if part.starts_with('{') { "0" } else { part })
+            .collect::<Vec<_>>()
+            .join("/");
+        for method in &methods {
+            let documented = item.get(method.as_str().to_lowercase()).is_some();
+            let status = server
+                .anon(method.clone(), &concrete)
+                .send()
+                .await
+                .unwrap()
+                .status();
+            assert_eq!(
+                status != StatusCode::METHOD_NOT_ALLOWED,
+                documented,
+                "{method} {path}: {status}"
+            );
+        }
+    }
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn machines_create_list_info_delete() {
     let server = Server::start().await;
