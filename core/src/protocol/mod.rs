@@ -57,7 +57,11 @@ pub struct CreateMachineRequest {
     #[cfg_attr(feature = "server", schemars(with = "Option<schema::Tags>"))]
     pub tags: Option<WireTags>,
     /// Memory limit in MiB; the server's default (512) when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "integral::optional"
+    )]
     #[cfg_attr(
         feature = "server",
         schemars(range(min = evervm_engine::MIN_MEMORY_MB, max = evervm_engine::MAX_MEMORY_MB))
@@ -167,12 +171,16 @@ pub struct ApiMachine {
     schemars(rename = "Instruction")
 )]
 pub struct WireInstruction {
-    /// Python source, at most 1 MiB. The `repr` of a final expression becomes the result's
-    /// `value`.
+    /// Python source, at most 1 MiB (1048576 bytes: code over it is refused with 413), without
+    /// NUL characters. The `repr` of a final expression becomes the result's `value`.
+    #[cfg_attr(feature = "server", schemars(with = "schema::Code"))]
     pub code: String,
     /// The instruction is interrupted after this long; its result is then an error containing
     /// `Timed out`, and the machine keeps its state.
-    #[serde(default = "default_timeout_seconds")]
+    #[serde(
+        default = "default_timeout_seconds",
+        deserialize_with = "integral::required"
+    )]
     #[cfg_attr(
         feature = "server",
         schemars(range(min = 1, max = evervm_engine::MAX_TIMEOUT.as_secs()))
@@ -182,6 +190,42 @@ pub struct WireInstruction {
 
 fn default_timeout_seconds() -> i32 {
     DEFAULT_TIMEOUT_SECONDS
+}
+
+/// Integers in what clients send: JSON has only numbers, and JSON Schema (so the OpenAPI
+/// document) counts `512.0` as the integer 512, as JavaScript and Python's `json` may write it;
+/// serde alone refuses it. A fraction, or a value out of the type's range, is still refused.
+mod integral {
+    use serde::de::{Deserialize, Deserializer, Error};
+
+    fn integer<T: TryFrom<i64>, E: Error>(number: &serde_json::Number) -> Result<T, E> {
+        let whole = number.as_i64().or_else(|| {
+            number
+                .as_f64()
+                .filter(|f| f.fract() == 0.0 && (-(2f64.powi(63))..2f64.powi(63)).contains(f))
+                .map(|f| f as i64)
+        });
+        whole.and_then(|i| T::try_from(i).ok()).ok_or_else(|| {
+            E::custom(format!(
+                "invalid value: {number}, expected an integer that fits {}",
+                std::any::type_name::<T>()
+            ))
+        })
+    }
+
+    pub(super) fn required<'de, D: Deserializer<'de>, T: TryFrom<i64>>(
+        deserializer: D,
+    ) -> Result<T, D::Error> {
+        integer(&serde_json::Number::deserialize(deserializer)?)
+    }
+
+    pub(super) fn optional<'de, D: Deserializer<'de>, T: TryFrom<i64>>(
+        deserializer: D,
+    ) -> Result<Option<T>, D::Error> {
+        Option::<serde_json::Number>::deserialize(deserializer)?
+            .map(|number| integer(&number))
+            .transpose()
+    }
 }
 
 /// An instruction to queue on a machine.
@@ -288,6 +332,7 @@ pub enum MessageToServer {
     Exec {
         instruction: WireInstruction,
         /// Chosen by the client, echoed in `exec_received`.
+        #[serde(deserialize_with = "integral::required")]
         request_id: u32,
     },
 }
@@ -482,6 +527,50 @@ mod tests {
                 serde_json::json!(cause.as_str())
             );
         }
+    }
+
+    #[test]
+    fn integers_may_be_written_as_whole_floats() {
+        let exec: ExecRequest =
+            serde_json::from_str(r#"{"instruction":{"code":"1","timeout_seconds":7.0}}"#).unwrap();
+        assert_eq!(exec.instruction.timeout_seconds, 7);
+        let create: CreateMachineRequest = serde_json::from_str(r#"{"memory_mb":366.0}"#).unwrap();
+        assert_eq!(create.memory_mb, Some(366));
+        let create: CreateMachineRequest = serde_json::from_str(r#"{"memory_mb":null}"#).unwrap();
+        assert_eq!(create.memory_mb, None);
+        let exec: MessageToServer =
+            serde_json::from_str(r#"{"type":"exec","instruction":{"code":"1"},"request_id":3.0}"#)
+                .unwrap();
+        assert!(matches!(exec, MessageToServer::Exec { request_id: 3, .. }));
+        for bad in [
+            r#"{"memory_mb":366.5}"#,
+            r#"{"memory_mb":-1}"#,
+            r#"{"memory_mb":4294967296}"#,
+            r#"{"memory_mb":1e300}"#,
+            r#"{"memory_mb":"512"}"#,
+        ] {
+            assert!(
+                serde_json::from_str::<CreateMachineRequest>(bad).is_err(),
+                "{bad}"
+            );
+        }
+        let err = serde_json::from_str::<ExecRequest>(
+            r#"{"instruction":{"code":"1","timeout_seconds":2147483648}}"#,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("i32"), "{err}");
+        // What the server writes is unchanged.
+        let request = ExecRequest {
+            instruction: WireInstruction {
+                code: "1".into(),
+                timeout_seconds: 7,
+            },
+            interrupt: false,
+        };
+        assert_eq!(
+            serde_json::to_string(&request).unwrap(),
+            r#"{"instruction":{"code":"1","timeout_seconds":7},"interrupt":false}"#
+        );
     }
 
     #[test]

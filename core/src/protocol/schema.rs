@@ -67,6 +67,32 @@ impl JsonSchema for Tags {
     }
 }
 
+/// An instruction's code: at most [`engine::MAX_CODE_BYTES`] bytes (the schema can only count
+/// characters), no NUL.
+pub(crate) struct Code;
+
+impl JsonSchema for Code {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> Cow<'static, str> {
+        "Code".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        schema(json!({
+            "type": "string",
+            "maxLength": engine::MAX_CODE_BYTES,
+            "pattern": CODE_PATTERN,
+        }))
+    }
+}
+
+/// The regular expression of code: no NUL character, which Python cannot compile (the engine's
+/// rule; `core/tests/server.rs` tests it over HTTP).
+const CODE_PATTERN: &str = "^[^\\u0000]*$";
+
 /// An image profile's name.
 pub(crate) struct Image;
 
