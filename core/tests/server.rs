@@ -335,6 +335,67 @@ async fn openapi_methods_are_the_routers() {
     server.stop().await;
 }
 
+/// Hostile requests the fuzzer does not make, each answered with a status `openapi.json`
+/// documents for the operation: no token (401), a path parameter that is not UTF-8 (400), a body
+/// over the limit (413).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openapi_documents_the_answers_to_hostile_requests() {
+    let server = Server::start().await;
+    let document = ok(server.anon(GET, "/openapi.json")).await;
+    let too_large = "x".repeat(2 * 1024 * 1024 + 1);
+    for (path, item) in document["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            let methods = ["get", "put", "post", "delete", "patch"];
+            let Some(method) = methods
+                .contains(&method.as_str())
+                .then(|| Method::from_bytes(method.to_uppercase().as_bytes()).unwrap())
+            else {
+                continue;
+            };
+            let documented = |status: StatusCode| {
+                let found = operation["responses"].get(status.as_str()).is_some();
+                assert!(found, "{method} {path}: {status} is not documented");
+            };
+            let mut probes = Vec::new();
+            let concrete = path.replace("{instruction_seq}", "0");
+            let concrete = concrete
+                .split('/')
+                .map(|part| if part.starts_with('{') { "m" } else { part })
+                .collect::<Vec<_>>()
+                .join("/");
+            if operation["security"] != json!([]) {
+                probes.push((
+                    server.anon(method.clone(), &concrete),
+                    StatusCode::UNAUTHORIZED,
+                ));
+            }
+            if path.contains('{') {
+                let invalid = path
+                    .split('/')
+                    .map(|part| if part.starts_with('{') { "%FF" } else { part })
+                    .collect::<Vec<_>>()
+                    .join("/");
+                probes.push((
+                    server.req(method.clone(), &invalid),
+                    StatusCode::BAD_REQUEST,
+                ));
+            }
+            if operation.get("requestBody").is_some() && path != "/internal/signup" {
+                let request = server
+                    .req(method.clone(), &concrete)
+                    .body(too_large.clone());
+                probes.push((request, StatusCode::PAYLOAD_TOO_LARGE));
+            }
+            for (request, expected) in probes {
+                let (status, body) = send(request).await;
+                assert_eq!(status, expected, "{method} {path}: {body}");
+                documented(status);
+            }
+        }
+    }
+    server.stop().await;
+}
+
 /// Bodies schemathesis found mishandled (`tests/api/`), each as it is answered now.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_found_by_the_api_fuzzer() {
