@@ -2,11 +2,11 @@
 //! served as committed.
 //!
 //! Two hands write that file. Its prose and shapes (summaries, descriptions, paths, parameters,
-//! error responses) are written by hand in it. Its schemas (`components.schemas`) and every
-//! operation's request body and success body are generated from the wire types of
-//! [`crate::protocol`] (their `schemars::JsonSchema` derives) by the test
-//! `openapi_json_matches_the_wire_types` below, which fails when the file differs from what the
-//! types give, and rewrites it when run with `EVERVM_UPDATE_OPENAPI=1`:
+//! error responses) are written by hand in it. Its version is the crate's; its schemas
+//! (`components.schemas`) and every operation's request body and success body are generated
+//! from the wire types of [`crate::protocol`] (their `schemars::JsonSchema` derives) by the
+//! test `openapi_json_matches_the_wire_types` below, which fails when the file differs from
+//! what the types give, and rewrites it when run with `EVERVM_UPDATE_OPENAPI=1`:
 //!
 //! ```text
 //! EVERVM_UPDATE_OPENAPI=1 cargo test -p evervm openapi
@@ -251,6 +251,7 @@ mod tests {
         let mut schemas = Value::Object(schemas);
         unwrap_descriptions(&mut schemas);
         document["components"]["schemas"] = schemas;
+        document["info"]["version"] = json!(env!("CARGO_PKG_VERSION"));
         document
     }
 
