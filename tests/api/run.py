@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -30,12 +31,13 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
 # Examples per operation, per mode. (schemathesis's --max-time is no bound: with it, fuzzing
-# repeats until the time is spent.)
-# `ci` has a fixed seed, so that CI fails on a change of the server or the document, not on the
-# draw; `full` draws anew each time (its seed is printed, for --seed).
+# repeats until the time is spent.) `ci` has a fixed seed, so that CI fails on a change of the
+# server or the document, not on the draw; `full` draws anew each time (its seed is printed, for
+# --seed).
+# `ci` also stops schemathesis after `limit` seconds (a hang fails the run instead of CI).
 MODES = {
-    "ci": {"max_examples": 25, "seed": 1},
-    "full": {"max_examples": 500, "seed": None},
+    "ci": {"max_examples": 100, "seed": 1, "limit": 600},
+    "full": {"max_examples": 500, "seed": None, "limit": None},
 }
 PHASES = "examples,coverage,fuzzing,stateful"
 
@@ -123,7 +125,9 @@ def main() -> int:
     parser.add_argument("--mode", choices=sorted(MODES), default="ci")
     parser.add_argument("--max-examples", type=int, help="examples per operation (mode's default)")
     parser.add_argument("--seed", type=int, help="for a reproducible run")
-    parser.add_argument("--report-dir", type=Path, help="keep schemathesis's JUnit report here")
+    parser.add_argument(
+        "--report-dir", type=Path, help="keep schemathesis's JUnit report and HAR log here"
+    )
     args = parser.parse_args()
     mode = MODES[args.mode]
     schemathesis = Path(sys.executable).parent / "schemathesis"
@@ -160,19 +164,26 @@ def main() -> int:
     if seed is not None:
         command += ["--seed", str(seed)]
     if args.report_dir:
-        command += ["--report", "junit", "--report-dir", str(args.report_dir)]
+        command += ["--report", "junit,har", "--report-dir", str(args.report_dir.resolve())]
     print("$", " ".join(command).replace(server.token, "<token>"), flush=True)
     started = time.monotonic()
     summary = None
     try:
         # Echoed as it comes, and its closing "Test cases:" line kept for the summary below.
         with subprocess.Popen(command, cwd=HERE, stdout=subprocess.PIPE, text=True) as run:
+            timer = threading.Timer(mode["limit"] or 0, run.kill)
+            if mode["limit"]:
+                timer.start()
             assert run.stdout is not None
             for line in run.stdout:
                 print(line, end="", flush=True)
                 if re.match(r"\s*\d+ generated", line):
                     summary = line
+        timer.cancel()
         status = run.returncode
+        if status < 0:
+            print(f"schemathesis did not finish within {mode['limit']} s: stopped")
+            status = 1
     finally:
         stopped = server.stop()
     print(f"schemathesis took {time.monotonic() - started:.0f} s; the server exited with {stopped}")
