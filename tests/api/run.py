@@ -32,9 +32,8 @@ REPO = HERE.parents[1]
 
 # Examples per operation, per mode. (schemathesis's --max-time is no bound: with it, fuzzing
 # repeats until the time is spent.) `ci` has a fixed seed, so that CI fails on a change of the
-# server or the document, not on the draw; `full` draws anew each time (its seed is printed, for
-# --seed).
-# `ci` also stops schemathesis after `limit` seconds (a hang fails the run instead of CI).
+# server or the document, not on the draw, and stops schemathesis after `limit` seconds (a hang
+# fails this run rather than CI's); `full` draws anew each time (its seed is printed, for --seed).
 MODES = {
     "ci": {"max_examples": 100, "seed": 1, "limit": 600},
     "full": {"max_examples": 500, "seed": None, "limit": None},
