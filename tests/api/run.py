@@ -169,7 +169,9 @@ def main() -> int:
     summary = None
     try:
         # Echoed as it comes, and its closing "Test cases:" line kept for the summary below.
-        with subprocess.Popen(command, cwd=HERE, stdout=subprocess.PIPE, text=True) as run:
+        # In the temporary directory, where schemathesis and hypothesis keep their caches.
+        env = {**os.environ, "SCHEMATHESIS_HOOKS": str(HERE / "hooks.py")}
+        with subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.PIPE, text=True) as run:
             timer = threading.Timer(mode["limit"] or 0, run.kill)
             if mode["limit"]:
                 timer.start()
