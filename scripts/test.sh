@@ -28,3 +28,7 @@ pyenv_dir="${EVERVM_PYENV:-$HOME/.cache/evervm/pyenv}"
 "$pyenv_dir/bin/pip" install -q --disable-pip-version-check "./bindings-python[test,langchain]"
 EVERVM_BIN="$PWD/target/debug/evervm" "$pyenv_dir/bin/python" -m pytest -q -p no:cacheprovider \
     bindings-python/tests
+echo "==> API fuzzing: schemathesis against /openapi.json (process backend, bounded)"
+# tests/api/README.md: a short run of every phase against `evervm serve --backend process`.
+"$pyenv_dir/bin/pip" install -q --disable-pip-version-check "schemathesis==4.32.5"
+EVERVM_BIN="$PWD/target/debug/evervm" "$pyenv_dir/bin/python" tests/api/run.py --mode ci

@@ -94,12 +94,20 @@ pub struct MachineInfo {
 
 /// A named, kept snapshot of a machine.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(
+    feature = "server",
+    derive(schemars::JsonSchema),
+    schemars(rename = "Checkpoint")
+)]
 pub struct CheckpointInfo {
+    #[cfg_attr(feature = "server", schemars(example = &"cp-20250101-120000-000"))]
     pub name: String,
     pub created_at: DateTime<Utc>,
     /// The machine's instruction count when it was taken; a rollback marks the instructions
     /// from this seq on as rolled back.
     pub instruction_count: i64,
+    /// Bytes of the checkpoint's files on disk; files it shares with the snapshot or other
+    /// checkpoints (hard links) count in full here.
     pub disk_bytes: u64,
 }
 
@@ -130,6 +138,7 @@ pub struct OutputChunk {
 
 /// Why an instruction failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum FailureCause {
     /// The code raised; `error` is the traceback.

@@ -1,5 +1,13 @@
 //! Wire types of the ForeverVM-compatible HTTP + WebSocket API (see `protocol.md`), plus the
 //! evervm additions under `/v1`. Field names here are the wire's; the engine never sees them.
+//!
+//! With the `server` feature every type also derives `schemars::JsonSchema`: the schemas of
+//! `openapi.json` are generated from these types, so their doc comments are the schemas'
+//! descriptions (written for API users), and the `schemars` attributes only add what serde does
+//! not know (the engine's limits, schema names). They never change the serde representation.
+
+#[cfg(feature = "server")]
+pub(crate) mod schema;
 
 use std::collections::BTreeMap;
 
@@ -17,93 +25,174 @@ pub type WireTags = BTreeMap<String, String>;
 /// 15 s): the engine's `DEFAULT_TIMEOUT`.
 pub const DEFAULT_TIMEOUT_SECONDS: i32 = evervm_engine::DEFAULT_TIMEOUT.as_secs() as i32;
 
-/// An error body: `{"code": "...", "id": null}`; evervm adds a human-readable `message`.
+/// Every error. Statuses and codes: 400 `BadRequest`, 401 `Unauthorized`, 404 `MachineNotFound` /
+/// `InstructionNotFound` / `NotFound` (no such route or checkpoint), 405 `MethodNotAllowed`, 409
+/// `Conflict`, 413 `PayloadTooLarge`, 429 `LimitExceeded` (a quota or limit was hit; the message
+/// names it), 500 `InternalError`, 501 `Unsupported`, 503 `MachineCrashed`. Messages never contain
+/// the server's host paths (they read `<evervm home>/...`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(
+    feature = "server",
+    derive(schemars::JsonSchema),
+    schemars(rename = "Error")
+)]
 pub struct ApiError {
+    #[cfg_attr(feature = "server", schemars(example = &"MachineNotFound"))]
     pub code: String,
+    /// Always null from evervm.
     #[serde(default)]
     pub id: Option<String>,
+    /// evervm: what happened and what to do, for people.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 }
 
-/// `GET /v1/whoami`.
+/// The account of the token.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 pub struct WhoamiResponse {
     pub account: String,
 }
 
-/// `POST /v1/machine/new`. Every field is optional; an empty body or `null` means all defaults.
+/// A new machine's options, every one optional: an empty body, `null` and `{}` all mean the
+/// defaults.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 pub struct CreateMachineRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "server", schemars(with = "Option<schema::Tags>"))]
     pub tags: Option<WireTags>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Memory limit in MiB; the server's default (512) when absent. Only the sizes the server
+    /// offers are accepted (by default 128, 256, 512, 1024, 2048, 4096 and 8192; a 400 names
+    /// them).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "integral::optional"
+    )]
+    #[cfg_attr(
+        feature = "server",
+        schemars(range(min = evervm_engine::MIN_MEMORY_MB, max = evervm_engine::MAX_MEMORY_MB))
+    )]
     pub memory_mb: Option<u32>,
-    /// evervm addition: the image profile (`minimal`, `data`).
+    /// evervm: the image profile: `minimal` (CPython 3.11) or `data` (plus numpy, pandas,
+    /// matplotlib). Default `minimal`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "server", schemars(with = "Option<schema::Image>"))]
     pub image: Option<String>,
-    /// evervm addition: `idle` (default) or `instruction`.
+    /// evervm: when the machine's state is saved to disk: `idle` (default; at swap-out, at
+    /// checkpoints and at a graceful engine stop) or `instruction` (also after every
+    /// instruction, before its result is reported, so a crash of the engine never loses an
+    /// acknowledged instruction's state; costs a checkpoint and a restore per instruction).
+    /// `instruction` only on gVisor: the process backend answers `501 Unsupported`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "server", schemars(with = "Option<schema::Durability>"))]
     pub durability: Option<String>,
 }
 
+/// The new machine's name.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 pub struct CreateMachineResponse {
+    #[cfg_attr(feature = "server", schemars(example = &"9kaTDWiKdAvaIZNE"))]
     pub machine_name: String,
 }
 
-/// `POST /v1/machine/list` (`GET` takes no filter).
+/// A machine list's filter (`POST /v1/machine/list`; `GET` takes none). An empty body, `null`,
+/// `{}` or no `tags` list every machine.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 pub struct ListMachinesRequest {
+    /// A machine is listed when it carries every given pair.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tags: Option<WireTags>,
 }
 
+/// Machines, newest first.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 pub struct ListMachinesResponse {
     pub machines: Vec<ApiMachine>,
 }
 
-/// A machine in a list. `has_pending_instruction` is singular, as the ForeverVM CLI requires.
+/// A machine. The fields marked evervm are absent from other servers' answers; evervm sets them
+/// all.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(
+    feature = "server",
+    derive(schemars::JsonSchema),
+    schemars(rename = "Machine")
+)]
 pub struct ApiMachine {
     pub name: String,
     pub created_at: DateTime<Utc>,
+    /// The machine's sandbox is in memory.
     pub running: bool,
+    /// An instruction is queued or running. Singular, as the ForeverVM CLI requires.
     pub has_pending_instruction: bool,
+    /// Always null from evervm: machines never expire.
     pub expires_at: Option<DateTime<Utc>>,
     #[serde(default)]
     pub tags: WireTags,
-    /// evervm additions, absent from other servers' answers.
+    /// evervm: the memory limit in MiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_mb: Option<u32>,
+    /// evervm: the image profile (`minimal`, `data`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// evervm: the sandbox backend (`process`, `gvisor`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<String>,
-    /// `resident` or `stopped`.
+    /// evervm: `resident` (in memory), `swapped` (on disk; the next instruction restores it),
+    /// `damaged` (its snapshot cannot be used; see `last_error`) or `stopped` (no sandbox and
+    /// no snapshot).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
+    /// evervm: instructions accepted so far; the next one gets this seq.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instruction_count: Option<i64>,
+    /// evervm; absent when never used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_used_at: Option<DateTime<Utc>>,
+    /// evervm: why the last sandbox ended abnormally; absent when it did not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// evervm: bytes of the machine's snapshot and checkpoints on disk (hard-linked files
+    /// counted once).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_bytes: Option<u64>,
+    /// evervm: bytes of memory the machine's sandbox holds now, the proportional set size (PSS)
+    /// of its host processes; 0 when not resident.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resident_bytes: Option<u64>,
+    /// evervm: when the machine's state is saved to disk (`idle`, `instruction`); see
+    /// `CreateMachineRequest.durability`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub durability: Option<String>,
 }
 
 /// An instruction: code and a timeout in seconds ([`DEFAULT_TIMEOUT_SECONDS`] when absent).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(
+    feature = "server",
+    derive(schemars::JsonSchema),
+    schemars(rename = "Instruction")
+)]
 pub struct WireInstruction {
+    /// Python source, at most 1 MiB (1048576 bytes: code over it is refused with 413), without
+    /// NUL characters. The `repr` of a final expression becomes the result's `value`.
+    #[cfg_attr(feature = "server", schemars(with = "schema::Code"))]
     pub code: String,
-    #[serde(default = "default_timeout_seconds")]
+    /// The instruction is interrupted after this long; its result is then an error containing
+    /// `Timed out`, and the machine keeps its state.
+    #[serde(
+        default = "default_timeout_seconds",
+        deserialize_with = "integral::required"
+    )]
+    #[cfg_attr(
+        feature = "server",
+        schemars(range(min = 1, max = evervm_engine::MAX_TIMEOUT.as_secs()))
+    )]
     pub timeout_seconds: i32,
 }
 
@@ -111,36 +200,86 @@ fn default_timeout_seconds() -> i32 {
     DEFAULT_TIMEOUT_SECONDS
 }
 
-/// `POST /v1/machine/{name}/exec`.
+/// Integers in what clients send: JSON has only numbers, and JSON Schema (so the OpenAPI
+/// document) counts `512.0` as the integer 512, as JavaScript and Python's `json` may write it;
+/// serde alone refuses it. A fraction, or a value out of the type's range, is still refused.
+mod integral {
+    use serde::de::{Deserialize, Deserializer, Error};
+
+    fn integer<T: TryFrom<i64>, E: Error>(number: &serde_json::Number) -> Result<T, E> {
+        let whole = number.as_i64().or_else(|| {
+            number
+                .as_f64()
+                .filter(|f| f.fract() == 0.0 && (-(2f64.powi(63))..2f64.powi(63)).contains(f))
+                .map(|f| f as i64)
+        });
+        whole.and_then(|i| T::try_from(i).ok()).ok_or_else(|| {
+            E::custom(format!(
+                "invalid value: {number}, expected an integer that fits {}",
+                std::any::type_name::<T>()
+            ))
+        })
+    }
+
+    pub(super) fn required<'de, D: Deserializer<'de>, T: TryFrom<i64>>(
+        deserializer: D,
+    ) -> Result<T, D::Error> {
+        integer(&serde_json::Number::deserialize(deserializer)?)
+    }
+
+    pub(super) fn optional<'de, D: Deserializer<'de>, T: TryFrom<i64>>(
+        deserializer: D,
+    ) -> Result<Option<T>, D::Error> {
+        Option::<serde_json::Number>::deserialize(deserializer)?
+            .map(|number| integer(&number))
+            .transpose()
+    }
+}
+
+/// An instruction to queue on a machine.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 pub struct ExecRequest {
     pub instruction: WireInstruction,
+    /// Interrupt whatever is running or queued on the machine first.
     #[serde(default)]
     pub interrupt: bool,
 }
 
 /// The answer to an exec, sent as soon as the instruction is queued.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 pub struct ExecResponse {
+    /// The instruction's number on the machine, from 0; never null from evervm.
     pub instruction_seq: Option<i64>,
+    /// The machine's name; never null from evervm.
     pub machine: Option<String>,
+    /// This request interrupted another instruction.
     #[serde(default)]
     pub interrupted: bool,
 }
 
-/// `GET /v1/machine/{name}/exec/{seq}/result`.
+/// An instruction's result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 pub struct ExecResultResponse {
+    /// The instruction's seq.
     pub instruction_id: i64,
     pub result: WireExecResult,
 }
 
-/// A result on the wire: exactly one of the value form (`value` always present, `null` for no
-/// value, plus `data`) and the error form (`error` only), each with `runtime_ms`.
+/// A result: exactly one of the value form (`value` always present, null for no value, plus
+/// `data`) and the error form (`error`, and from evervm `cause`), each with `runtime_ms`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(
+    feature = "server",
+    derive(schemars::JsonSchema),
+    schemars(rename = "ExecResult")
+)]
 pub struct WireExecResult {
     #[serde(flatten)]
     pub outcome: WireOutcome,
+    /// How long the instruction ran, in milliseconds.
     pub runtime_ms: u64,
     /// evervm addition: the instruction printed more than the server keeps per instruction,
     /// and the rest of its output was dropped. Sent only when true.
@@ -152,48 +291,71 @@ pub struct WireExecResult {
     pub saved: Option<bool>,
 }
 
+/// How an instruction ended: a value or an error.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 #[serde(untagged)]
 pub enum WireOutcome {
     Error {
+        /// The traceback, or a text containing `Timed out` after a timeout.
         error: String,
         /// evervm addition: why it failed (`exception`, `timeout`, `interrupted`,
         /// `machine_crashed`). Other clients ignore it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(
+            feature = "server",
+            schemars(with = "Option<crate::types::FailureCause>")
+        )]
         cause: Option<String>,
     },
     Value {
+        /// The `repr` of the final expression; null for statements and `None`.
         value: Option<String>,
+        /// Rich output, such as `{"png": "<base64>"}` for a matplotlib figure; usually null.
         data: Option<serde_json::Value>,
     },
 }
 
-/// One line of output.
+/// One line of output, without its newline.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 pub struct StandardOutput {
     pub stream: WireStream,
     pub data: String,
+    /// From 0 per instruction, across both streams.
     pub seq: i64,
 }
 
+/// Which stream a line of output came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(
+    feature = "server",
+    derive(schemars::JsonSchema),
+    schemars(rename = "Stream")
+)]
 #[serde(rename_all = "snake_case")]
 pub enum WireStream {
     Stdout,
     Stderr,
 }
 
-/// WebSocket, client to server.
+/// A WebSocket message from the client: an instruction to run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum MessageToServer {
+    /// Queue an instruction; the server answers with `exec_received`.
     Exec {
         instruction: WireInstruction,
+        /// Chosen by the client, echoed in `exec_received`.
+        #[serde(deserialize_with = "integral::required")]
         request_id: u32,
     },
 }
 
+/// The level of a `message`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum MessageLevel {
     Info,
@@ -201,29 +363,32 @@ pub enum MessageLevel {
     Error,
 }
 
-/// WebSocket (and stream-result NDJSON lines), server to client.
+/// A message from the server, on the WebSocket or as a line of `stream-result`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum MessageFromServer {
-    Connected {
-        machine_name: String,
-    },
+    /// The first message on a WebSocket.
+    Connected { machine_name: String },
+    /// An `exec` was queued as instruction `seq`.
     ExecReceived {
         seq: i64,
+        /// The `exec`'s `request_id`.
         request_id: u32,
     },
+    /// A line of an instruction's output.
     Output {
         chunk: StandardOutput,
         instruction_id: i64,
     },
+    /// An instruction's result, after all its output.
     Result {
         instruction_id: i64,
         result: WireExecResult,
     },
-    Error {
-        code: String,
-        id: Option<String>,
-    },
+    /// Something went wrong (code `MachineNotFound`, `BadRequest`, `PayloadTooLarge`, ...).
+    Error { code: String, id: Option<String> },
+    /// A diagnostic.
     Message {
         message: String,
         level: MessageLevel,
@@ -235,59 +400,88 @@ pub enum MessageFromServer {
 /// `GET /v1/machine/{name}`: everything about one machine (the list's object, every field set).
 pub type MachineInfoResponse = ApiMachine;
 
-/// `DELETE /v1/machine/{name}`.
+/// What the ForeverVM CLI's `signup` sends. evervm has no sign-up and answers 501 whatever the
+/// body; the server never parses it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
+pub struct SignupRequest {
+    pub email: String,
+    pub account_name: String,
+}
+
+/// A deleted machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 pub struct DeleteMachineResponse {
+    /// Always true.
     pub deleted: bool,
 }
 
-/// `POST /v1/machine/{name}/swap`.
+/// A machine swapped out to disk.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 pub struct SwapResponse {
+    /// Always true.
     pub swapped: bool,
 }
 
-/// `POST /v1/machine/{name}/fork`: the fork's tags (the parent's when absent). Answered with
-/// [`CreateMachineResponse`].
+/// A fork's options; an empty body, `null` and `{}` all mean the defaults. Answered like a new
+/// machine, with the fork's name.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 pub struct ForkMachineRequest {
+    /// The fork's tags; the parent's when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "server", schemars(with = "Option<schema::Tags>"))]
     pub tags: Option<WireTags>,
 }
 
-/// `POST /v1/machine/{name}/checkpoints`: the checkpoint's name (generated when absent).
+/// A new checkpoint's options; an empty body, `null` and `{}` all mean the defaults.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 pub struct CreateCheckpointRequest {
+    /// The checkpoint's name, unique on the machine. Generated when absent:
+    /// `cp-YYYYmmdd-HHMMSS-mmm` (UTC).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "server", schemars(with = "Option<schema::CheckpointName>"))]
     pub name: Option<String>,
 }
 
 /// A checkpoint: the answer to its creation, and an item of a list.
 pub type ApiCheckpoint = crate::types::CheckpointInfo;
 
-/// `GET /v1/machine/{name}/checkpoints`: oldest first.
+/// A machine's checkpoints.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 pub struct ListCheckpointsResponse {
+    /// Oldest first.
     pub checkpoints: Vec<ApiCheckpoint>,
 }
 
-/// `DELETE /v1/machine/{name}/checkpoints/{checkpoint}`.
+/// A deleted checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 pub struct DeleteCheckpointResponse {
+    /// Always true.
     pub deleted: bool,
 }
 
-/// `POST /v1/machine/{name}/interrupt`.
+/// The answer to an interrupt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 pub struct InterruptResponse {
+    /// There was a running or queued instruction.
     pub interrupted: bool,
 }
 
-/// `GET /healthz`: the server is up; which sandbox backend its engine uses.
+/// The server is up; which sandbox backend its engine uses.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 pub struct HealthResponse {
     /// Always `ok` when the server answers.
     pub status: String,
+    /// The sandbox backend (`process`, `gvisor`).
+    #[cfg_attr(feature = "server", schemars(example = &"process"))]
     pub backend: String,
     /// The backend's exact version (for gVisor: runsc's version, binary hash and platform).
     #[serde(default)]
@@ -334,6 +528,68 @@ mod tests {
                 value: Some("2".into()),
                 data: None
             }
+        );
+    }
+
+    /// `WireOutcome::Error::cause` is documented with `FailureCause`'s schema: the names must be
+    /// the ones the server writes.
+    #[test]
+    fn causes_are_written_as_failure_cause_serializes() {
+        use crate::types::FailureCause;
+        for cause in [
+            FailureCause::Exception,
+            FailureCause::Timeout,
+            FailureCause::Interrupted,
+            FailureCause::MachineCrashed,
+        ] {
+            assert_eq!(
+                serde_json::to_value(cause).unwrap(),
+                serde_json::json!(cause.as_str())
+            );
+        }
+    }
+
+    #[test]
+    fn integers_may_be_written_as_whole_floats() {
+        let exec: ExecRequest =
+            serde_json::from_str(r#"{"instruction":{"code":"1","timeout_seconds":7.0}}"#).unwrap();
+        assert_eq!(exec.instruction.timeout_seconds, 7);
+        let create: CreateMachineRequest = serde_json::from_str(r#"{"memory_mb":366.0}"#).unwrap();
+        assert_eq!(create.memory_mb, Some(366));
+        let create: CreateMachineRequest = serde_json::from_str(r#"{"memory_mb":null}"#).unwrap();
+        assert_eq!(create.memory_mb, None);
+        let exec: MessageToServer =
+            serde_json::from_str(r#"{"type":"exec","instruction":{"code":"1"},"request_id":3.0}"#)
+                .unwrap();
+        assert!(matches!(exec, MessageToServer::Exec { request_id: 3, .. }));
+        for bad in [
+            r#"{"memory_mb":366.5}"#,
+            r#"{"memory_mb":-1}"#,
+            r#"{"memory_mb":4294967296}"#,
+            r#"{"memory_mb":1e300}"#,
+            r#"{"memory_mb":"512"}"#,
+        ] {
+            assert!(
+                serde_json::from_str::<CreateMachineRequest>(bad).is_err(),
+                "{bad}"
+            );
+        }
+        let err = serde_json::from_str::<ExecRequest>(
+            r#"{"instruction":{"code":"1","timeout_seconds":2147483648}}"#,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("i32"), "{err}");
+        // What the server writes is unchanged.
+        let request = ExecRequest {
+            instruction: WireInstruction {
+                code: "1".into(),
+                timeout_seconds: 7,
+            },
+            interrupt: false,
+        };
+        assert_eq!(
+            serde_json::to_string(&request).unwrap(),
+            r#"{"instruction":{"code":"1","timeout_seconds":7},"interrupt":false}"#
         );
     }
 

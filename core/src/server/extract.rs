@@ -40,8 +40,15 @@ fn is_blank(bytes: &[u8]) -> bool {
     bytes.iter().all(u8::is_ascii_whitespace)
 }
 
-/// Parses JSON, naming the field and the position of what is wrong.
+/// Parses a JSON object, naming the field and the position of what is wrong. Every body of the
+/// API is an object: serde alone would also read a struct from an array of its fields
+/// (`[null, null]`).
 pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiFailure> {
+    if bytes.trim_ascii_start().first() != Some(&b'{') {
+        return Err(ApiFailure::bad_request(
+            "the request body must be a JSON object (`{...}`)",
+        ));
+    }
     axum::Json::<T>::from_bytes(bytes)
         .map(|axum::Json(value)| value)
         .map_err(|rejection| ApiFailure::bad_request(rejection.body_text()))
@@ -70,10 +77,10 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OptionalJsonBody<T>
         let bytes = Bytes::from_request(request, state)
             .await
             .map_err(|r| body_failure(&r))?;
-        if is_blank(&bytes) {
+        if is_blank(&bytes) || bytes.trim_ascii() == b"null" {
             return Ok(OptionalJsonBody(None));
         }
-        parse_json::<Option<T>>(&bytes).map(OptionalJsonBody)
+        parse_json::<T>(&bytes).map(|value| OptionalJsonBody(Some(value)))
     }
 }
 
@@ -105,15 +112,25 @@ mod tests {
     }
 
     #[test]
-    fn null_and_objects_parse_as_optional() {
+    fn bodies_are_objects() {
         assert_eq!(
-            parse_json::<Option<CreateMachineRequest>>(b"null").unwrap(),
-            None
+            parse_json::<CreateMachineRequest>(b" \n{} ").unwrap(),
+            CreateMachineRequest::default()
         );
-        assert_eq!(
-            parse_json::<Option<CreateMachineRequest>>(b" {} ").unwrap(),
-            Some(CreateMachineRequest::default())
-        );
+        // serde reads a struct from an array of its fields; the API does not.
+        for bad in [
+            &b"[null, null]"[..],
+            b"[]",
+            b"null",
+            b"5",
+            b"\"x\"",
+            b"",
+            b"  ",
+        ] {
+            let err = parse_json::<CreateMachineRequest>(bad).unwrap_err();
+            assert_eq!((err.status.as_u16(), err.code), (400, "BadRequest"));
+            assert!(err.message.contains("JSON object"), "{}", err.message);
+        }
         assert!(is_blank(b" \r\n"));
         assert!(!is_blank(b" {}"));
     }

@@ -1,0 +1,240 @@
+//! Schemas for wire fields whose Rust type is wider than what the engine accepts: a `String` that
+//! must be one of a few names, tags with limits. Each is the schema of the wire type (the serde
+//! representation is the field's own) narrowed by the engine's rules, written from the engine's
+//! constants so that they cannot drift; the tests below check them against the engine.
+
+use std::borrow::Cow;
+
+use evervm_engine as engine;
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde_json::json;
+
+fn schema(value: serde_json::Value) -> Schema {
+    match value {
+        serde_json::Value::Object(map) => Schema::from(map),
+        // Every schema below is written as an object.
+        _ => Schema::default(),
+    }
+}
+
+/// The regular expression of a tag key (`engine::validate_tags`): ASCII only, so its length in
+/// characters is its length in bytes.
+fn tag_key_pattern() -> String {
+    format!("^[A-Za-z0-9_./:-]{{1,{}}}$", engine::MAX_TAG_KEY_BYTES)
+}
+
+/// The regular expression of a tag value: no control character (Unicode category Cc, which is
+/// what Rust's `char::is_control` tests).
+const TAG_VALUE_PATTERN: &str = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$";
+
+/// The regular expression of a checkpoint name (`engine::validate_checkpoint_name`).
+const CHECKPOINT_NAME_PATTERN: &str = "^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$";
+
+/// The image profiles a new machine may ask for.
+pub(crate) const IMAGES: &[&str] = &["minimal", "data"];
+
+/// The durabilities a new machine may ask for.
+pub(crate) const DURABILITIES: &[&str] = &["idle", "instruction"];
+
+/// [`super::WireTags`] as a new machine or a fork takes them.
+pub(crate) struct Tags;
+
+impl JsonSchema for Tags {
+    fn schema_name() -> Cow<'static, str> {
+        "Tags".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        schema(json!({
+            "type": "object",
+            "description": format!(
+                "String keys and values. Keys: 1 to {} bytes of letters, digits, `_`, `-`, `.`, \
+                 `/`, `:`; values: at most {} bytes, no control characters; at most {} pairs.",
+                engine::MAX_TAG_KEY_BYTES,
+                engine::MAX_TAG_VALUE_BYTES,
+                engine::MAX_TAGS,
+            ),
+            "maxProperties": engine::MAX_TAGS,
+            "propertyNames": { "pattern": tag_key_pattern() },
+            "additionalProperties": {
+                "type": "string",
+                // Characters, where the engine counts bytes: a value of non-ASCII characters
+                // may be refused below this length, never above it.
+                "maxLength": engine::MAX_TAG_VALUE_BYTES,
+                "pattern": TAG_VALUE_PATTERN,
+            },
+        }))
+    }
+}
+
+/// An instruction's code: at most [`engine::MAX_CODE_BYTES`] bytes (the schema can only count
+/// characters), no NUL.
+pub(crate) struct Code;
+
+impl JsonSchema for Code {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> Cow<'static, str> {
+        "Code".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        schema(json!({
+            "type": "string",
+            "maxLength": engine::MAX_CODE_BYTES,
+            "pattern": CODE_PATTERN,
+        }))
+    }
+}
+
+/// The regular expression of code: no NUL character, which Python cannot compile (the engine's
+/// rule; `core/tests/server.rs` tests it over HTTP).
+const CODE_PATTERN: &str = "^[^\\u0000]*$";
+
+/// An image profile's name.
+pub(crate) struct Image;
+
+impl JsonSchema for Image {
+    fn schema_name() -> Cow<'static, str> {
+        "Image".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        schema(json!({ "type": "string", "enum": IMAGES }))
+    }
+}
+
+/// A durability's name.
+pub(crate) struct Durability;
+
+impl JsonSchema for Durability {
+    fn schema_name() -> Cow<'static, str> {
+        "Durability".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        schema(json!({ "type": "string", "enum": DURABILITIES, "default": DURABILITIES[0] }))
+    }
+}
+
+/// A checkpoint's name.
+pub(crate) struct CheckpointName;
+
+impl JsonSchema for CheckpointName {
+    fn schema_name() -> Cow<'static, str> {
+        "CheckpointName".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        schema(json!({
+            "type": "string",
+            "description": "1 to 64 letters, digits, `_`, `-` or `.`, not starting with `.`.",
+            "pattern": CHECKPOINT_NAME_PATTERN,
+            "examples": ["before-training"],
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tiny matcher for the patterns above (a character class with a repeat count, twice at
+    /// most): enough to test them against the engine without a regex engine.
+    fn matches_class(c: char, class: &str) -> bool {
+        let chars: Vec<char> = class.chars().collect();
+        let mut i = 0;
+        while i < chars.len() {
+            if i + 2 < chars.len() && chars[i + 1] == '-' {
+                if (chars[i]..=chars[i + 2]).contains(&c) {
+                    return true;
+                }
+                i += 3;
+            } else {
+                if chars[i] == c {
+                    return true;
+                }
+                i += 1;
+            }
+        }
+        false
+    }
+
+    #[test]
+    fn tag_keys_follow_the_engine() {
+        assert_eq!(tag_key_pattern(), "^[A-Za-z0-9_./:-]{1,128}$");
+        let class = "A-Za-z0-9_./:";
+        for c in (0..=0x2ffu32).filter_map(char::from_u32) {
+            let key = c.to_string();
+            let tags = engine::Tags::from([(key, String::new())]);
+            let allowed = matches_class(c, class) || c == '-';
+            assert_eq!(engine::validate_tags(&tags).is_ok(), allowed, "{c:?}");
+        }
+        let long = |n| engine::Tags::from([("k".repeat(n), String::new())]);
+        assert!(engine::validate_tags(&long(engine::MAX_TAG_KEY_BYTES)).is_ok());
+        assert!(engine::validate_tags(&long(engine::MAX_TAG_KEY_BYTES + 1)).is_err());
+        assert!(engine::validate_tags(&long(0)).is_err());
+    }
+
+    #[test]
+    fn tag_values_follow_the_engine() {
+        for c in (0..=0x2ffu32).filter_map(char::from_u32) {
+            let tags = engine::Tags::from([("k".to_owned(), c.to_string())]);
+            let control = matches!(c, '\u{0}'..='\u{1f}' | '\u{7f}'..='\u{9f}');
+            assert_eq!(engine::validate_tags(&tags).is_ok(), !control, "{c:?}");
+        }
+        assert_eq!(TAG_VALUE_PATTERN, "^[^\\u0000-\\u001f\\u007f-\\u009f]*$");
+        let many: engine::Tags = (0..=engine::MAX_TAGS)
+            .map(|i| (format!("k{i}"), String::new()))
+            .collect();
+        assert!(engine::validate_tags(&many).is_err());
+    }
+
+    #[test]
+    fn checkpoint_names_follow_the_engine() {
+        let first = "A-Za-z0-9_-";
+        let rest = "A-Za-z0-9_.-";
+        assert_eq!(
+            CHECKPOINT_NAME_PATTERN,
+            format!("^[{first}][{rest}]{{0,63}}$")
+        );
+        for c in (0..=0x2ffu32).filter_map(char::from_u32) {
+            let alone = c.to_string();
+            assert_eq!(
+                engine::validate_checkpoint_name(&alone).is_ok(),
+                matches_class(c, first) || c == '-',
+                "{alone:?}"
+            );
+            let second = format!("a{c}");
+            assert_eq!(
+                engine::validate_checkpoint_name(&second).is_ok(),
+                matches_class(c, rest) || c == '-',
+                "{second:?}"
+            );
+        }
+        assert!(engine::validate_checkpoint_name(&"a".repeat(64)).is_ok());
+        assert!(engine::validate_checkpoint_name(&"a".repeat(65)).is_err());
+        assert!(engine::validate_checkpoint_name("").is_err());
+    }
+
+    #[test]
+    fn names_are_the_engines() {
+        for image in IMAGES {
+            assert!(
+                engine::guest::image::Profile::parse(image).is_ok(),
+                "{image}"
+            );
+        }
+        for durability in DURABILITIES {
+            assert_eq!(
+                engine::Durability::parse(durability)
+                    .ok()
+                    .map(engine::Durability::as_str),
+                Some(*durability)
+            );
+        }
+        assert_eq!(engine::Durability::default().as_str(), DURABILITIES[0]);
+    }
+}
