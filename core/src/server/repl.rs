@@ -11,7 +11,8 @@
 //! A message over `BODY_LIMIT_BYTES` gets a `PayloadTooLarge` error and a close with code 1009.
 //! Output goes out only as fast as the client reads it: a client that stops reading holds up its
 //! own connection (what the socket buffers, plus one batch of events), never the machine or other
-//! connections.
+//! connections. Until it reads or leaves, the engine's event stream it reads from keeps that
+//! instruction's output in memory.
 
 use std::collections::VecDeque;
 
