@@ -579,13 +579,16 @@ async fn main() -> Result<()> {
     };
     println!(
         "evervm load: {} clients ({} WebSocket, {} HTTP) x {} instructions over {} machines; \
-         swaps every {}; at most {} s",
+         {}; at most {} s",
         args.clients,
         args.clients.div_ceil(2),
         args.clients / 2,
         args.instructions,
         args.machines,
-        args.swap_every.map_or_else(|| "never".to_owned(), ms),
+        args.swap_every.map_or_else(
+            || "no swaps".to_owned(),
+            |every| format!("swaps every {}", ms(every))
+        ),
         args.max_seconds
     );
     println!(
@@ -646,7 +649,8 @@ async fn main() -> Result<()> {
     };
 
     // Only a complete run has every seq accounted for.
-    let problems = if finished && load.tally().error_count == 0 {
+    let checked = finished && load.tally().error_count == 0;
+    let problems = if checked {
         match tokio::time::timeout_at(deadline, check_machines(&load, &client)).await {
             Ok(Ok(problems)) => problems,
             Ok(Err(e)) => vec![format!("checking the machines: {e}")],
@@ -702,12 +706,11 @@ async fn main() -> Result<()> {
         "  duration   {:.1} s in all",
         started.elapsed().as_secs_f64()
     );
-    if tally.error_count > 0 || !problems.is_empty() {
-        bail!(
-            "{} errors and {} order problems",
-            tally.error_count,
-            problems.len()
-        );
+    if !checked {
+        bail!("{} errors (order not checked)", tally.error_count);
+    }
+    if !problems.is_empty() {
+        bail!("{} order problems", problems.len());
     }
     Ok(())
 }
