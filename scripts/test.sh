@@ -22,6 +22,11 @@ echo "==> cargo test"
 # The Python extension module links against the interpreter that loads it: it is tested from
 # Python below.
 cargo test --workspace --locked --exclude evervm-python
+echo "==> load program, small: fails on any error or order violation, never on timing"
+# gVisor where it works (swaps included), else the process backend; --max-seconds only stops a
+# hang (the run takes about a minute on gVisor, seconds on the process backend).
+cargo run --locked -q -p evervm-examples --bin load -- --backend auto --clients 8 \
+    --instructions 50 --machines 4 --swap-every-ms 250 --max-seconds 300
 echo "==> Python package: pip install ./bindings-python, then its tests"
 pyenv_dir="${EVERVM_PYENV:-$HOME/.cache/evervm/pyenv}"
 [ -x "$pyenv_dir/bin/python" ] || python3 -m venv "$pyenv_dir"

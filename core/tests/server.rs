@@ -5,6 +5,9 @@
 // Test code: a failed step should stop the test at once, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "server/hostile.rs"]
+mod hostile;
+
 use std::time::Duration;
 
 use evervm_engine::{BackendChoice, Engine, EngineConfig};

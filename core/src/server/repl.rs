@@ -7,6 +7,12 @@
 //! protocol; it answers the client's pings. The machine name `new` creates a machine for the
 //! connection; an unknown machine gets the upgrade, an `error` message, and a close, so that every
 //! SDK reports the problem instead of retrying.
+//!
+//! A message over `BODY_LIMIT_BYTES` gets a `PayloadTooLarge` error and a close with code 1009.
+//! Output goes out only as fast as the client reads it: a client that stops reading holds up its
+//! own connection (what the socket buffers, plus one batch of events), never the machine or other
+//! connections. Until it reads or leaves, the engine's event stream it reads from keeps that
+//! instruction's output in memory.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -150,6 +156,14 @@ impl Session {
     async fn on_incoming(&mut self, incoming: Option<Result<Message, axum::Error>>) -> Flow {
         let text = match incoming {
             None | Some(Ok(Message::Close(_))) => return Flow::Stop,
+            Some(Err(e)) if is_oversize(&e) => {
+                let failure = ApiFailure::payload_too_large(format!(
+                    "a WebSocket message is limited to {} bytes",
+                    super::BODY_LIMIT_BYTES
+                ));
+                fail(&mut self.socket, &failure, &self.redactor).await;
+                return Flow::Stop;
+            }
             Some(Err(e)) => {
                 tracing::debug!(machine = self.machine, "WebSocket closed: {e}");
                 return Flow::Stop;
@@ -259,6 +273,17 @@ async fn next_event(streaming: &mut Option<Streaming>) -> Option<(i64, Vec<engin
     }
 }
 
+/// Whether a read failed because the client's message (or one frame of it) was over the limit.
+/// The WebSocket layer has then read the whole frame, unless the frame itself was over its own
+/// 16 MiB frame limit; either way the connection cannot go on.
+fn is_oversize(error: &axum::Error) -> bool {
+    let source = std::error::Error::source(error);
+    matches!(
+        source.and_then(|e| e.downcast_ref::<tungstenite::Error>()),
+        Some(tungstenite::Error::Capacity(_))
+    )
+}
+
 /// The machine of this connection: a new one for `new`, else the named one if the account has it.
 async fn open_machine(
     engine: &Engine,
@@ -307,12 +332,15 @@ async fn send_error(socket: &mut WebSocket, failure: &ApiFailure) -> Result<(), 
 }
 
 /// Sends an `error` message, then closes the connection with the message (without host paths)
-/// as the reason.
+/// as the reason: code 1009 (message too big) for a message or code over its limit, 1011 for a
+/// server error, 1008 otherwise.
 async fn fail(socket: &mut WebSocket, failure: &ApiFailure, redactor: &Redactor) {
     if send_error(socket, failure).await.is_err() {
         return;
     }
-    let code = if failure.status.is_server_error() {
+    let code = if failure.status == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        close_code::SIZE
+    } else if failure.status.is_server_error() {
         close_code::ERROR
     } else {
         close_code::POLICY

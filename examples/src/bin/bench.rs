@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use evervm::engine::{BackendChoice, Engine, EngineConfig};
 use evervm::{Client, CreateMachineOptions, ExecOptions};
+use evervm_examples::measure::{ms, own_pss, percentile, pss_of, report};
 use evervm_tests::TestServer;
 
 struct Args {
@@ -61,28 +62,6 @@ fn parse_args() -> Result<Args> {
         args.backends.push("process".into());
     }
     Ok(args)
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
-}
-
-fn report(label: &str, mut samples: Vec<Duration>) {
-    samples.sort();
-    println!(
-        "  {label:<42} p50 {:>10}  p99 {:>10}  (n={})",
-        ms(percentile(&samples, 50.0)),
-        ms(percentile(&samples, 99.0)),
-        samples.len()
-    );
 }
 
 async fn round_trips(client: &Client, rounds: usize) -> Result<Vec<Duration>> {
@@ -181,38 +160,6 @@ async fn creates(
         machine.delete().await?;
     }
     Ok((api, first))
-}
-
-/// Proportional set size of every process whose command line names `needle`, in bytes.
-fn pss_of(needle: &str) -> u64 {
-    let mut total = 0;
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return 0;
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let Ok(cmdline) = std::fs::read(path.join("cmdline")) else {
-            continue;
-        };
-        if !String::from_utf8_lossy(&cmdline).contains(needle) {
-            continue;
-        }
-        let Ok(rollup) = std::fs::read_to_string(path.join("smaps_rollup")) else {
-            continue;
-        };
-        for line in rollup.lines() {
-            if let Some(kb) = line.strip_prefix("Pss:") {
-                total += kb
-                    .trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse::<u64>()
-                    .unwrap_or(0)
-                    * 1024;
-            }
-        }
-    }
-    total
 }
 
 async fn bench_backend(backend: &str, rounds: usize) -> Result<()> {
@@ -353,15 +300,7 @@ async fn durability_figures(client: &Client) -> Result<()> {
 
 /// Memory of the engine process plus every sandbox process of `home` (PSS, bytes).
 fn engine_memory(home: &std::path::Path) -> u64 {
-    let own = std::fs::read_to_string("/proc/self/smaps_rollup")
-        .ok()
-        .and_then(|text| {
-            text.lines()
-                .find_map(|l| l.strip_prefix("Pss:"))
-                .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024);
-    own + pss_of(&home.join("runsc").display().to_string())
+    own_pss() + pss_of(&home.join("runsc").display().to_string())
 }
 
 /// Create `count` machines and run an instruction in each, swap them all out, restore 50 at
