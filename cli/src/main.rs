@@ -114,7 +114,19 @@ enum TokenCommand {
         /// The account the token acts for (created if new).
         #[arg(long, default_value = "default")]
         account: String,
+        /// How long it works: a number and s, m, h or d (`30d`); for ever when not given.
+        #[arg(long, value_name = "DURATION")]
+        expires_in: Option<String>,
     },
+    /// List the tokens of the home: id, account, when made, when they expire (never secrets).
+    List {
+        /// Print them as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a token by its id (the part before the `.`); a server on the home refuses it
+    /// from its next request on.
+    Revoke { id: String },
 }
 
 #[derive(Subcommand)]
@@ -253,15 +265,12 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
             };
             serve(listen, options).await
         }
-        Command::Token {
-            command: TokenCommand::Create { account },
-        } => {
+        Command::Token { command } => {
             let home = target
                 .home
                 .clone()
                 .unwrap_or_else(evervm::admin::default_home);
-            let token = evervm::admin::create_token(&home, &account)?;
-            println!("{token}");
+            tokens(&home, command)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Image {
@@ -302,6 +311,58 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
     }
 }
 
+/// `evervm token create|list|revoke`, on the home's database (also while a server runs there).
+fn tokens(home: &std::path::Path, command: TokenCommand) -> Result<()> {
+    match command {
+        TokenCommand::Create {
+            account,
+            expires_in,
+        } => {
+            let valid_for = expires_in
+                .as_deref()
+                .map(evervm::admin::parse_duration)
+                .transpose()?;
+            let token = evervm::admin::create_token(home, &account, valid_for)?;
+            println!("{token}");
+        }
+        TokenCommand::List { json } => {
+            let tokens = evervm::admin::list_tokens(home)?;
+            let time = |t: chrono::DateTime<chrono::Utc>| {
+                t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            };
+            if json {
+                let list: Vec<serde_json::Value> = tokens
+                    .iter()
+                    .map(|t| {
+                        serde_json::json!({
+                            "id": t.id,
+                            "account": t.account,
+                            "created_at": time(t.created_at),
+                            "expires_at": t.expires_at.map(time),
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                println!("{:<14} {:<20} {:<22} EXPIRES", "ID", "ACCOUNT", "CREATED");
+                for t in tokens {
+                    let expires = t.expires_at.map_or_else(|| "never".to_owned(), time);
+                    println!(
+                        "{:<14} {:<20} {:<22} {expires}",
+                        t.id,
+                        t.account,
+                        time(t.created_at)
+                    );
+                }
+            }
+        }
+        TokenCommand::Revoke { id } => {
+            evervm::admin::revoke_token(home, &id)?;
+            eprintln!("revoked token {id}");
+        }
+    }
+    Ok(())
+}
 async fn serve(listen: SocketAddr, options: ServeOptions) -> Result<ExitCode> {
     let server = evervm::server::open(options).await?;
     let listener = match tokio::net::TcpListener::bind(listen).await {

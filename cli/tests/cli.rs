@@ -654,3 +654,93 @@ fn with_idle_durability_a_sigkilled_engine_says_what_it_lost() {
         last_acknowledged = n;
     }
 }
+
+#[test]
+fn tokens_are_listed_revoked_and_expire_while_the_server_runs() {
+    let backend = backends()
+        .first()
+        .cloned()
+        .unwrap_or_else(|| "process".to_owned());
+    let server = Server::start(&backend);
+    let admin = |args: &[&str]| {
+        run_with_input(
+            Command::new(EVERVM)
+                .args(args)
+                .arg("--home")
+                .arg(server.home.path()),
+            "",
+        )
+    };
+    let whoami = |token: &str| {
+        run_with_input(
+            Command::new(EVERVM).args(["--url", &server.url, "--token", token, "machine", "list"]),
+            "",
+        )
+    };
+    let extra = ok(admin(&["token", "create", "--account", "ci"]));
+    let extra = extra.trim().to_owned();
+    let short = ok(admin(&[
+        "token",
+        "create",
+        "--account",
+        "ci",
+        "--expires-in",
+        "2s",
+    ]));
+    let short = short.trim().to_owned();
+    assert!(whoami(&extra).status.success());
+    assert!(whoami(&short).status.success());
+
+    let listed: serde_json::Value =
+        serde_json::from_str(&ok(admin(&["token", "list", "--json"]))).unwrap();
+    let listed = listed.as_array().unwrap();
+    assert_eq!(
+        listed.len(),
+        3,
+        "the first start's token and two more: {listed:?}"
+    );
+    let (extra_id, _) = extra.split_once('.').unwrap();
+    assert!(
+        listed
+            .iter()
+            .any(|t| t["id"] == extra_id && t["expires_at"].is_null())
+    );
+    assert!(
+        listed
+            .iter()
+            .any(|t| t["account"] == "ci" && t["expires_at"].is_string())
+    );
+    let table = ok(admin(&["token", "list"]));
+    assert!(
+        table.contains(extra_id) && table.contains("never"),
+        "{table}"
+    );
+    assert!(
+        !table.contains(extra.split_once('.').unwrap().1),
+        "no secrets"
+    );
+
+    // Revoked: refused at the next request, by the running server.
+    ok(admin(&["token", "revoke", extra_id]));
+    let refused = whoami(&extra);
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("unknown token"),
+        "{}",
+        stderr(&refused)
+    );
+    let again = admin(&["token", "revoke", extra_id]);
+    assert!(!again.status.success());
+    assert!(stderr(&again).contains("no token"), "{}", stderr(&again));
+
+    // Expired.
+    std::thread::sleep(std::time::Duration::from_millis(2200));
+    let expired = whoami(&short);
+    assert!(!expired.status.success());
+    assert!(stderr(&expired).contains("expired"), "{}", stderr(&expired));
+    let bad = admin(&["token", "create", "--expires-in", "soon"]);
+    assert!(!bad.status.success());
+    assert!(stderr(&bad).contains("not a duration"), "{}", stderr(&bad));
+    // The server's own token still works.
+    assert!(whoami(&server.token).status.success());
+}

@@ -3,11 +3,13 @@
 //! reaches into the engine for them.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use evervm_engine::EngineConfig;
 use evervm_engine::guest::image::{ImageBuilder, Profile, StderrProgress};
 
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
+pub use evervm_engine::TokenInfo;
 
 /// The home when none is given: `$EVERVM_HOME`, else `$XDG_DATA_HOME/evervm`, else
 /// `~/.local/share/evervm`.
@@ -16,9 +18,57 @@ pub fn default_home() -> PathBuf {
 }
 
 /// Creates a token for `account` (the account too, if it is new) in the home's database and
-/// returns it. Works while a server runs on that home.
-pub fn create_token(home: &Path, account: &str) -> Result<String> {
-    Ok(evervm_engine::create_token_in_home(home, account)?)
+/// returns it; it works for `valid_for` (for ever when `None`). Works while a server runs on
+/// that home.
+pub fn create_token(home: &Path, account: &str, valid_for: Option<Duration>) -> Result<String> {
+    let expires_at = valid_for
+        .map(|d| {
+            chrono::Duration::from_std(d)
+                .ok()
+                .and_then(|d| chrono::Utc::now().checked_add_signed(d))
+                .ok_or_else(|| Error::new(ErrorKind::InvalidInput, "the expiry is too far away"))
+        })
+        .transpose()?;
+    Ok(evervm_engine::create_token_in_home(
+        home, account, expires_at,
+    )?)
+}
+
+/// Every token of the home (never its secret), oldest first.
+pub fn list_tokens(home: &Path) -> Result<Vec<TokenInfo>> {
+    Ok(evervm_engine::list_tokens_in_home(home)?)
+}
+
+/// Revokes a token by its id (the part before the `.`): a server on that home refuses it from
+/// its next request on.
+pub fn revoke_token(home: &Path, id: &str) -> Result<()> {
+    Ok(evervm_engine::revoke_token_in_home(home, id)?)
+}
+
+/// `90s`, `15m`, `12h`, `30d` (a number and a unit) as a duration.
+pub fn parse_duration(text: &str) -> Result<Duration> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let seconds_per = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => 0,
+    };
+    match number.parse::<u64>() {
+        Ok(n) if n > 0 && seconds_per > 0 => n
+            .checked_mul(seconds_per)
+            .map(Duration::from_secs)
+            .ok_or_else(|| Error::new(ErrorKind::InvalidInput, format!("{text:?} is too long"))),
+        _ => Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("{text:?} is not a duration: write a number and s, m, h or d (`30d`)"),
+        )),
+    }
 }
 
 /// Builds the root filesystem image of `profile` (`minimal`, or `data` with numpy, pandas and
@@ -39,12 +89,32 @@ mod tests {
     #[test]
     fn tokens_are_made_in_the_home_and_bad_input_is_refused() {
         let home = tempfile::tempdir().unwrap();
-        let token = create_token(home.path(), "alice").unwrap();
+        let token = create_token(home.path(), "alice", None).unwrap();
         assert!(token.contains('.'), "{token}");
         assert!(home.path().join("evervm.db").exists());
-        let bad = create_token(home.path(), "no spaces").unwrap_err();
+        let bad = create_token(home.path(), "no spaces", None).unwrap_err();
         assert_eq!(bad.kind(), crate::ErrorKind::InvalidInput);
         let bad = build_image(home.path(), "huge").unwrap_err();
+        assert_eq!(bad.kind(), crate::ErrorKind::InvalidInput, "{bad}");
+        let expiring = create_token(home.path(), "bob", Some(Duration::from_secs(3600))).unwrap();
+        let listed = list_tokens(home.path()).unwrap();
+        assert_eq!(listed.len(), 2);
+        assert!(
+            listed
+                .iter()
+                .any(|t| t.account == "bob" && t.expires_at.is_some())
+        );
+        let (id, _) = expiring.split_once('.').unwrap();
+        revoke_token(home.path(), id).unwrap();
+        assert_eq!(list_tokens(home.path()).unwrap().len(), 1);
+        let bad = revoke_token(home.path(), id).unwrap_err();
+        assert_eq!(bad.kind(), crate::ErrorKind::NotFound, "{bad}");
+        assert_eq!(
+            parse_duration("30d").unwrap(),
+            Duration::from_secs(30 * 86_400)
+        );
+        assert_eq!(parse_duration("90s").unwrap(), Duration::from_secs(90));
+        let bad = parse_duration("soon").unwrap_err();
         assert_eq!(bad.kind(), crate::ErrorKind::InvalidInput, "{bad}");
     }
 }

@@ -17,7 +17,7 @@ mod types;
 
 pub use engine::{
     BackendChoice, Engine, EngineConfig, Hook, Hooks, LINE_OVERHEAD_BYTES, Limits,
-    create_token_in_home, parse_memory_list,
+    create_token_in_home, list_tokens_in_home, parse_memory_list, revoke_token_in_home,
 };
 pub use error::{Error, ErrorKind, Result};
 pub use types::*;

@@ -132,6 +132,17 @@ pub struct Account {
     pub name: String,
 }
 
+/// A token as `evervm token list` shows it (never its secret).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenInfo {
+    /// The part of the token before the `.`: what `evervm token revoke` takes.
+    pub id: String,
+    pub account: String,
+    pub created_at: DateTime<Utc>,
+    /// When it stops working; `None`: never.
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
 /// What a new machine should look like.
 #[derive(Debug, Clone, Default)]
 pub struct CreateMachine {

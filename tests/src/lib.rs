@@ -97,7 +97,7 @@ pub struct TestServer {
 impl TestServer {
     pub fn start(backend: &str) -> Self {
         let home = tempfile::tempdir().expect("a temporary home");
-        let token = create_token_in_home(home.path(), "default").expect("a token");
+        let token = create_token_in_home(home.path(), "default", None).expect("a token");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let home_path = home.path().to_owned();
@@ -140,7 +140,7 @@ impl TestServer {
 
     /// A token of another account.
     pub fn token_for(&self, account: &str) -> String {
-        create_token_in_home(self.home.path(), account).expect("a token")
+        create_token_in_home(self.home.path(), account, None).expect("a token")
     }
 
     pub fn client(&self) -> evervm::Client {

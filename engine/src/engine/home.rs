@@ -155,11 +155,32 @@ pub(super) fn validate_account_name(name: &str) -> Result<()> {
 }
 
 /// Creates a token for an account directly in a home's database, without taking the engine's
-/// lock, so that it works while a server runs on that home.
-pub fn create_token_in_home(home: &Path, account_name: &str) -> Result<String> {
+/// lock, so that it works while a server runs on that home. It works until `expires_at` (for
+/// ever when `None`).
+pub fn create_token_in_home(
+    home: &Path,
+    account_name: &str,
+    expires_at: Option<chrono::DateTime<chrono::Utc>>,
+) -> Result<String> {
     validate_account_name(account_name)?;
+    if expires_at.is_some_and(|t| t <= chrono::Utc::now()) {
+        return Err(Error::invalid("a token's expiry must be in the future"));
+    }
     create_home(home)?;
     let mut store = Store::open(&home.join("evervm.db"))?;
     let account = store.ensure_account(account_name)?;
-    store.create_token(&account)
+    store.create_token(&account, expires_at)
+}
+
+/// Every token of a home (never its secret), oldest first; works while a server runs there.
+pub fn list_tokens_in_home(home: &Path) -> Result<Vec<crate::types::TokenInfo>> {
+    let store = Store::open(&home.join("evervm.db"))?;
+    store.tokens()
+}
+
+/// Revokes a token of a home by its id (the part before the `.`): requests with it are refused
+/// from then on, also by a server running on that home.
+pub fn revoke_token_in_home(home: &Path, id: &str) -> Result<()> {
+    let mut store = Store::open(&home.join("evervm.db"))?;
+    store.revoke_token(id)
 }

@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 pub use self::config::{
     BackendChoice, EngineConfig, Hook, Hooks, LINE_OVERHEAD_BYTES, Limits, parse_memory_list,
 };
-pub use self::home::create_token_in_home;
+pub use self::home::{create_token_in_home, list_tokens_in_home, revoke_token_in_home};
 pub(crate) use self::inner::EngineInner;
 use crate::error::Result;
 use crate::guest::image::Profile;
@@ -145,7 +145,7 @@ impl Engine {
             .store
             .call(move |store| {
                 let account = store.ensure_account(&name)?;
-                store.create_token(&account)
+                store.create_token(&account, None)
             })
             .await
     }

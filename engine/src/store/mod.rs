@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::guest::image::Profile;
-use crate::types::{Account, Durability, MachineName, Tags};
+use crate::types::{Account, Durability, MachineName, Tags, TokenInfo};
 
 mod history;
 mod schema;
@@ -147,15 +147,68 @@ impl Store {
         })
     }
 
-    /// Creates a token for the account; returns it as `id.secret`. Only its hash is stored.
-    pub fn create_token(&mut self, account: &Account) -> Result<String> {
+    /// Creates a token for the account, valid until `expires_at` (for ever when `None`);
+    /// returns it as `id.secret`. Only its hash is stored.
+    pub fn create_token(
+        &mut self,
+        account: &Account,
+        expires_at: Option<DateTime<Utc>>,
+    ) -> Result<String> {
         let id = random_alnum(12);
         let secret = random_alnum(40);
         self.conn.execute(
-            "INSERT INTO tokens (id, account_id, secret_sha256, created_at) VALUES (?1, ?2, ?3, ?4)",
-            params![id, account.id, hash_secret(&secret), now()],
+            "INSERT INTO tokens (id, account_id, secret_sha256, created_at, expires_at)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![
+                id,
+                account.id,
+                hash_secret(&secret),
+                now(),
+                expires_at.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+            ],
         )?;
         Ok(format!("{id}.{secret}"))
+    }
+
+    /// Every token (never its secret), oldest first.
+    pub fn tokens(&self) -> Result<Vec<TokenInfo>> {
+        let mut statement = self.conn.prepare_cached(
+            "SELECT t.id, a.name, t.created_at, t.expires_at FROM tokens t
+             JOIN accounts a ON a.id = t.account_id ORDER BY t.created_at, t.id",
+        )?;
+        let rows = statement.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, Option<String>>(3)?,
+            ))
+        })?;
+        let mut tokens = Vec::new();
+        for row in rows {
+            let (id, account, created_at, expires_at) = row?;
+            tokens.push(TokenInfo {
+                id,
+                account,
+                created_at: parse_time(&created_at)?,
+                expires_at: expires_at.as_deref().map(parse_time).transpose()?,
+            });
+        }
+        Ok(tokens)
+    }
+
+    /// Revokes a token by its id (the part before the `.`): it stops working at once.
+    pub fn revoke_token(&mut self, id: &str) -> Result<()> {
+        let removed = self
+            .conn
+            .execute("DELETE FROM tokens WHERE id = ?1", params![id])?;
+        if removed == 0 {
+            return Err(Error::new(
+                crate::ErrorKind::NotFound,
+                format!("no token with the id {id:?} (`evervm token list` shows them)"),
+            ));
+        }
+        Ok(())
     }
 
     pub fn count_tokens(&self) -> Result<i64> {
@@ -171,16 +224,16 @@ impl Store {
                 "the token is malformed: expected <id>.<secret>",
             ));
         };
-        let row: Option<(String, i64, String)> = self
+        let row: Option<(String, i64, String, Option<String>)> = self
             .conn
             .query_row(
-                "SELECT t.secret_sha256, a.id, a.name FROM tokens t
+                "SELECT t.secret_sha256, a.id, a.name, t.expires_at FROM tokens t
                  JOIN accounts a ON a.id = t.account_id WHERE t.id = ?1",
                 params![id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
             )
             .optional()?;
-        let Some((stored_hash, account_id, name)) = row else {
+        let Some((stored_hash, account_id, name, expires_at)) = row else {
             return Err(Error::unauthorized("unknown token"));
         };
         let given = hash_secret(secret);
@@ -193,6 +246,14 @@ impl Store {
                 == 0;
         if !same {
             return Err(Error::unauthorized("unknown token"));
+        }
+        if let Some(expires_at) = expires_at.as_deref().map(parse_time).transpose()?
+            && expires_at <= Utc::now()
+        {
+            return Err(Error::unauthorized(format!(
+                "the token expired at {}: create a new one (`evervm token create`)",
+                expires_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            )));
         }
         Ok(Account {
             id: account_id,
@@ -418,7 +479,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::open(&dir.path().join("db")).unwrap();
         let account = store.ensure_account("alice").unwrap();
-        let token = store.create_token(&account).unwrap();
+        let token = store.create_token(&account, None).unwrap();
         assert_eq!(store.authenticate(&token).unwrap(), account);
         let (id, _) = token.split_once('.').unwrap();
         assert!(store.authenticate(&format!("{id}.wrong")).is_err());
@@ -428,6 +489,30 @@ mod tests {
             .query_row("SELECT secret_sha256 FROM tokens", [], |r| r.get(0))
             .unwrap();
         assert!(!token.contains(&stored), "the secret itself is not stored");
+    }
+
+    #[test]
+    fn tokens_expire_and_revoked_tokens_stop_working() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("db")).unwrap();
+        let account = store.ensure_account("alice").unwrap();
+        let lasting = store.create_token(&account, None).unwrap();
+        let soon = Utc::now() + chrono::Duration::milliseconds(1500);
+        let expiring = store.create_token(&account, Some(soon)).unwrap();
+        assert_eq!(store.authenticate(&expiring).unwrap(), account);
+        let listed = store.tokens().unwrap();
+        assert_eq!(listed.len(), 2);
+        assert!(listed.iter().all(|t| t.account == "alice"));
+        assert!(listed.iter().any(|t| t.expires_at.is_some()));
+        std::thread::sleep(std::time::Duration::from_millis(1600));
+        let expired = store.authenticate(&expiring).unwrap_err();
+        assert!(expired.message().contains("expired"), "{expired}");
+        let (id, _) = lasting.split_once('.').unwrap();
+        store.revoke_token(id).unwrap();
+        assert!(store.authenticate(&lasting).is_err());
+        let gone = store.revoke_token(id).unwrap_err();
+        assert_eq!(gone.kind(), crate::ErrorKind::NotFound);
+        assert_eq!(store.tokens().unwrap().len(), 1);
     }
 
     #[test]

@@ -25,7 +25,8 @@ CREATE TABLE IF NOT EXISTS tokens (
     id TEXT PRIMARY KEY,
     account_id INTEGER NOT NULL REFERENCES accounts(id),
     secret_sha256 TEXT NOT NULL,
-    created_at TEXT NOT NULL
+    created_at TEXT NOT NULL,
+    expires_at TEXT
 );
 CREATE TABLE IF NOT EXISTS machines (
     position INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -138,12 +139,13 @@ fn migrate(conn: &mut Connection, from: i64) -> Result<()> {
                      instruction_count INTEGER NOT NULL, PRIMARY KEY (machine, name));",
             )?;
         }
-        // Version 4: machines say whether they may hold unsaved state and when their snapshot
+        // Version 4: tokens may expire; machines say whether they may hold unsaved state and when their snapshot
         // was written (the engine fills that in for existing snapshots when it opens); the
         // machine's rows get foreign keys; rows whose machine is gone (left by
         // a delete that raced an insert) are dropped on the way.
         tx.execute_batch(
-            "ALTER TABLE machines ADD COLUMN unsaved_since TEXT;
+            "ALTER TABLE tokens ADD COLUMN expires_at TEXT;
+             ALTER TABLE machines ADD COLUMN unsaved_since TEXT;
              ALTER TABLE machines ADD COLUMN snapshot_at TEXT;",
         )?;
         tx.execute_batch(
