@@ -20,13 +20,15 @@ use crate::error::{Error, Result};
 use crate::guest::image::{Image, ImageBuilder, Profile, Progress};
 
 mod bundle;
+mod probe;
 mod runsc;
 mod sandbox;
 
 pub use runsc::Runsc;
 
 use bundle::{delete_container, spawn_runsc, write_bundle};
-use runsc::{find_runsc, global_args, kept_binaries};
+use probe::find_runsc;
+use runsc::{global_args, kept_binaries};
 use sandbox::GvisorSandbox;
 
 /// Settings of the gVisor backend.

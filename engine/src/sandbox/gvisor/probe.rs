@@ -1,0 +1,194 @@
+//! Finding a runsc that runs a sandbox here, and on which platform: by starting a real one,
+//! once per binary and host (the answer is kept in the user's cache directory).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::process::Command;
+
+use super::bundle::{delete_container, spawn_run, write_bundle};
+use super::runsc::{INSTALL_HINT, Runsc, binary_digest, candidates};
+use crate::error::{Error, Result};
+use crate::guest::image::Image;
+
+/// The runsc and platform that worked last time, so that a restart probes one platform, not
+/// every one (a `kvm` probe on a host without working virtualisation waits for its timeout).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(super) struct ProbeCache {
+    path: PathBuf,
+    digest: String,
+    platform: String,
+}
+
+/// Finds the platform this runsc runs containers on here: `known` first (what worked last
+/// time), then `kvm` (where /dev/kvm exists), `systrap` (where this runsc has it), `ptrace`.
+pub(super) async fn probe_runsc(
+    path: &Path,
+    known: Option<&str>,
+    image: &Image,
+    state_dir: &Path,
+    bundles_dir: &Path,
+) -> Result<Runsc> {
+    let version_output = Command::new(path)
+        .arg("--version")
+        .output()
+        .await
+        .map_err(|e| Error::unsupported(format!("cannot run it: {e}")))?;
+    let first_line = String::from_utf8_lossy(&version_output.stdout)
+        .lines()
+        .next()
+        .unwrap_or("runsc version unknown")
+        .to_owned();
+    let digest = binary_digest(path)?;
+    let version = format!("{first_line} (sha256 {digest})");
+    let mut platforms = Vec::new();
+    if let Some(known) = known {
+        let runsc = Runsc {
+            path: path.to_owned(),
+            version: version.clone(),
+            platform: known.to_owned(),
+            digest: digest.clone(),
+        };
+        // This binary ran sandboxes on this platform before: no need to start one now (a
+        // failure later is reported by the sandbox that fails).
+        return Ok(runsc);
+    }
+    if Path::new("/dev/kvm").exists() {
+        platforms.push("kvm");
+    }
+    let flags = Command::new(path).arg("flags").output().await;
+    let flags = flags
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
+        })
+        .unwrap_or_default();
+    if flags.contains("systrap") {
+        platforms.push("systrap");
+    }
+    platforms.push("ptrace");
+    let mut failures = Vec::new();
+    for platform in platforms {
+        let runsc = Runsc {
+            path: path.to_owned(),
+            version: version.clone(),
+            platform: platform.to_owned(),
+            digest: digest.clone(),
+        };
+        match tokio::time::timeout(
+            Duration::from_secs(10),
+            probe_platform(&runsc, image, state_dir, bundles_dir),
+        )
+        .await
+        {
+            Ok(Ok(())) => return Ok(runsc),
+            Ok(Err(e)) => failures.push(format!("{platform}: {e}")),
+            Err(_) => failures.push(format!("{platform}: no answer within 10 s")),
+        }
+    }
+    Err(Error::unsupported(failures.join(", ")))
+}
+
+/// Runs the agent in a sandbox on this platform and waits for it to be ready.
+pub(super) async fn probe_platform(
+    runsc: &Runsc,
+    image: &Image,
+    state_dir: &Path,
+    bundles_dir: &Path,
+) -> Result<()> {
+    let id = format!("probe-{}-{}", runsc.platform, std::process::id());
+    let bundle = write_bundle(bundles_dir, &id, image, 256)?;
+    let result = async {
+        let mut child = spawn_run(runsc, state_dir, &bundle, &id)?;
+        let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
+            return Err(Error::internal("runsc has no stdio pipes"));
+        };
+        let ready = crate::guest::connection::AgentConnection::establish(
+            Box::new(stdout),
+            Box::new(stdin),
+            Duration::from_secs(10),
+        )
+        .await;
+        let _ = child.kill().await;
+        let log = std::fs::read_to_string(bundle.join("runsc.log")).unwrap_or_default();
+        ready.map(drop).map_err(|e| {
+            let tail: String = log.lines().last().unwrap_or("").chars().take(300).collect();
+            e.context(tail)
+        })
+    }
+    .await;
+    delete_container(runsc, state_dir, &id).await;
+    let _ = std::fs::remove_dir_all(&bundle);
+    result
+}
+
+/// The first runsc that runs a sandbox here: `configured` (`EVERVM_RUNSC`) or those on `PATH`
+/// and in the usual places, binaries that worked before first; on `platform` when given, else
+/// the platform that worked last time, else the first that works now.
+pub(super) async fn find_runsc(
+    configured: Option<&Path>,
+    platform: Option<&str>,
+    image: &Image,
+    state_dir: &Path,
+    bundles_dir: &Path,
+) -> Result<Runsc> {
+    let paths = candidates(configured);
+    if paths.is_empty() {
+        return Err(Error::unsupported(format!(
+            "no runsc found: {INSTALL_HINT}"
+        )));
+    }
+    // What runs here is a property of the host and the runsc binary, not of a home: the
+    // answer is kept in the user's cache directory.
+    let cache_path = crate::guest::image::default_cache_dir().join("runsc-probe.json");
+    // Newest first; older files held one entry.
+    let cached: Vec<ProbeCache> = std::fs::read(&cache_path)
+        .ok()
+        .and_then(|bytes| {
+            serde_json::from_slice::<Vec<ProbeCache>>(&bytes)
+                .or_else(|_| serde_json::from_slice::<ProbeCache>(&bytes).map(|c| vec![c]))
+                .ok()
+        })
+        .unwrap_or_default();
+    // Runsc binaries that worked before go first, the most recent first.
+    let mut paths = paths;
+    paths.sort_by_key(|p| {
+        cached
+            .iter()
+            .position(|c| c.path == *p)
+            .unwrap_or(usize::MAX)
+    });
+    let mut failures = Vec::new();
+    for path in paths {
+        let known = platform.map(str::to_owned).or_else(|| {
+            let digest = binary_digest(&path).ok();
+            cached
+                .iter()
+                .find(|c| c.path == path && digest.as_ref() == Some(&c.digest))
+                .map(|c| c.platform.clone())
+        });
+        match probe_runsc(&path, known.as_deref(), image, state_dir, bundles_dir).await {
+            Ok(runsc) => {
+                let cache = ProbeCache {
+                    path: runsc.path.clone(),
+                    digest: runsc.digest.clone(),
+                    platform: runsc.platform.clone(),
+                };
+                let newest = cache.path.clone();
+                let mut entries = vec![cache];
+                entries.extend(cached.iter().filter(|c| c.path != newest).cloned());
+                entries.truncate(8);
+                if let Ok(bytes) = serde_json::to_vec(&entries)
+                    && std::fs::create_dir_all(crate::guest::image::default_cache_dir()).is_ok()
+                {
+                    let _ = crate::fsutil::write_durably(&cache_path, &bytes);
+                }
+                return Ok(runsc);
+            }
+            Err(e) => failures.push(format!("{}: {e}", path.display())),
+        }
+    }
+    Err(Error::unsupported(format!(
+        "no runsc here can run a sandbox ({}); {INSTALL_HINT}",
+        failures.join("; ")
+    )))
+}
