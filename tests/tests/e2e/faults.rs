@@ -592,3 +592,82 @@ async fn a_machine_whose_snapshot_was_deleted_is_damaged_not_silently_fresh() {
     engine.delete_machine(&account, &name).await.unwrap();
     engine.shutdown().await;
 }
+
+/// Kills (SIGKILL) every process whose command line mentions `needle`; how many there were.
+fn kill_processes_mentioning(needle: &str) -> usize {
+    let mut killed = 0;
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if String::from_utf8_lossy(&cmdline).contains(needle) && pid != std::process::id() as i32 {
+            // SAFETY: kill has no memory effects; a pid that is gone only makes it fail.
+            if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
+                killed += 1;
+            }
+        }
+    }
+    killed
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn runsc_killed_under_a_busy_machine_costs_only_that_machine() {
+    if !gvisor_available() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let engine = Engine::open(config(home.path())).await.unwrap();
+    let account = engine.ensure_account("test").await.unwrap();
+    let busy = machine(&engine, &account, CreateMachine::default()).await;
+    let calm = machine(&engine, &account, CreateMachine::default()).await;
+    value(&engine, &account, &busy, "saved = 'before'").await;
+    engine.swap_out(&account, &busy).await.unwrap();
+    value(&engine, &account, &calm, "kept = 'calm'").await;
+    // The calm machine is on disk: every runsc process of this home is the busy one's.
+    engine.swap_out(&account, &calm).await.unwrap();
+    let mut request = ExecRequest::new(
+        "lost = 'after'\nn = 0\nprint('busy', flush=True)\nwhile True:\n    n += 1",
+    );
+    request.timeout = Duration::from_secs(120);
+    let seq = engine.exec(&account, &busy, request).await.unwrap().seq;
+    let mut events = engine.events(&account, &busy, seq).await.unwrap();
+    assert!(matches!(events.next().await, Some(ExecEvent::Output(_))));
+    let killed = kill_processes_mentioning(&home.path().join("runsc").display().to_string());
+    assert!(killed > 0, "no runsc process of this home was found");
+    let result = loop {
+        match events.next().await {
+            Some(ExecEvent::Result(result)) => break result,
+            Some(ExecEvent::Output(_)) => {}
+            None => panic!("no result"),
+        }
+    };
+    match &result.outcome {
+        Outcome::Error { text, cause } => {
+            assert_eq!(
+                *cause,
+                evervm::engine::FailureCause::MachineCrashed,
+                "{text}"
+            );
+            assert!(text.contains("MachineCrashed"), "{text}");
+        }
+        Outcome::Value(v) => panic!("expected a crash, got {v:?}"),
+    }
+    // It comes back from its last snapshot, and says so.
+    let (result, stderr) = run(&engine, &account, &busy, "[saved, 'lost' in globals()]").await;
+    assert_eq!(
+        result.outcome,
+        Outcome::Value(Some("['before', False]".to_owned()))
+    );
+    assert!(
+        stderr
+            .first()
+            .is_some_and(|l| l.contains("restored from its snapshot")),
+        "{stderr:?}"
+    );
+    // The other machine lost nothing.
+    assert_eq!(value(&engine, &account, &calm, "kept").await, "'calm'");
+    engine.shutdown().await;
+}
