@@ -110,12 +110,15 @@ pub(crate) struct AppState {
     pub(crate) engine: Engine,
     /// Takes host paths out of the engine's text before a client sees it.
     pub(crate) redactor: Arc<Redactor>,
+    /// The OpenAPI document, with this server's settings in it.
+    pub(crate) openapi: Arc<str>,
 }
 
 /// The whole API for `engine`, ready for `axum::serve`.
 pub fn router(engine: Engine) -> Router {
     let state = AppState {
         redactor: Arc::new(Redactor::for_engine(&engine)),
+        openapi: openapi::document_for(engine.limits()).into(),
         engine,
     };
     let api = Router::new()

@@ -11,15 +11,46 @@
 //! ```text
 //! EVERVM_UPDATE_OPENAPI=1 cargo test -p evervm openapi
 //! ```
+//!
+//! A server serves it with its own settings filled in: the `memory_mb` values it offers.
 
+use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
+use evervm_engine::Limits;
+
+use super::AppState;
 
 /// The document, as committed.
 const DOCUMENT: &str = include_str!("openapi.json");
 
-pub(crate) async fn openapi() -> Response {
-    ([(CONTENT_TYPE, "application/json")], DOCUMENT).into_response()
+pub(crate) async fn openapi(State(state): State<AppState>) -> Response {
+    (
+        [(CONTENT_TYPE, "application/json")],
+        state.openapi.to_string(),
+    )
+        .into_response()
+}
+
+/// The document for a server with these limits: `memory_mb` takes exactly the sizes it offers.
+pub(crate) fn document_for(limits: &Limits) -> String {
+    let Ok(mut document) = serde_json::from_str::<serde_json::Value>(DOCUMENT) else {
+        return DOCUMENT.to_owned();
+    };
+    let memory =
+        &mut document["components"]["schemas"]["CreateMachineRequest"]["properties"]["memory_mb"];
+    if let Some(schema) = memory.as_object_mut() {
+        schema.remove("minimum");
+        schema.remove("maximum");
+        let mut offered: Vec<serde_json::Value> = limits
+            .allowed_memory_mb
+            .iter()
+            .map(|&mb| mb.into())
+            .collect();
+        offered.push(serde_json::Value::Null);
+        schema.insert("enum".to_owned(), offered.into());
+    }
+    serde_json::to_string_pretty(&document).unwrap_or_else(|_| DOCUMENT.to_owned())
 }
 
 #[cfg(test)]
@@ -355,6 +386,19 @@ mod tests {
     const METHODS: &[&str] = &[
         "get", "put", "post", "delete", "options", "head", "patch", "trace",
     ];
+
+    #[test]
+    fn a_server_documents_the_memory_sizes_it_offers() {
+        let limits = evervm_engine::Limits {
+            allowed_memory_mb: vec![256, 1024],
+            ..evervm_engine::Limits::default()
+        };
+        let document: Value = serde_json::from_str(&super::document_for(&limits)).unwrap();
+        let memory =
+            &document["components"]["schemas"]["CreateMachineRequest"]["properties"]["memory_mb"];
+        assert_eq!(memory["enum"], json!([256, 1024, null]));
+        assert!(memory.get("minimum").is_none(), "{memory}");
+    }
 
     #[test]
     fn openapi_json_matches_the_wire_types() {

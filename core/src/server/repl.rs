@@ -106,7 +106,9 @@ async fn session(
     mut socket: WebSocket,
     received_delay: std::time::Duration,
 ) {
-    let AppState { engine, redactor } = state;
+    let AppState {
+        engine, redactor, ..
+    } = state;
     let machine = match open_machine(&engine, &account, &requested).await {
         Ok(machine) => machine,
         Err(failure) => return fail(&mut socket, &failure, &redactor).await,
