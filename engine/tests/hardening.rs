@@ -7,17 +7,12 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use evervm_engine::{
-    Account, CreateMachine, Engine, EngineConfig, ErrorKind, ExecEvent, ExecRequest, FailureCause,
-    Hook, Outcome,
+    Account, CreateMachine, Engine, ErrorKind, ExecEvent, ExecRequest, FailureCause, Hook, Outcome,
 };
 use futures::StreamExt;
 
-fn config(dir: &tempfile::TempDir) -> EngineConfig {
-    let mut config = EngineConfig::new(dir.path());
-    config.backend = evervm_engine::BackendChoice::parse("process");
-    config.pool_size = 0;
-    config
-}
+mod common;
+use common::{config, events, new_machine, run};
 
 /// The engine and account a hook acts on, set once the engine is open.
 type Target = Arc<OnceLock<(Engine, Account)>>;
@@ -45,20 +40,6 @@ where
     })
 }
 
-async fn run(
-    engine: &Engine,
-    account: &Account,
-    name: &str,
-    code: &str,
-) -> evervm_engine::ExecResult {
-    let seq = engine
-        .exec(account, name, ExecRequest::new(code))
-        .await
-        .unwrap()
-        .seq;
-    engine.result(account, name, seq).await.unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn an_interrupt_as_an_instruction_starts_is_not_lost() {
     let dir = tempfile::tempdir().unwrap();
@@ -77,12 +58,7 @@ async fn an_interrupt_as_an_instruction_starts_is_not_lost() {
     let engine = Engine::open(config).await.unwrap();
     let account = engine.ensure_account("test").await.unwrap();
     let _ = target.set((engine.clone(), account.clone()));
-    let name = engine
-        .create_machine(&account, CreateMachine::default())
-        .await
-        .unwrap()
-        .name
-        .to_string();
+    let name = new_machine(&engine, &account).await;
     run(&engine, &account, &name, "import time").await;
     armed.store(true, Ordering::SeqCst);
     let mut slow = ExecRequest::new("time.sleep(60)");
@@ -104,12 +80,7 @@ async fn a_lookup_racing_a_delete_never_brings_the_machine_back() {
     let name = {
         let engine = Engine::open(config(&dir)).await.unwrap();
         let account = engine.ensure_account("test").await.unwrap();
-        let name = engine
-            .create_machine(&account, CreateMachine::default())
-            .await
-            .unwrap()
-            .name
-            .to_string();
+        let name = new_machine(&engine, &account).await;
         engine.shutdown().await;
         name
     };
@@ -194,12 +165,7 @@ async fn deleting_a_machine_mid_instruction_ends_it_and_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(config(&dir)).await.unwrap();
     let account = engine.ensure_account("test").await.unwrap();
-    let name = engine
-        .create_machine(&account, CreateMachine::default())
-        .await
-        .unwrap()
-        .name
-        .to_string();
+    let name = new_machine(&engine, &account).await;
     run(&engine, &account, &name, "import time").await;
     let seq = engine
         .exec(
@@ -281,12 +247,7 @@ async fn limits_are_errors_that_name_them() {
     assert!(odd.message().contains("512"), "{odd}");
 
     // Machines per account.
-    let name = engine
-        .create_machine(&account, CreateMachine::default())
-        .await
-        .unwrap()
-        .name
-        .to_string();
+    let name = new_machine(&engine, &account).await;
     engine
         .create_machine(&account, CreateMachine::default())
         .await
@@ -348,19 +309,9 @@ async fn an_account_past_its_resident_memory_is_refused_with_the_limit() {
     config.limits.max_resident_mb_per_account = 700;
     let engine = Engine::open(config).await.unwrap();
     let account = engine.ensure_account("test").await.unwrap();
-    let first = engine
-        .create_machine(&account, CreateMachine::default())
-        .await
-        .unwrap()
-        .name
-        .to_string();
+    let first = new_machine(&engine, &account).await;
     run(&engine, &account, &first, "1").await;
-    let second = engine
-        .create_machine(&account, CreateMachine::default())
-        .await
-        .unwrap()
-        .name
-        .to_string();
+    let second = new_machine(&engine, &account).await;
     // The process backend cannot swap the first one out to make room.
     let refused = run(&engine, &account, &second, "1").await;
     match refused.outcome {
@@ -392,28 +343,19 @@ async fn a_machine_that_lost_its_state_in_a_restart_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(config(&dir)).await.unwrap();
     let account = engine.ensure_account("test").await.unwrap();
-    let name = engine
-        .create_machine(&account, CreateMachine::default())
-        .await
-        .unwrap()
-        .name
-        .to_string();
+    let name = new_machine(&engine, &account).await;
     run(&engine, &account, &name, "x = 1").await;
     // The process backend cannot save a machine: a restart loses its interpreter.
     engine.shutdown().await;
     let engine = Engine::open(config(&dir)).await.unwrap();
-    let seq = engine
-        .exec(&account, &name, ExecRequest::new("'x' in globals()"))
-        .await
-        .unwrap()
-        .seq;
-    let events: Vec<ExecEvent> = engine
-        .events(&account, &name, seq)
-        .await
-        .unwrap()
-        .collect()
-        .await;
-    match events.first() {
+    let first = events(
+        &engine,
+        &account,
+        &name,
+        ExecRequest::new("'x' in globals()"),
+    )
+    .await;
+    match first.first() {
         Some(ExecEvent::Output(note)) => {
             assert!(
                 note.data
@@ -425,7 +367,7 @@ async fn a_machine_that_lost_its_state_in_a_restart_says_so() {
         }
         other => panic!("expected a note first, got {other:?}"),
     }
-    match events.last() {
+    match first.last() {
         Some(ExecEvent::Result(result)) => {
             assert_eq!(result.outcome, Outcome::Value(Some("False".to_owned())));
         }
@@ -434,18 +376,8 @@ async fn a_machine_that_lost_its_state_in_a_restart_says_so() {
     // Said once.
     let again = run(&engine, &account, &name, "1").await;
     assert_eq!(again.outcome, Outcome::Value(Some("1".to_owned())));
-    let seq = engine
-        .exec(&account, &name, ExecRequest::new("2"))
-        .await
-        .unwrap()
-        .seq;
-    let events: Vec<ExecEvent> = engine
-        .events(&account, &name, seq)
-        .await
-        .unwrap()
-        .collect()
-        .await;
-    assert_eq!(events.len(), 1, "{events:?}");
+    let later = events(&engine, &account, &name, ExecRequest::new("2")).await;
+    assert_eq!(later.len(), 1, "{later:?}");
     engine.shutdown().await;
 }
 
@@ -468,12 +400,7 @@ async fn a_database_locked_by_another_process_makes_work_wait_not_fail() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(config(&dir)).await.unwrap();
     let account = engine.ensure_account("test").await.unwrap();
-    let name = engine
-        .create_machine(&account, CreateMachine::default())
-        .await
-        .unwrap()
-        .name
-        .to_string();
+    let name = new_machine(&engine, &account).await;
     run(&engine, &account, &name, "x = 20").await;
     // Another process (a backup, `sqlite3` at a console) holds the database for a while.
     let holder = rusqlite::Connection::open(dir.path().join("evervm.db")).unwrap();

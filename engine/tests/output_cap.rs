@@ -6,10 +6,12 @@
 use std::time::Duration;
 
 use evervm_engine::{
-    CreateMachine, Engine, EngineConfig, ExecEvent, ExecRequest, FailureCause, LINE_OVERHEAD_BYTES,
-    Outcome, OutputStream,
+    Engine, ExecEvent, ExecRequest, FailureCause, LINE_OVERHEAD_BYTES, Outcome, OutputStream,
 };
 use futures::StreamExt;
+
+mod common;
+use common::new_machine;
 
 /// This process's resident memory, from `/proc/self/status`.
 fn resident_bytes() -> u64 {
@@ -29,18 +31,11 @@ fn resident_bytes() -> u64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_endless_print_loop_leaves_memory_flat() {
     let dir = tempfile::tempdir().unwrap();
-    let mut config = EngineConfig::new(dir.path());
-    config.backend = evervm_engine::BackendChoice::parse("process");
-    config.pool_size = 0;
+    let config = common::config(&dir);
     let cap = config.limits.max_output_bytes;
     let engine = Engine::open(config).await.unwrap();
     let account = engine.ensure_account("test").await.unwrap();
-    let name = engine
-        .create_machine(&account, CreateMachine::default())
-        .await
-        .unwrap()
-        .name
-        .to_string();
+    let name = new_machine(&engine, &account).await;
     // Warm up (the agent, the store), then measure.
     let seq = engine
         .exec(&account, &name, ExecRequest::new("line = 'x' * 1000"))

@@ -2,7 +2,7 @@
 
 use rusqlite::{OptionalExtension, params};
 
-use super::{CheckpointRecord, Store, machine_gone, now, parse_time};
+use super::{CheckpointRecord, Store, machine_gone, now, parse_time, stored};
 use crate::error::{Error, Result};
 use crate::types::{ExecResult, FailureCause, OutputChunk, OutputStream};
 
@@ -23,9 +23,7 @@ impl Store {
                 params![
                     machine,
                     checkpoint.name,
-                    checkpoint
-                        .created_at
-                        .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                    stored(checkpoint.created_at),
                     checkpoint.instruction_count
                 ],
             )
@@ -54,9 +52,7 @@ impl Store {
             params![
                 machine,
                 checkpoint.name,
-                checkpoint
-                    .created_at
-                    .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                stored(checkpoint.created_at),
                 checkpoint.instruction_count
             ],
         )?;

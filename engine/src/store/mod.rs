@@ -86,8 +86,13 @@ fn machine_gone(machine: &str, e: rusqlite::Error) -> Error {
     }
 }
 
+/// A time as the database keeps it.
+fn stored(time: DateTime<Utc>) -> String {
+    time.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+}
+
 fn now() -> String {
-    Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+    stored(Utc::now())
 }
 
 fn parse_time(text: &str) -> Result<DateTime<Utc>> {
@@ -272,17 +277,13 @@ impl Store {
             params![
                 record.name.as_str(),
                 record.account_id,
-                record
-                    .created_at
-                    .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                stored(record.created_at),
                 tags,
                 record.memory_mb,
                 record.image.as_str(),
                 record.backend,
                 record.durability.as_str(),
-                record
-                    .snapshot_at
-                    .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
+                record.snapshot_at.map(stored)
             ],
         )?;
         Ok(())
