@@ -47,6 +47,26 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiFail
         .map_err(|rejection| ApiFailure::bad_request(rejection.body_text()))
 }
 
+/// A required JSON body, decoded.
+pub(crate) fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiFailure> {
+    if is_blank(bytes) {
+        return Err(ApiFailure::bad_request(
+            "the request body is empty: this endpoint needs a JSON object",
+        ));
+    }
+    parse_json(bytes)
+}
+
+/// An optional JSON body, decoded: `None` for an empty body or `null`.
+pub(crate) fn parse_optional_body<T: DeserializeOwned>(
+    bytes: &[u8],
+) -> Result<Option<T>, ApiFailure> {
+    if is_blank(bytes) {
+        return Ok(None);
+    }
+    parse_json::<Option<T>>(bytes)
+}
+
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiFailure;
 
@@ -54,12 +74,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
         let bytes = Bytes::from_request(request, state)
             .await
             .map_err(|r| body_failure(&r))?;
-        if is_blank(&bytes) {
-            return Err(ApiFailure::bad_request(
-                "the request body is empty: this endpoint needs a JSON object",
-            ));
-        }
-        parse_json(&bytes).map(JsonBody)
+        parse_body(&bytes).map(JsonBody)
     }
 }
 
@@ -70,10 +85,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OptionalJsonBody<T>
         let bytes = Bytes::from_request(request, state)
             .await
             .map_err(|r| body_failure(&r))?;
-        if is_blank(&bytes) {
-            return Ok(OptionalJsonBody(None));
-        }
-        parse_json::<Option<T>>(&bytes).map(OptionalJsonBody)
+        parse_optional_body(&bytes).map(OptionalJsonBody)
     }
 }
 
