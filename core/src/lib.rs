@@ -8,6 +8,8 @@
 pub mod client;
 mod convert;
 mod error;
+#[cfg(any(test, fuzzing))]
+pub mod fuzz_targets;
 pub mod protocol;
 #[cfg(feature = "server")]
 pub mod server;

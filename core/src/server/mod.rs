@@ -17,11 +17,11 @@
 //! ```
 
 mod auth;
-mod error;
+pub(crate) mod error;
 mod exec;
-mod extract;
+pub(crate) mod extract;
 mod machines;
-mod repl;
+pub(crate) mod repl;
 
 use std::future::{Future, IntoFuture};
 use std::time::{Duration, Instant};
