@@ -345,6 +345,34 @@ mod tests {
             }
         }
 
+        /// Streams of plausible events, however split, through the fuzz harness's checks.
+        #[test]
+        fn event_streams_hold_the_fuzz_invariants(
+            seed in any::<u8>(),
+            events in proptest::collection::vec((0u8..4, any::<i64>(), ".{0,12}"), 0..8),
+        ) {
+            let mut input = vec![seed];
+            for (kind, id, text) in &events {
+                let payload = match kind {
+                    0 => serde_json::json!({"ev": "ready", "python": text}).to_string().into_bytes(),
+                    1 => serde_json::json!({"ev": "output", "id": id, "stream": "stderr", "data": text})
+                        .to_string()
+                        .into_bytes(),
+                    2 => serde_json::json!({"ev": "result", "id": id, "error": text, "cause": "timeout"})
+                        .to_string()
+                        .into_bytes(),
+                    _ => {
+                        let mut binary = b"Oo".to_vec();
+                        binary.extend(id.to_be_bytes());
+                        binary.extend(text.as_bytes());
+                        binary
+                    }
+                };
+                input.extend(encode_frame(&payload).unwrap());
+            }
+            crate::fuzz_targets::agent_channel(&input);
+        }
+
         #[test]
         fn frames_round_trip(payloads in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 1..8), cut in 1usize..50) {
             let mut stream = Vec::new();
