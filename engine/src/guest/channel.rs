@@ -306,6 +306,23 @@ mod tests {
     }
 
     #[test]
+    fn numbers_in_result_data_are_decoded_exactly() {
+        // Without serde_json's `float_roundtrip` this came back one ULP off.
+        let event =
+            decode_event(br#"{"ev":"result","id":1,"data":{"x":9.158604021021239e-300}}"#).unwrap();
+        let AgentEvent::Result {
+            data: Some(data), ..
+        } = event
+        else {
+            panic!("not a result with data: {event:?}");
+        };
+        assert_eq!(
+            data["x"].as_f64().map(f64::to_bits),
+            Some(9.158_604_021_021_239e-300_f64.to_bits())
+        );
+    }
+
+    #[test]
     fn decodes_binary_output_frames() {
         let mut payload = b"Oe".to_vec();
         payload.extend(7i64.to_be_bytes());
