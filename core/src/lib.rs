@@ -11,6 +11,8 @@ pub mod admin;
 pub mod client;
 mod convert;
 mod error;
+#[cfg(any(test, fuzzing))]
+pub mod fuzz_targets;
 pub mod protocol;
 #[cfg(feature = "server")]
 pub mod server;

@@ -6,6 +6,8 @@
 mod engine;
 mod error;
 pub mod fsutil;
+#[cfg(any(test, fuzzing))]
+pub mod fuzz_targets;
 pub mod guest;
 mod machine;
 mod pool;

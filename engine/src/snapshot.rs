@@ -300,28 +300,31 @@ pub fn check_manifest(
     }
     let text = std::fs::read(dir.join(MANIFEST))
         .map_err(|e| damaged(dir, format!("its manifest is unreadable ({e})")))?;
-    let manifest: SnapshotManifest = serde_json::from_slice(&text)
-        .map_err(|e| damaged(dir, format!("its manifest is invalid ({e})")))?;
+    parse_manifest(&text, restorable)
+        .map(Some)
+        .map_err(|e| damaged(dir, e.message().to_owned()))
+}
+
+/// Decodes a `manifest.json` and checks that it is of this format and from a runtime
+/// `restorable` accepts. The error (`MachineCrashed`) says what is wrong, without the directory.
+pub fn parse_manifest(text: &[u8], restorable: &dyn Fn(&str) -> bool) -> Result<SnapshotManifest> {
+    let refused = |why: String| Error::new(ErrorKind::MachineCrashed, why);
+    let manifest: SnapshotManifest = serde_json::from_slice(text)
+        .map_err(|e| refused(format!("its manifest is invalid ({e})")))?;
     if manifest.format != FORMAT {
-        return Err(damaged(
-            dir,
-            format!(
-                "format {} (this engine reads format {FORMAT})",
-                manifest.format
-            ),
-        ));
+        return Err(refused(format!(
+            "format {} (this engine reads format {FORMAT})",
+            manifest.format
+        )));
     }
     if !restorable(&manifest.runtime) {
-        return Err(damaged(
-            dir,
-            format!(
-                "it was written by {}, which this engine does not have (keep that runsc, or \
-                 delete the machine)",
-                manifest.runtime
-            ),
-        ));
+        return Err(refused(format!(
+            "it was written by {}, which this engine does not have (keep that runsc, or delete \
+             the machine)",
+            manifest.runtime
+        )));
     }
-    Ok(Some(manifest))
+    Ok(manifest)
 }
 
 /// The expensive half of [`verify_dir`]: every file's bytes match the manifest's size and

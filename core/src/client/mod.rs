@@ -3,7 +3,7 @@
 
 #[cfg(feature = "local")]
 mod local;
-mod remote;
+pub(crate) mod remote;
 
 use std::sync::Arc;
 

@@ -28,7 +28,7 @@ pub(crate) struct RemoteTransport {
 }
 
 /// Maps an error body and status to an error, by the wire's one table of codes.
-fn api_error(status: StatusCode, body: &str) -> Error {
+pub(crate) fn api_error(status: StatusCode, body: &str) -> Error {
     let parsed: Option<ApiError> = serde_json::from_str(body).ok();
     let kind = ErrorCode::kind_of(parsed.as_ref().map(|e| e.code.as_str()), status.as_u16());
     let message = match parsed {
@@ -275,11 +275,7 @@ impl Transport for RemoteTransport {
                     return None;
                 }
                 loop {
-                    if let Some(line) = buffer.next_line() {
-                        if line.iter().all(u8::is_ascii_whitespace) {
-                            continue;
-                        }
-                        let event = parse_stream_line(line);
+                    if let Some(event) = buffer.next_event() {
                         let finished = !matches!(event, Ok(ExecEvent::Output(_)));
                         return Some((event, (bytes, buffer, finished)));
                     }
@@ -425,15 +421,38 @@ fn check_machine_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// Bytes split into lines without moving the unread rest for every line.
-#[derive(Default)]
-struct LineBuffer {
+/// Longest line a result stream may send: above the largest result an agent can send (a 64 MiB
+/// frame), so that only a broken or hostile server reaches it.
+const MAX_STREAM_LINE: usize = 80 * 1024 * 1024;
+
+/// Bytes split into lines without moving the unread rest for every line, nor searching the same
+/// bytes twice for a newline (a long line arrives in many chunks).
+pub(crate) struct LineBuffer {
     bytes: Vec<u8>,
     start: usize,
+    /// Bytes after `start` known to hold no newline.
+    searched: usize,
+    /// Longest line accepted; a longer one is an error, not an ever larger buffer.
+    limit: usize,
+}
+
+impl Default for LineBuffer {
+    fn default() -> Self {
+        Self::with_limit(MAX_STREAM_LINE)
+    }
 }
 
 impl LineBuffer {
-    fn push(&mut self, data: &[u8]) {
+    pub(crate) fn with_limit(limit: usize) -> Self {
+        Self {
+            bytes: Vec::new(),
+            start: 0,
+            searched: 0,
+            limit,
+        }
+    }
+
+    pub(crate) fn push(&mut self, data: &[u8]) {
         if self.start > 0 {
             self.bytes.drain(..self.start);
             self.start = 0;
@@ -441,17 +460,47 @@ impl LineBuffer {
         self.bytes.extend_from_slice(data);
     }
 
-    /// The next whole line, without its `\n`.
-    fn next_line(&mut self) -> Option<&[u8]> {
+    /// The next whole line, without its `\n`; an error when the line being received is over
+    /// the limit.
+    pub(crate) fn next_line(&mut self) -> Result<Option<&[u8]>> {
         let rest = &self.bytes[self.start..];
-        let newline = rest.iter().position(|b| *b == b'\n')?;
-        let line = &self.bytes[self.start..self.start + newline];
-        self.start += newline + 1;
-        Some(line)
+        let Some(newline) = rest[self.searched..].iter().position(|b| *b == b'\n') else {
+            self.searched = rest.len();
+            if rest.len() > self.limit {
+                return Err(Error::transport(format!(
+                    "the result stream has a line longer than {} bytes",
+                    self.limit
+                )));
+            }
+            return Ok(None);
+        };
+        let end = self.start + self.searched + newline;
+        let line = &self.bytes[self.start..end];
+        self.start = end + 1;
+        self.searched = 0;
+        if line.len() > self.limit {
+            return Err(Error::transport(format!(
+                "the result stream has a line longer than {} bytes",
+                self.limit
+            )));
+        }
+        Ok(Some(line))
+    }
+
+    /// The next event, once its whole line has arrived (blank lines are skipped).
+    pub(crate) fn next_event(&mut self) -> Option<Result<ExecEvent>> {
+        loop {
+            match self.next_line() {
+                Ok(Some(line)) if line.iter().all(u8::is_ascii_whitespace) => {}
+                Ok(Some(line)) => return Some(parse_stream_line(line)),
+                Ok(None) => return None,
+                Err(e) => return Some(Err(e)),
+            }
+        }
     }
 }
 
-fn parse_stream_line(line: &[u8]) -> Result<ExecEvent> {
+pub(crate) fn parse_stream_line(line: &[u8]) -> Result<ExecEvent> {
     let message: MessageFromServer = serde_json::from_slice(line).map_err(|e| {
         Error::transport(format!(
             "the result stream has a line that is not a message: {e}"
@@ -602,6 +651,35 @@ mod tests {
         );
         let e = api_error(StatusCode::TOO_MANY_REQUESTS, "slow down");
         assert_eq!(e.kind(), ErrorKind::LimitExceeded);
+    }
+
+    #[test]
+    fn a_long_line_is_searched_once() {
+        let mut buffer = LineBuffer::default();
+        for _ in 0..1000 {
+            buffer.push(&[b'x'; 100]);
+            assert!(buffer.next_line().unwrap().is_none());
+            // Only the new bytes are searched: the scan is linear in the line, not quadratic.
+            assert_eq!(buffer.searched, buffer.bytes.len() - buffer.start);
+        }
+        buffer.push(b"\nnext");
+        assert_eq!(buffer.next_line().unwrap().unwrap().len(), 100_000);
+        assert!(buffer.next_line().unwrap().is_none());
+        buffer.push(b"\n");
+        assert_eq!(buffer.next_line().unwrap(), Some(&b"next"[..]));
+    }
+
+    #[test]
+    fn a_line_over_the_limit_is_an_error() {
+        let mut buffer = LineBuffer::with_limit(8);
+        buffer.push(b"12345678\n123456789");
+        assert_eq!(buffer.next_line().unwrap(), Some(&b"12345678"[..]));
+        let err = buffer.next_line().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Transport);
+        assert!(err.message().contains("longer than 8 bytes"), "{err}");
+        let mut buffer = LineBuffer::with_limit(8);
+        buffer.push(b"123456789\n");
+        assert!(buffer.next_line().is_err());
     }
 
     #[test]

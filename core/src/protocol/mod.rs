@@ -594,6 +594,27 @@ mod tests {
     }
 
     #[test]
+    fn numbers_in_data_survive_a_round_trip() {
+        // Without serde_json's `float_roundtrip`, this number came back one ULP off after each
+        // decode and re-encode (seen through the fuzz harnesses' round-trip checks).
+        let text = r#"{"value":null,"data":{"x":9.15860402102123842989e-300},"runtime_ms":0}"#;
+        let first: WireExecResult = serde_json::from_str(text).unwrap();
+        let again: WireExecResult =
+            serde_json::from_str(&serde_json::to_string(&first).unwrap()).unwrap();
+        assert_eq!(again, first);
+        let WireOutcome::Value {
+            data: Some(data), ..
+        } = first.outcome
+        else {
+            panic!("not a value: {first:?}");
+        };
+        assert_eq!(
+            data["x"].as_f64().map(f64::to_bits),
+            Some(9.158_604_021_021_239e-300_f64.to_bits())
+        );
+    }
+
+    #[test]
     fn server_messages_are_tagged() {
         let message = MessageFromServer::Result {
             instruction_id: 4,

@@ -54,6 +54,26 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiFail
         .map_err(|rejection| ApiFailure::bad_request(rejection.body_text()))
 }
 
+/// A required JSON body, decoded.
+pub(crate) fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiFailure> {
+    if is_blank(bytes) {
+        return Err(ApiFailure::bad_request(
+            "the request body is empty: this endpoint needs a JSON object",
+        ));
+    }
+    parse_json(bytes)
+}
+
+/// An optional JSON body, decoded: `None` for an empty body or `null`.
+pub(crate) fn parse_optional_body<T: DeserializeOwned>(
+    bytes: &[u8],
+) -> Result<Option<T>, ApiFailure> {
+    if is_blank(bytes) || bytes.trim_ascii() == b"null" {
+        return Ok(None);
+    }
+    parse_json::<T>(bytes).map(Some)
+}
+
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiFailure;
 
@@ -61,12 +81,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
         let bytes = Bytes::from_request(request, state)
             .await
             .map_err(|r| body_failure(&r))?;
-        if is_blank(&bytes) {
-            return Err(ApiFailure::bad_request(
-                "the request body is empty: this endpoint needs a JSON object",
-            ));
-        }
-        parse_json(&bytes).map(JsonBody)
+        parse_body(&bytes).map(JsonBody)
     }
 }
 
@@ -77,10 +92,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OptionalJsonBody<T>
         let bytes = Bytes::from_request(request, state)
             .await
             .map_err(|r| body_failure(&r))?;
-        if is_blank(&bytes) || bytes.trim_ascii() == b"null" {
-            return Ok(OptionalJsonBody(None));
-        }
-        parse_json::<T>(&bytes).map(|value| OptionalJsonBody(Some(value)))
+        parse_optional_body(&bytes).map(OptionalJsonBody)
     }
 }
 

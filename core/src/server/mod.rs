@@ -25,14 +25,14 @@
 //! ```
 
 mod auth;
-mod error;
+pub(crate) mod error;
 mod exec;
-mod extract;
+pub(crate) mod extract;
 mod machines;
 mod open;
 mod openapi;
 pub(crate) mod redact;
-mod repl;
+pub(crate) mod repl;
 
 pub use open::{PROCESS_FALLBACK_REFUSED, ServeOptions, Server, open};
 

@@ -156,7 +156,7 @@ impl Session {
     }
 
     async fn on_incoming(&mut self, incoming: Option<Result<Message, axum::Error>>) -> Flow {
-        let text = match incoming {
+        let decoded = match incoming {
             None | Some(Ok(Message::Close(_))) => return Flow::Stop,
             Some(Err(e)) if is_oversize(&e) => {
                 let failure = ApiFailure::payload_too_large(format!(
@@ -172,24 +172,15 @@ impl Session {
             }
             // Pings are answered by the WebSocket layer itself.
             Some(Ok(Message::Ping(_) | Message::Pong(_))) => return Flow::Continue,
-            Some(Ok(Message::Text(text))) => text.to_string(),
-            Some(Ok(Message::Binary(bytes))) => {
-                let Ok(text) = String::from_utf8(bytes.to_vec()) else {
-                    let failure = ApiFailure::bad_request("binary message is not UTF-8 JSON");
-                    return flow(send_error(&mut self.socket, &failure).await);
-                };
-                text
-            }
+            Some(Ok(Message::Text(text))) => decode_message(text.as_bytes()),
+            Some(Ok(Message::Binary(bytes))) => decode_message(&bytes),
         };
-        match serde_json::from_str::<MessageToServer>(&text) {
+        match decoded {
             Ok(MessageToServer::Exec {
                 instruction,
                 request_id,
             }) => self.exec(instruction, request_id).await,
-            Err(e) => {
-                let failure = ApiFailure::bad_request(format!("unreadable message: {e}"));
-                flow(send_error(&mut self.socket, &failure).await)
-            }
+            Err(failure) => flow(send_error(&mut self.socket, &failure).await),
         }
     }
 
@@ -257,6 +248,14 @@ impl Session {
             tracing::debug!("WebSocket flush failed: {e}");
         }))
     }
+}
+
+/// A client's message (text, or binary holding UTF-8 JSON), decoded.
+pub(crate) fn decode_message(bytes: &[u8]) -> Result<MessageToServer, ApiFailure> {
+    let text = std::str::from_utf8(bytes)
+        .map_err(|_| ApiFailure::bad_request("binary message is not UTF-8 JSON"))?;
+    serde_json::from_str(text)
+        .map_err(|e| ApiFailure::bad_request(format!("unreadable message: {e}")))
 }
 
 fn flow(sent: Result<(), ()>) -> Flow {
@@ -355,7 +354,7 @@ async fn fail(socket: &mut WebSocket, failure: &ApiFailure, redactor: &Redactor)
 }
 
 /// `text` cut to fit a close frame, at a character boundary.
-fn close_reason(text: &str) -> String {
+pub(crate) fn close_reason(text: &str) -> String {
     if text.len() <= MAX_CLOSE_REASON {
         return text.to_owned();
     }

@@ -306,6 +306,23 @@ mod tests {
     }
 
     #[test]
+    fn numbers_in_result_data_are_decoded_exactly() {
+        // Without serde_json's `float_roundtrip` this came back one ULP off.
+        let event =
+            decode_event(br#"{"ev":"result","id":1,"data":{"x":9.158604021021239e-300}}"#).unwrap();
+        let AgentEvent::Result {
+            data: Some(data), ..
+        } = event
+        else {
+            panic!("not a result with data: {event:?}");
+        };
+        assert_eq!(
+            data["x"].as_f64().map(f64::to_bits),
+            Some(9.158_604_021_021_239e-300_f64.to_bits())
+        );
+    }
+
+    #[test]
     fn decodes_binary_output_frames() {
         let mut payload = b"Oe".to_vec();
         payload.extend(7i64.to_be_bytes());
@@ -343,6 +360,34 @@ mod tests {
                     let _ = decode_event(&payload);
                 }
             }
+        }
+
+        /// Streams of plausible events, however split, through the fuzz harness's checks.
+        #[test]
+        fn event_streams_hold_the_fuzz_invariants(
+            seed in any::<u8>(),
+            events in proptest::collection::vec((0u8..4, any::<i64>(), ".{0,12}"), 0..8),
+        ) {
+            let mut input = vec![seed];
+            for (kind, id, text) in &events {
+                let payload = match kind {
+                    0 => serde_json::json!({"ev": "ready", "python": text}).to_string().into_bytes(),
+                    1 => serde_json::json!({"ev": "output", "id": id, "stream": "stderr", "data": text})
+                        .to_string()
+                        .into_bytes(),
+                    2 => serde_json::json!({"ev": "result", "id": id, "error": text, "cause": "timeout"})
+                        .to_string()
+                        .into_bytes(),
+                    _ => {
+                        let mut binary = b"Oo".to_vec();
+                        binary.extend(id.to_be_bytes());
+                        binary.extend(text.as_bytes());
+                        binary
+                    }
+                };
+                input.extend(encode_frame(&payload).unwrap());
+            }
+            crate::fuzz_targets::agent_channel(&input);
         }
 
         #[test]

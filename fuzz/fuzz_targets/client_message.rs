@@ -1,0 +1,4 @@
+//! The `evervm` crate's `fuzz_targets::client_message` harness under libFuzzer.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| evervm::fuzz_targets::client_message(data));
