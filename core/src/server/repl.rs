@@ -75,6 +75,9 @@ pub(crate) async fn repl(
 /// The instruction being streamed: its seq and its events, in batches of those ready at once.
 type Streaming = (i64, BoxStream<'static, Vec<engine::ExecEvent>>);
 
+/// Instructions a connection may have accepted and not yet streamed back.
+const MAX_UNSENT_RESULTS: usize = 1024;
+
 /// Most events sent in one batch before the socket is flushed.
 const EVENT_BATCH: usize = 1024;
 
@@ -187,6 +190,14 @@ impl Session {
     async fn exec(&mut self, instruction: WireInstruction, request_id: u32) -> Flow {
         let code_bytes = instruction.code.len();
         let accepted = match exec_from_wire(instruction, false) {
+            // Instructions accepted on this connection whose results it has not sent yet: a
+            // client that sends far faster than it reads is told to wait.
+            Ok(_) if self.queue.len() >= MAX_UNSENT_RESULTS => {
+                Err(engine::Error::limit_exceeded(format!(
+                    "this connection has {MAX_UNSENT_RESULTS} instructions whose results it has \
+                     not read yet: read them before sending more"
+                )))
+            }
             Ok(request) => {
                 self.engine
                     .exec(&self.account, &self.machine, request)

@@ -671,3 +671,46 @@ async fn runsc_killed_under_a_busy_machine_costs_only_that_machine() {
     assert_eq!(value(&engine, &account, &calm, "kept").await, "'calm'");
     engine.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_account_past_its_disk_quota_cannot_fork_or_checkpoint() {
+    if !gvisor_available() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let mut config = config(home.path());
+    config.limits.max_disk_mb_per_account = 1;
+    let engine = Engine::open(config).await.unwrap();
+    let account = engine.ensure_account("test").await.unwrap();
+    let name = machine(&engine, &account, CreateMachine::default()).await;
+    value(&engine, &account, &name, "x = bytes(2 * 1024 * 1024)").await;
+    // The first copy is allowed: nothing is on disk yet.
+    engine
+        .create_checkpoint(&account, &name, Some("first".to_owned()))
+        .await
+        .unwrap();
+    let refused = engine
+        .create_checkpoint(&account, &name, Some("second".to_owned()))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::LimitExceeded, "{refused}");
+    assert!(
+        refused.message().contains("EVERVM_ACCOUNT_DISK_MB"),
+        "{refused}"
+    );
+    let refused = engine
+        .fork_machine(&account, &name, evervm::engine::ForkMachine::default())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::LimitExceeded, "{refused}");
+    // The machine itself goes on, and swaps (its own state is never refused).
+    assert_eq!(value(&engine, &account, &name, "len(x)").await, "2097152");
+    engine.swap_out(&account, &name).await.unwrap();
+    // Deleting the checkpoint makes room again.
+    engine
+        .delete_checkpoint(&account, &name, "first")
+        .await
+        .unwrap();
+    engine.delete_machine(&account, &name).await.unwrap();
+    engine.shutdown().await;
+}
