@@ -23,7 +23,7 @@ pub(crate) struct Resident {
 
 impl Resident {
     /// Stops the sandbox; returns why it had ended, if it had.
-    pub async fn kill(mut self) -> Option<String> {
+    pub async fn kill(mut self) -> Option<crate::sandbox::ExitReason> {
         let reason = self.sandbox.exit_reason();
         let _ = self.sandbox.kill().await;
         reason.or_else(|| self.sandbox.exit_reason())

@@ -339,13 +339,7 @@ async fn crashed(
     // Give the sandbox a moment to finish exiting so that its exit status can be read.
     tokio::time::sleep(Duration::from_millis(20)).await;
     let reason = resident.kill().await;
-    let cause = match reason {
-        Some(reason) if reason.contains("signal 9") => {
-            format!("{reason} (most likely out of memory)")
-        }
-        Some(reason) => reason,
-        None => error,
-    };
+    let cause = reason.map_or(error, |reason| reason.text);
     let text = format!(
         "MachineCrashed: the machine stopped unexpectedly ({cause}); {}",
         engine.state_loss_note()

@@ -87,7 +87,7 @@ pub trait Sandbox: Send {
     async fn kill(&mut self) -> Result<()>;
 
     /// If the sandbox has ended, why (exit status, signal).
-    fn exit_reason(&mut self) -> Option<String>;
+    fn exit_reason(&mut self) -> Option<ExitReason>;
 
     /// Saves the whole sandbox, memory and files, into `dir` and stops it.
     async fn checkpoint(&mut self, dir: &std::path::Path) -> Result<()> {
@@ -110,6 +110,19 @@ pub trait Sandbox: Send {
 
     /// The host process at the root of the sandbox (its memory is that process tree's).
     fn pid(&self) -> Option<u32>;
+}
+
+/// Why a sandbox ended, in words that say what it most likely means (each backend knows what
+/// its statuses mean: nothing above it reads meaning back out of the text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExitReason {
+    pub text: String,
+}
+
+impl std::fmt::Display for ExitReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
 }
 
 /// Memory a process tree holds: the sum of each process's proportional set size (shared pages

@@ -236,13 +236,17 @@ impl Sandbox for ProcessSandbox {
         self.child.id()
     }
 
-    fn exit_reason(&mut self) -> Option<String> {
+    fn exit_reason(&mut self) -> Option<super::ExitReason> {
         use std::os::unix::process::ExitStatusExt;
         let status = self.child.try_wait().ok().flatten()?;
-        Some(match (status.code(), status.signal()) {
+        let text = match (status.code(), status.signal()) {
+            (_, Some(libc::SIGKILL)) => {
+                "the sandbox was killed by signal 9 (most likely out of memory)".to_owned()
+            }
             (_, Some(signal)) => format!("the sandbox was killed by signal {signal}"),
             (Some(code), None) => format!("the sandbox exited with status {code}"),
             (None, None) => "the sandbox ended".to_owned(),
-        })
+        };
+        Some(super::ExitReason { text })
     }
 }

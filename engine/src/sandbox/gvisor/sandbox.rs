@@ -98,10 +98,10 @@ impl Sandbox for GvisorSandbox {
         Ok(())
     }
 
-    fn exit_reason(&mut self) -> Option<String> {
+    fn exit_reason(&mut self) -> Option<crate::sandbox::ExitReason> {
         use std::os::unix::process::ExitStatusExt;
         let status = self.child.try_wait().ok().flatten()?;
-        Some(match (status.code(), status.signal()) {
+        let text = match (status.code(), status.signal()) {
             (Some(137), _) | (_, Some(9)) => {
                 "the sandbox was killed (its memory went past the limit, or it was stopped)"
                     .to_owned()
@@ -118,6 +118,7 @@ impl Sandbox for GvisorSandbox {
             }
             (_, Some(signal)) => format!("the sandbox was killed by signal {signal}"),
             (None, None) => "the sandbox ended".to_owned(),
-        })
+        };
+        Some(crate::sandbox::ExitReason { text })
     }
 }
