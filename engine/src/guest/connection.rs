@@ -15,8 +15,9 @@ pub type ChannelReader = Box<dyn AsyncRead + Send + Unpin>;
 pub type ChannelWriter = Box<dyn AsyncWrite + Send + Unpin>;
 
 /// How many decoded events may wait for the machine's task before the reader stops reading
-/// (and so the agent blocks writing): back-pressure for large outputs.
-const EVENT_QUEUE: usize = 256;
+/// (and so the agent blocks writing): back-pressure for large outputs. The agent sends output
+/// in pieces of at most 256 KiB, so this holds at most about 8 MiB per machine.
+const EVENT_QUEUE: usize = 32;
 
 /// A live connection to one agent.
 pub struct AgentConnection {
