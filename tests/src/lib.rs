@@ -96,6 +96,14 @@ pub struct TestServer {
 
 impl TestServer {
     pub fn start(backend: &str) -> Self {
+        Self::start_with(backend, |_| {})
+    }
+
+    /// [`TestServer::start`], with the engine's settings changed by `adjust` first.
+    pub fn start_with(
+        backend: &str,
+        adjust: impl FnOnce(&mut EngineConfig) + Send + 'static,
+    ) -> Self {
         let home = tempfile::tempdir().expect("a temporary home");
         let token = create_token_in_home(home.path(), "default", None).expect("a token");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -107,6 +115,7 @@ impl TestServer {
             runtime.block_on(async move {
                 let mut config = EngineConfig::new(home_path);
                 config.backend = BackendChoice::parse(&backend_name);
+                adjust(&mut config);
                 let engine = Engine::open(config).await.expect("the engine opens");
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
                     .await
