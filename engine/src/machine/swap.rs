@@ -205,8 +205,9 @@ pub(super) async fn swap_out(
         let home = home.clone();
         let name = name.clone();
         let pid = current.sandbox.pid();
-        let previous = engine.disk_facts(&name).snapshot_bytes;
+        let inner = Arc::clone(engine);
         tokio::task::spawn_blocking(move || {
+            let previous = inner.disk_facts(&name).snapshot_bytes;
             std::fs::create_dir_all(snapshot::machine_dir(&home, &name))?;
             let memory = pid.map_or(0, crate::sandbox::process_tree_pss);
             check_room(&snapshot::machine_dir(&home, &name), memory.max(previous))?;
