@@ -12,6 +12,7 @@ command -v pkg-config >/dev/null || need_apt+=(pkg-config)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 command -v unshare >/dev/null || need_apt+=(util-linux)
 command -v curl >/dev/null || need_apt+=(curl ca-certificates)
+command -v file >/dev/null || need_apt+=(file)
 
 sudo_cmd=""
 [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
@@ -40,3 +41,7 @@ if [ "$rust_minor" -lt 89 ]; then
     echo "error: evervm needs Rust 1.89 or newer, found $(rustc --version); run 'rustup update'" >&2
     exit 1
 fi
+
+# The pinned current gVisor runsc (the engine's first choice; Debian's runsc above stays the
+# fallback and restores snapshots it wrote): built once into ~/.cache/evervm/runsc/.
+"$(dirname "${BASH_SOURCE[0]}")/runsc.sh" >/dev/null

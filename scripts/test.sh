@@ -22,6 +22,13 @@ echo "==> cargo test"
 # The Python extension module links against the interpreter that loads it: it is tested from
 # Python below.
 cargo test --workspace --locked --exclude evervm-python
+echo "==> the end-to-end suites on gVisor again, on Debian's runsc (older hosts and old snapshots use it)"
+if [ -x /usr/bin/runsc ]; then
+    EVERVM_RUNSC=/usr/bin/runsc EVERVM_TEST_BACKENDS=gvisor \
+        cargo test --locked -p evervm-tests --test e2e
+else
+    echo "skipping: Debian's runsc is not installed"
+fi
 echo "==> load program, small: fails on any error or order violation, never on timing"
 # gVisor where it works (swaps included), else the process backend; --max-seconds only stops a
 # hang (the run takes about a minute on gVisor, seconds on the process backend).

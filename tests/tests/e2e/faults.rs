@@ -23,16 +23,20 @@ fn gvisor_available() -> bool {
     false
 }
 
-/// The runsc the engine found last (and its platform), from the probe cache every gVisor
-/// engine keeps; `runsc` on the PATH on ptrace otherwise.
+/// The runsc the engines of these tests use (`EVERVM_RUNSC`, else the one found last) and its
+/// platform, from the probe cache every gVisor engine keeps; `runsc` on the PATH on ptrace
+/// otherwise.
 fn real_runsc() -> (PathBuf, String) {
+    let configured = std::env::var_os("EVERVM_RUNSC").map(PathBuf::from);
     let cache = evervm::engine::guest::image::default_cache_dir().join("runsc-probe.json");
     // Copies of runsc that other tests made in temporary directories don't count.
     let cached: Option<(PathBuf, String)> = std::fs::read(cache).ok().and_then(|bytes| {
         let entries: Vec<serde_json::Value> = serde_json::from_slice(&bytes).ok()?;
         entries.iter().find_map(|e| {
             let path = PathBuf::from(e["path"].as_str()?);
-            if path.starts_with(std::env::temp_dir()) {
+            if path.starts_with(std::env::temp_dir())
+                || configured.as_ref().is_some_and(|c| *c != path)
+            {
                 return None;
             }
             Some((path, e["platform"].as_str()?.to_owned()))

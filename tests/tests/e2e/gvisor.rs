@@ -440,3 +440,72 @@ async fn snapshots_survive_an_upgrade_of_runsc() {
     assert!(reason.contains("does not have"), "{reason}");
     engine.shutdown().await;
 }
+
+/// The pinned current runsc that `scripts/runsc.sh` builds, if it is there.
+fn current_runsc() -> Option<std::path::PathBuf> {
+    let dir = evervm::engine::guest::image::default_cache_dir().join("runsc");
+    let mut built: Vec<_> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.path().join("runsc"))
+        .filter(|p| p.is_file())
+        .collect();
+    built.sort();
+    built.pop()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn machines_saved_by_debians_runsc_restore_fork_and_roll_back_on_the_current_one() {
+    if !backends().iter().any(|b| b == "gvisor") {
+        eprintln!("skipping: the gVisor backend is not available here");
+        return;
+    }
+    let debian = std::path::PathBuf::from("/usr/bin/runsc");
+    let Some(current) = current_runsc() else {
+        eprintln!("skipping: no runsc built by scripts/runsc.sh in ~/.cache/evervm/runsc");
+        return;
+    };
+    if !debian.is_file() {
+        eprintln!("skipping: Debian's runsc is not installed");
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let open = |runsc: std::path::PathBuf| {
+        let mut config = evervm::engine::EngineConfig::new(home.path());
+        config.backend = evervm::engine::BackendChoice::parse("gvisor");
+        config.idle_swap = None;
+        config.pool_size = 0;
+        config.runsc = Some(runsc);
+        evervm::engine::Engine::open(config)
+    };
+    let engine = open(debian).await.unwrap();
+    let old_runtime = engine.backend_description();
+    let account = engine.ensure_account("local").await.unwrap();
+    let client = Client::from_engine(engine.clone(), account.clone());
+    let m = machine(&client, None).await;
+    value(&m, "x = 1").await;
+    m.checkpoint(Some("one")).await.unwrap();
+    value(&m, "x = 2").await;
+    engine.shutdown().await;
+    let name = m.name().to_owned();
+    drop((m, client, engine));
+
+    // The same home, upgraded to the current runsc.
+    let engine = open(current).await.unwrap();
+    assert_ne!(engine.backend_description(), old_runtime);
+    let client = Client::from_engine(engine.clone(), account);
+    let m = client.machine(&name);
+    assert_eq!(
+        value(&m, "x").await,
+        "2",
+        "restored by the runsc that saved it"
+    );
+    let fork = m.fork(None).await.unwrap();
+    assert_eq!(value(&fork, "x").await, "2");
+    m.rollback("one").await.unwrap();
+    assert_eq!(value(&m, "x").await, "1");
+    assert_eq!(value(&fork, "x").await, "2");
+    let fresh = machine(&client, None).await;
+    assert_eq!(value(&fresh, "import sys; sys.version_info[0]").await, "3");
+    engine.shutdown().await;
+}

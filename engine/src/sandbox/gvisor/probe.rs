@@ -149,14 +149,7 @@ pub(super) async fn find_runsc(
                 .ok()
         })
         .unwrap_or_default();
-    // Runsc binaries that worked before go first, the most recent first.
-    let mut paths = paths;
-    paths.sort_by_key(|p| {
-        cached
-            .iter()
-            .position(|c| c.path == *p)
-            .unwrap_or(usize::MAX)
-    });
+    // In the order of preference: the cache only saves probing a binary that ran before.
     let mut failures = Vec::new();
     for path in paths {
         let known = platform.map(str::to_owned).or_else(|| {

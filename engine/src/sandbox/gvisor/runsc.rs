@@ -28,15 +28,34 @@ impl Runsc {
 }
 
 /// What to install when no usable runsc is found.
-pub(super) const INSTALL_HINT: &str = "install gVisor's runsc (`apt-get install runsc` on Debian, or `go \
-     install gvisor.dev/gvisor/runsc@latest`), or set EVERVM_RUNSC to its path";
+pub(super) const INSTALL_HINT: &str = "build the pinned current runsc with `scripts/runsc.sh` (it \
+     goes to ~/.cache/evervm/runsc/), install Debian's (`apt-get install runsc`), or set \
+     EVERVM_RUNSC to a runsc's path";
 
+/// The runsc binaries `scripts/runsc.sh` built, newest version first:
+/// `~/.cache/evervm/runsc/<version>/runsc`.
+fn built_here() -> Vec<PathBuf> {
+    let dir = crate::guest::image::default_cache_dir().join("runsc");
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut versions: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+    // Pseudo-versions carry their date: the greatest name is the newest.
+    versions.sort();
+    versions.reverse();
+    versions.into_iter().map(|v| v.join("runsc")).collect()
+}
+
+/// The runsc binaries to try, best first: the one configured (and only it), else the pinned
+/// current build from `scripts/runsc.sh`, then those on `PATH` and in the usual places (Debian's
+/// package, say).
 pub(super) fn candidates(configured: Option<&Path>) -> Vec<PathBuf> {
     let mut paths = Vec::new();
     if let Some(path) = configured {
         paths.push(path.to_owned());
         return paths;
     }
+    paths.extend(built_here());
     if let Some(path) = std::env::var_os("PATH") {
         paths.extend(std::env::split_paths(&path).map(|d| d.join("runsc")));
     }
