@@ -16,8 +16,9 @@ export EVERVM_IMAGES="${EVERVM_IMAGES:-$HOME/.cache/evervm/images}"
 export EVERVM_POOL_SIZE="${EVERVM_POOL_SIZE:-1}"
 echo "==> building the root filesystem images"
 cargo build --locked -p evervm-cli
-target/debug/evervm image build --profile minimal
-target/debug/evervm image build --profile data
+evervm_bin="$(realpath "${CARGO_TARGET_DIR:-target}")/debug/evervm"
+"$evervm_bin" image build --profile minimal
+"$evervm_bin" image build --profile data
 echo "==> cargo test"
 # The Python extension module links against the interpreter that loads it: it is tested from
 # Python below.
@@ -38,9 +39,9 @@ echo "==> Python package: pip install ./bindings-python, then its tests"
 pyenv_dir="${EVERVM_PYENV:-$HOME/.cache/evervm/pyenv}"
 [ -x "$pyenv_dir/bin/python" ] || python3 -m venv "$pyenv_dir"
 "$pyenv_dir/bin/pip" install -q --disable-pip-version-check "./bindings-python[test,langchain]"
-EVERVM_BIN="$PWD/target/debug/evervm" "$pyenv_dir/bin/python" -m pytest -q -p no:cacheprovider \
+EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" -m pytest -q -p no:cacheprovider \
     bindings-python/tests
 echo "==> API fuzzing: schemathesis against /openapi.json (process backend, bounded)"
 # tests/api/README.md: a short run of every phase against `evervm serve --backend process`.
 "$pyenv_dir/bin/pip" install -q --disable-pip-version-check "schemathesis==4.32.5"
-EVERVM_BIN="$PWD/target/debug/evervm" "$pyenv_dir/bin/python" tests/api/run.py --mode ci
+EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" tests/api/run.py --mode ci

@@ -338,18 +338,29 @@ async fn a_full_disk_keeps_machines_in_memory_and_says_why() {
     };
     let armed = Arc::new(AtomicBool::new(false));
     let mut config = config(&disk.home());
-    // Fills the disk after the checkpoint is written and before it is committed.
+    // Fills the disk after the checkpoint is written and before it is committed. The stopped
+    // sandbox's bundle and runsc state are removed in the background after a checkpoint, which
+    // frees room: the disk is filled once they are gone (this test runs one machine).
     let hook: Hook = {
         let armed = Arc::clone(&armed);
         let root = disk.dir.path().to_owned();
+        let bundles = disk.home().join("sandboxes");
         Arc::new(move |_| {
             let armed = Arc::clone(&armed);
-            let root = root.clone();
+            let (root, bundles) = (root.clone(), bundles.clone());
             Box::pin(async move {
                 if armed.swap(false, Ordering::SeqCst) {
-                    tokio::task::spawn_blocking(move || fill(&root, 0))
-                        .await
-                        .unwrap();
+                    tokio::task::spawn_blocking(move || {
+                        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                        while std::fs::read_dir(&bundles).is_ok_and(|mut d| d.next().is_some())
+                            && std::time::Instant::now() < deadline
+                        {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        fill(&root, 0)
+                    })
+                    .await
+                    .unwrap();
                 }
             })
         })
