@@ -357,7 +357,7 @@ async fn a_full_disk_keeps_machines_in_memory_and_says_why() {
                         {
                             std::thread::sleep(Duration::from_millis(20));
                         }
-                        fill(&root, 0)
+                        fill(&root, 0);
                     })
                     .await
                     .unwrap();
