@@ -120,6 +120,20 @@ impl Engine {
         names
     }
 
+    /// Whether new machines are saved in place (forks and durable saves leave them running).
+    pub fn saves_in_place(&self) -> bool {
+        self.inner.backend.capabilities().save_in_place
+    }
+
+    /// The host process at the root of a machine's sandbox, while it has one: for tests that
+    /// check a machine was not stopped and restored.
+    #[doc(hidden)]
+    pub fn sandbox_pid(&self, name: &str) -> Option<u32> {
+        lock(&self.inner.machines)
+            .get(name)
+            .and_then(|h| h.sandbox_pid())
+    }
+
     /// The limits this engine enforces.
     pub fn limits(&self) -> &Limits {
         &self.inner.config.limits

@@ -156,6 +156,11 @@ impl MachineHandle {
         handle
     }
 
+    /// The host process at the root of the machine's sandbox, while it has one.
+    pub(crate) fn sandbox_pid(&self) -> Option<u32> {
+        lock(&self.state).resident_pid
+    }
+
     pub(crate) fn resident(&self) -> bool {
         lock(&self.state).resident
     }

@@ -161,8 +161,8 @@ async fn state_lost(engine: &EngineInner, machine: &MachineHandle, why: String) 
 async fn swap_deferred(engine: &EngineInner, machine: &MachineHandle, error: &Error) {
     let wait = machine.swap_failed();
     let text = format!(
-        "could not swap out, so the machine stays in memory (the next try is in {} s at the \
-         earliest): {error}",
+        "could not save the machine to disk, so it stays in memory (the next swap-out is tried \
+         in {} s at the earliest): {error}",
         wait.as_secs()
     );
     tracing::warn!(machine = %machine.name, "{text}");
@@ -188,12 +188,33 @@ fn check_room(dir: &Path, needed: u64) -> Result<()> {
     Ok(())
 }
 
-/// Checkpoints the resident sandbox into the machine's snapshot and releases it. On failure the
-/// machine keeps its state wherever that is possible (see the module's documentation).
+/// What a save does with the machine's sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Save {
+    /// Stop it (a swap-out): the machine's memory is released.
+    AndStop,
+    /// Leave it running where the sandbox can be saved in place (it pauses for the save; a fork
+    /// or a durable save); otherwise stop it, as [`Save::AndStop`].
+    InPlace,
+}
+
+/// Checkpoints the resident sandbox into the machine's snapshot, and releases it unless it is
+/// saved in place. On failure the machine keeps its state wherever that is possible (see the
+/// module's documentation).
 pub(super) async fn swap_out(
     engine: &Arc<EngineInner>,
     machine: &MachineHandle,
     resident: &mut Option<Resident>,
+) -> Result<()> {
+    save(engine, machine, resident, Save::AndStop).await
+}
+
+/// Saves the resident machine into its snapshot (see [`Save`]). Nothing to do without one.
+pub(super) async fn save(
+    engine: &Arc<EngineInner>,
+    machine: &MachineHandle,
+    resident: &mut Option<Resident>,
+    how: Save,
 ) -> Result<()> {
     let Some(mut current) = resident.take() else {
         // Nothing in memory: the snapshot on disk (if any) is already the machine.
@@ -231,7 +252,13 @@ pub(super) async fn swap_out(
         .runtime()
         .unwrap_or_else(|| engine.backend.describe());
     let started = std::time::Instant::now();
-    if let Err(e) = current.sandbox.checkpoint(&staging).await {
+    let in_place = how == Save::InPlace && current.sandbox.can_checkpoint_in_place();
+    let checkpoint = if in_place {
+        current.sandbox.checkpoint_in_place(&staging).await
+    } else {
+        current.sandbox.checkpoint(&staging).await
+    };
+    if let Err(e) = checkpoint {
         let _ = tokio::fs::remove_dir_all(&staging).await;
         if e.kind() == ErrorKind::Unsupported {
             *resident = Some(current);
@@ -276,6 +303,13 @@ pub(super) async fn swap_out(
     engine.forget_disk_facts(&name);
     let manifest = match committed {
         Ok(manifest) => manifest,
+        Err(e) if in_place => {
+            // The previous snapshot is untouched, and the machine runs on with its state.
+            let _ = tokio::fs::remove_dir_all(&staging).await;
+            *resident = Some(current);
+            swap_deferred(engine, machine, &e).await;
+            return Err(e);
+        }
         Err(e) => {
             // The previous snapshot is untouched; the state is in the staging directory,
             // whole (the checkpoint finished): bring the machine back from there.
@@ -305,7 +339,11 @@ pub(super) async fn swap_out(
             return Err(e);
         }
     };
-    drop(current);
+    if in_place {
+        *resident = Some(current);
+    } else {
+        drop(current);
+    }
     machine.mark_saved(engine).await;
     if machine.swap_succeeded() {
         engine.record_machine_error(&machine.name, None).await;
@@ -315,7 +353,8 @@ pub(super) async fn swap_out(
     tracing::debug!(
         machine = %machine.name,
         bytes = manifest.bytes,
-        "swapped out: checkpoint {:.1} ms, commit {:.1} ms",
+        in_place,
+        "saved: checkpoint {:.1} ms, commit {:.1} ms",
         checkpointed.as_secs_f64() * 1e3,
         started.elapsed().saturating_sub(checkpointed).as_secs_f64() * 1e3
     );
@@ -384,7 +423,8 @@ pub(super) async fn copy_out(
             *resident = Some(acquire(engine, machine).await?);
         }
     }
-    swap_out(engine, machine, resident).await?;
+    // A sandbox that can be saved in place keeps running: the parent of a fork never stops.
+    save(engine, machine, resident, Save::InPlace).await?;
     let first_excluded = machine.first_unrun_seq(engine).await?;
     tokio::task::spawn_blocking(move || snapshot::copy(&from, &to, reseed))
         .await

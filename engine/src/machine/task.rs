@@ -8,7 +8,9 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::swap::{acquire, become_resident, copy_out, recovery_note, rollback, swap_out};
+use super::swap::{
+    Save, acquire, become_resident, copy_out, recovery_note, rollback, save, swap_out,
+};
 use super::{Control, Job, MachineHandle};
 use crate::engine::EngineInner;
 use crate::error::Error;
@@ -122,7 +124,7 @@ async fn save_for_durability(
     resident: &mut Option<Resident>,
     job: &Job,
 ) -> bool {
-    match swap_out(engine, machine, resident).await {
+    match save(engine, machine, resident, Save::InPlace).await {
         Ok(()) => true,
         Err(e) => {
             let note = if resident.is_some() {

@@ -30,6 +30,8 @@ pub struct SandboxSpec {
 pub struct Capabilities {
     /// The whole sandbox, memory included, can be saved to disk and restored.
     pub snapshots: bool,
+    /// New sandboxes can be saved and left running ([`Sandbox::checkpoint_in_place`]).
+    pub save_in_place: bool,
 }
 
 /// A kind of sandbox (process, gVisor, ...).
@@ -94,6 +96,20 @@ pub trait Sandbox: Send {
         let _ = dir;
         Err(crate::error::Error::unsupported(
             "this backend cannot snapshot a machine (the gVisor backend can)",
+        ))
+    }
+
+    /// Whether [`Sandbox::checkpoint_in_place`] works for this sandbox.
+    fn can_checkpoint_in_place(&self) -> bool {
+        false
+    }
+
+    /// Saves the whole sandbox into `dir` like [`Sandbox::checkpoint`], and leaves it running
+    /// (it pauses for the save).
+    async fn checkpoint_in_place(&mut self, dir: &std::path::Path) -> Result<()> {
+        let _ = dir;
+        Err(crate::error::Error::unsupported(
+            "this sandbox cannot be saved and left running",
         ))
     }
 

@@ -125,7 +125,10 @@ impl SandboxBackend for ProcessBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { snapshots: false }
+        Capabilities {
+            snapshots: false,
+            save_in_place: false,
+        }
     }
 
     async fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>> {

@@ -185,7 +185,7 @@ async fn a_failed_checkpoint_leaves_the_machine_running_with_its_state() {
     let info = engine.machine_info(&account, &name).await.unwrap();
     assert_eq!(info.state, MachineState::Resident);
     let shown = info.last_error.unwrap_or_default();
-    assert!(shown.contains("could not swap out"), "{shown}");
+    assert!(shown.contains("could not save the machine"), "{shown}");
     // Nothing was lost, and nothing says so.
     let (result, stderr) = run(&engine, &account, &name, "x + 1").await;
     assert_eq!(result.outcome, Outcome::Value(Some("42".to_owned())));
@@ -727,5 +727,81 @@ async fn an_account_past_its_disk_quota_cannot_fork_or_checkpoint() {
         .await
         .unwrap();
     engine.delete_machine(&account, &name).await.unwrap();
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forks_and_durable_saves_leave_the_machine_running() {
+    if !gvisor_available() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let engine = Engine::open(config(home.path())).await.unwrap();
+    if !engine.saves_in_place() {
+        eprintln!(
+            "skipping: {} cannot save a sandbox and leave it running",
+            engine.backend_description()
+        );
+        engine.shutdown().await;
+        return;
+    }
+    let account = engine.ensure_account("test").await.unwrap();
+    let parent = machine(&engine, &account, CreateMachine::default()).await;
+    // A thread that keeps counting in the parent while it is forked.
+    value(
+        &engine,
+        &account,
+        &parent,
+        "import threading, time\nticks = []\n\
+         def tick():\n    while True:\n        ticks.append(time.monotonic()); time.sleep(0.005)\n\
+         threading.Thread(target=tick, daemon=True).start()\nx = 'parent'",
+    )
+    .await;
+    let pid = engine.sandbox_pid(&parent).unwrap();
+    let fork = engine
+        .fork_machine(&account, &parent, evervm::engine::ForkMachine::default())
+        .await
+        .unwrap()
+        .name
+        .to_string();
+    // The parent's sandbox is the same process: it was saved in place, never stopped.
+    assert_eq!(engine.sandbox_pid(&parent), Some(pid));
+    assert_eq!(value(&engine, &account, &fork, "x").await, "'parent'");
+    let before = value(&engine, &account, &parent, "len(ticks)").await;
+    let after = value(&engine, &account, &parent, "time.sleep(0.1); len(ticks)").await;
+    assert!(
+        after.parse::<u64>().unwrap() > before.parse::<u64>().unwrap(),
+        "the parent's thread goes on: {before} then {after}"
+    );
+    // A checkpoint does not stop it either.
+    engine
+        .create_checkpoint(&account, &parent, Some("kept".to_owned()))
+        .await
+        .unwrap();
+    assert_eq!(engine.sandbox_pid(&parent), Some(pid));
+
+    // `durability = instruction`: saved after every instruction, in place.
+    let durable = machine(
+        &engine,
+        &account,
+        CreateMachine {
+            durability: Some(Durability::Instruction),
+            ..CreateMachine::default()
+        },
+    )
+    .await;
+    let (first, _) = run(&engine, &account, &durable, "n = 1").await;
+    assert_eq!(first.saved, Some(true));
+    let pid = engine.sandbox_pid(&durable).unwrap();
+    for i in 2..5 {
+        let (result, _) = run(&engine, &account, &durable, "n += 1; n").await;
+        assert_eq!(result.saved, Some(true));
+        assert_eq!(result.outcome, Outcome::Value(Some(i.to_string())));
+        assert_eq!(
+            engine.sandbox_pid(&durable),
+            Some(pid),
+            "not stopped and restored"
+        );
+    }
     engine.shutdown().await;
 }

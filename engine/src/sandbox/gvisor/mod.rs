@@ -227,7 +227,10 @@ impl SandboxBackend for GvisorBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { snapshots: true }
+        Capabilities {
+            snapshots: true,
+            save_in_place: self.runsc.leave_running,
+        }
     }
 
     async fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>> {

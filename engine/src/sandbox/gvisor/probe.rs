@@ -18,13 +18,16 @@ pub(super) struct ProbeCache {
     path: PathBuf,
     digest: String,
     platform: String,
+    /// Whether `checkpoint --leave-running` works (`None` in files from before it was tried).
+    #[serde(default)]
+    leave_running: Option<bool>,
 }
 
 /// Finds the platform this runsc runs containers on here: `known` first (what worked last
 /// time), then `kvm` (where /dev/kvm exists), `systrap` (where this runsc has it), `ptrace`.
 pub(super) async fn probe_runsc(
     path: &Path,
-    known: Option<&str>,
+    known: Option<(&str, Option<bool>)>,
     image: &Image,
     state_dir: &Path,
     bundles_dir: &Path,
@@ -42,15 +45,20 @@ pub(super) async fn probe_runsc(
     let digest = binary_digest(path)?;
     let version = format!("{first_line} (sha256 {digest})");
     let mut platforms = Vec::new();
-    if let Some(known) = known {
-        let runsc = Runsc {
+    if let Some((platform, leave_running)) = known {
+        let mut runsc = Runsc {
             path: path.to_owned(),
             version: version.clone(),
-            platform: known.to_owned(),
+            platform: platform.to_owned(),
             digest: digest.clone(),
+            leave_running: leave_running.unwrap_or(false),
         };
         // This binary ran sandboxes on this platform before: no need to start one now (a
-        // failure later is reported by the sandbox that fails).
+        // failure later is reported by the sandbox that fails), unless what it can do beyond
+        // that was never tried.
+        if leave_running.is_none() {
+            runsc.leave_running = probe_leave_running(&runsc, image, state_dir, bundles_dir).await;
+        }
         return Ok(runsc);
     }
     if Path::new("/dev/kvm").exists() {
@@ -68,11 +76,12 @@ pub(super) async fn probe_runsc(
     platforms.push("ptrace");
     let mut failures = Vec::new();
     for platform in platforms {
-        let runsc = Runsc {
+        let mut runsc = Runsc {
             path: path.to_owned(),
             version: version.clone(),
             platform: platform.to_owned(),
             digest: digest.clone(),
+            leave_running: false,
         };
         match tokio::time::timeout(
             Duration::from_secs(10),
@@ -80,7 +89,11 @@ pub(super) async fn probe_runsc(
         )
         .await
         {
-            Ok(Ok(())) => return Ok(runsc),
+            Ok(Ok(())) => {
+                runsc.leave_running =
+                    probe_leave_running(&runsc, image, state_dir, bundles_dir).await;
+                return Ok(runsc);
+            }
             Ok(Err(e)) => failures.push(format!("{platform}: {e}")),
             Err(_) => failures.push(format!("{platform}: no answer within 10 s")),
         }
@@ -121,6 +134,60 @@ pub(super) async fn probe_platform(
     result
 }
 
+/// Whether `runsc checkpoint --leave-running` saves a sandbox and leaves it running, answering:
+/// tried on a real one (Debian's 2022 runsc destroys the sandbox and times out instead).
+async fn probe_leave_running(
+    runsc: &Runsc,
+    image: &Image,
+    state_dir: &Path,
+    bundles_dir: &Path,
+) -> bool {
+    let id = format!("probe-lr-{}-{}", runsc.platform, std::process::id());
+    let Ok(bundle) = write_bundle(bundles_dir, &id, image, 256) else {
+        return false;
+    };
+    let images = bundle.join("checkpoint");
+    let works = async {
+        let mut child = spawn_run(runsc, state_dir, &bundle, &id).ok()?;
+        let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
+            return None;
+        };
+        let mut agent = crate::guest::connection::AgentConnection::establish(
+            Box::new(stdout),
+            Box::new(stdin),
+            Duration::from_secs(10),
+        )
+        .await
+        .ok()?;
+        let checkpoint = Command::new(&runsc.path)
+            .args(super::runsc::global_args(runsc, state_dir))
+            .arg("checkpoint")
+            .arg("--leave-running")
+            .arg(format!("--image-path={}", images.display()))
+            .arg(&id)
+            .output();
+        let saved = tokio::time::timeout(Duration::from_secs(10), checkpoint)
+            .await
+            .ok()?
+            .ok()?;
+        let alive = saved.status.success()
+            && child.try_wait().ok().flatten().is_none()
+            && agent.probe(Duration::from_secs(5)).await.is_ok();
+        let _ = child.kill().await;
+        Some(alive)
+    }
+    .await
+    .unwrap_or(false);
+    delete_container(runsc, state_dir, &id).await;
+    let _ = std::fs::remove_dir_all(&bundle);
+    tracing::info!(
+        runsc = %runsc.path.display(),
+        "checkpoint --leave-running {}",
+        if works { "works" } else { "does not work" }
+    );
+    works
+}
+
 /// The first runsc that runs a sandbox here: `configured` (`EVERVM_RUNSC`) or those on `PATH`
 /// and in the usual places, binaries that worked before first; on `platform` when given, else
 /// the platform that worked last time, else the first that works now.
@@ -152,19 +219,25 @@ pub(super) async fn find_runsc(
     // In the order of preference: the cache only saves probing a binary that ran before.
     let mut failures = Vec::new();
     for path in paths {
-        let known = platform.map(str::to_owned).or_else(|| {
-            let digest = binary_digest(&path).ok();
-            cached
-                .iter()
-                .find(|c| c.path == path && digest.as_ref() == Some(&c.digest))
-                .map(|c| c.platform.clone())
-        });
-        match probe_runsc(&path, known.as_deref(), image, state_dir, bundles_dir).await {
+        let digest = binary_digest(&path).ok();
+        let seen = cached
+            .iter()
+            .find(|c| c.path == path && digest.as_ref() == Some(&c.digest));
+        let known = match (platform, seen) {
+            (Some(platform), seen) => {
+                Some((platform.to_owned(), seen.and_then(|c| c.leave_running)))
+            }
+            (None, Some(seen)) => Some((seen.platform.clone(), seen.leave_running)),
+            (None, None) => None,
+        };
+        let known = known.as_ref().map(|(p, l)| (p.as_str(), *l));
+        match probe_runsc(&path, known, image, state_dir, bundles_dir).await {
             Ok(runsc) => {
                 let cache = ProbeCache {
                     path: runsc.path.clone(),
                     digest: runsc.digest.clone(),
                     platform: runsc.platform.clone(),
+                    leave_running: Some(runsc.leave_running),
                 };
                 let newest = cache.path.clone();
                 let mut entries = vec![cache];

@@ -18,6 +18,9 @@ pub struct Runsc {
     pub platform: String,
     /// The binary's SHA-256 (16 hex digits), computed once.
     pub digest: String,
+    /// `runsc checkpoint --leave-running` saves a sandbox and leaves it running (a current
+    /// runsc; Debian's 2022 one destroys the sandbox instead), found by trying it once.
+    pub leave_running: bool,
 }
 
 impl Runsc {
@@ -84,6 +87,8 @@ pub(super) fn binary_digest(path: &Path) -> Result<String> {
 pub(super) struct KeptRunsc {
     version: String,
     platform: String,
+    #[serde(default)]
+    leave_running: bool,
 }
 
 /// Keeps the runsc binary that writes a snapshot under `<home>/runsc-bin/<digest>/` (a hard link
@@ -111,6 +116,7 @@ pub(super) fn keep_binary(kept_dir: &Path, runsc: &Runsc) -> Result<()> {
     let description = serde_json::to_vec(&KeptRunsc {
         version: runsc.version.clone(),
         platform: runsc.platform.clone(),
+        leave_running: runsc.leave_running,
     })
     .map_err(|e| Error::internal(format!("cannot describe a kept runsc: {e}")))?;
     crate::fsutil::write_durably(&dir.join("runsc.json"), &description)
@@ -132,6 +138,7 @@ pub(super) fn kept_binaries(kept_dir: &Path) -> Vec<Runsc> {
                 path,
                 version: kept.version,
                 platform: kept.platform,
+                leave_running: kept.leave_running,
             })
         })
         .collect()

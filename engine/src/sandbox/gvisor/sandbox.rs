@@ -31,28 +31,8 @@ impl Sandbox for GvisorSandbox {
     }
 
     async fn checkpoint(&mut self, dir: &Path) -> Result<()> {
-        // The binary that writes a snapshot is kept for as long as the home lives.
-        let kept_dir = self.kept_dir.clone();
-        let runsc = self.runsc.clone();
-        tokio::task::spawn_blocking(move || keep_binary(&kept_dir, &runsc))
-            .await
-            .map_err(|e| Error::internal(format!("keeping runsc stopped: {e}")))??;
         let started = std::time::Instant::now();
-        let output = Command::new(&self.runsc.path)
-            .args(global_args(&self.runsc, &self.state_dir))
-            .arg("checkpoint")
-            .arg(format!("--image-path={}", dir.display()))
-            .arg(&self.id)
-            .output()
-            .await
-            .map_err(|e| Error::internal(format!("cannot run runsc checkpoint: {e}")))?;
-        if !output.status.success() {
-            return Err(Error::crashed(format!(
-                "runsc checkpoint failed ({}): {}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
-            )));
-        }
+        self.run_checkpoint(dir, false).await?;
         // The snapshot is whole once `runsc checkpoint` returns, and the sandbox has stopped:
         // the `runsc run` process and runsc's state are cleaned up without making the caller
         // wait (`runsc run` can take 100 ms to notice).
@@ -71,6 +51,26 @@ impl Sandbox for GvisorSandbox {
         tracing::debug!(
             sandbox = %self.id,
             "runsc checkpoint took {:.1} ms",
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        Ok(())
+    }
+
+    fn can_checkpoint_in_place(&self) -> bool {
+        self.runsc.leave_running
+    }
+
+    async fn checkpoint_in_place(&mut self, dir: &Path) -> Result<()> {
+        if !self.runsc.leave_running {
+            return Err(Error::unsupported(
+                "this runsc cannot save a sandbox and leave it running",
+            ));
+        }
+        let started = std::time::Instant::now();
+        self.run_checkpoint(dir, true).await?;
+        tracing::debug!(
+            sandbox = %self.id,
+            "runsc checkpoint --leave-running took {:.1} ms",
             started.elapsed().as_secs_f64() * 1e3
         );
         Ok(())
@@ -120,5 +120,38 @@ impl Sandbox for GvisorSandbox {
             (None, None) => "the sandbox ended".to_owned(),
         };
         Some(crate::sandbox::ExitReason { text })
+    }
+}
+
+impl GvisorSandbox {
+    /// `runsc checkpoint` into `dir`, leaving the sandbox running or not; the binary that writes
+    /// a snapshot is kept for as long as the home lives.
+    async fn run_checkpoint(&mut self, dir: &Path, leave_running: bool) -> Result<()> {
+        let kept_dir = self.kept_dir.clone();
+        let runsc = self.runsc.clone();
+        tokio::task::spawn_blocking(move || keep_binary(&kept_dir, &runsc))
+            .await
+            .map_err(|e| Error::internal(format!("keeping runsc stopped: {e}")))??;
+        let mut command = Command::new(&self.runsc.path);
+        command
+            .args(global_args(&self.runsc, &self.state_dir))
+            .arg("checkpoint");
+        if leave_running {
+            command.arg("--leave-running");
+        }
+        let output = command
+            .arg(format!("--image-path={}", dir.display()))
+            .arg(&self.id)
+            .output()
+            .await
+            .map_err(|e| Error::internal(format!("cannot run runsc checkpoint: {e}")))?;
+        if !output.status.success() {
+            return Err(Error::crashed(format!(
+                "runsc checkpoint failed ({}): {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            )));
+        }
+        Ok(())
     }
 }
