@@ -23,11 +23,24 @@ fn gvisor_available() -> bool {
     false
 }
 
-/// The runsc the engines of these tests use (`EVERVM_RUNSC`, else the one found last) and its
-/// platform, from the probe cache every gVisor engine keeps; `runsc` on the PATH on ptrace
-/// otherwise.
+/// The runsc the engines of these tests use (`EVERVM_RUNSC`, else the newest that
+/// `scripts/runsc.sh` built, else the one found last) and its platform, from the probe cache
+/// every gVisor engine keeps; `runsc` on the PATH on ptrace otherwise.
 fn real_runsc() -> (PathBuf, String) {
-    let configured = std::env::var_os("EVERVM_RUNSC").map(PathBuf::from);
+    let built = || {
+        let dir = evervm::engine::guest::image::default_cache_dir().join("runsc");
+        let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+            .ok()?
+            .flatten()
+            .map(|e| e.path().join("runsc"))
+            .filter(|p| p.is_file())
+            .collect();
+        found.sort();
+        found.pop()
+    };
+    let configured = std::env::var_os("EVERVM_RUNSC")
+        .map(PathBuf::from)
+        .or_else(built);
     let cache = evervm::engine::guest::image::default_cache_dir().join("runsc-probe.json");
     // Copies of runsc that other tests made in temporary directories don't count.
     let cached: Option<(PathBuf, String)> = std::fs::read(cache).ok().and_then(|bytes| {
