@@ -345,3 +345,72 @@ async fn interrupting_a_print_loop_never_breaks_the_channel() {
             .is_none()
     );
 }
+
+/// The agent times instructions with SIGALRM; code that takes the signal for itself keeps its own
+/// timers, and its instructions still time out and can still be interrupted.
+#[tokio::test(flavor = "multi_thread")]
+async fn code_that_takes_sigalrm_keeps_its_timers_and_its_timeouts() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(&dir).await;
+    let account = engine.ensure_account("test").await.unwrap();
+    let name = machine_after(
+        &engine,
+        &account,
+        "import signal, time\nfired = []\n\
+         signal.signal(signal.SIGALRM, lambda *_: fired.append(1))",
+    )
+    .await;
+    let seq = engine
+        .exec(
+            &account,
+            &name,
+            ExecRequest::new("signal.setitimer(signal.ITIMER_REAL, 0.05)\ntime.sleep(0.3)\nfired"),
+        )
+        .await
+        .unwrap()
+        .seq;
+    assert_eq!(
+        value(&engine.result(&account, &name, seq).await.unwrap()).as_deref(),
+        Some("[1]")
+    );
+    let mut slow = ExecRequest::new("time.sleep(30)");
+    slow.timeout = Duration::from_secs(1);
+    let seq = engine.exec(&account, &name, slow).await.unwrap().seq;
+    let result = engine.result(&account, &name, seq).await.unwrap();
+    assert!(
+        matches!(
+            result.outcome,
+            Outcome::Error {
+                cause: FailureCause::Timeout,
+                ..
+            }
+        ),
+        "{result:?}"
+    );
+    let seq = engine
+        .exec(&account, &name, ExecRequest::new("time.sleep(30)"))
+        .await
+        .unwrap()
+        .seq;
+    assert!(engine.interrupt(&account, &name).await.unwrap());
+    let result = engine.result(&account, &name, seq).await.unwrap();
+    assert!(
+        matches!(
+            result.outcome,
+            Outcome::Error {
+                cause: FailureCause::Interrupted,
+                ..
+            }
+        ),
+        "{result:?}"
+    );
+    let seq = engine
+        .exec(&account, &name, ExecRequest::new("len(fired)"))
+        .await
+        .unwrap()
+        .seq;
+    assert_eq!(
+        value(&engine.result(&account, &name, seq).await.unwrap()).as_deref(),
+        Some("1")
+    );
+}

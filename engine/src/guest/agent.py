@@ -27,7 +27,6 @@ import io
 import json
 import linecache
 import os
-import queue
 import select
 import signal
 import struct
@@ -95,28 +94,43 @@ def _write_all(parts):
                 written = 0
 
 
-def _read_exact(n):
-    chunks = []
-    while n:
-        chunk = os.read(CHAN_IN, n)
-        if not chunk:
+class ChannelReader:
+    """Reads frames from the channel, with as few system calls as the host's writes allow.
+
+    Only one thread reads at a time: the main thread between instructions, the watcher while a
+    long instruction runs (see `Watcher`).
+    """
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.buffer = bytearray()
+
+    def buffered(self):
+        return len(self.buffer) > 0
+
+    def _fill(self, n):
+        while len(self.buffer) < n:
+            chunk = os.read(self.fd, max(PIPE_READ, n - len(self.buffer)))
+            if not chunk:
+                return False
+            self.buffer += chunk
+        return True
+
+    def receive(self):
+        """The next request, or None once the host has closed the channel."""
+        if not self._fill(4):
             return None
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
+        (length,) = struct.unpack(">I", self.buffer[:4])
+        if length > MAX_FRAME:
+            raise ValueError("frame of %d bytes is over the limit" % length)
+        if not self._fill(4 + length):
+            return None
+        payload = bytes(self.buffer[4:4 + length])
+        del self.buffer[:4 + length]
+        return json.loads(payload.decode("utf-8"))
 
 
-def receive():
-    header = _read_exact(4)
-    if header is None:
-        return None
-    (length,) = struct.unpack(">I", header)
-    if length > MAX_FRAME:
-        raise ValueError("frame of %d bytes is over the limit" % length)
-    payload = _read_exact(length)
-    if payload is None:
-        return None
-    return json.loads(payload.decode("utf-8"))
+CHANNEL = ChannelReader(CHAN_IN)
 
 
 # --- output capture ----------------------------------------------------------------------------
@@ -136,8 +150,7 @@ class Capture:
         self.read_end = read_end
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.lock = threading.Lock()
-        thread = threading.Thread(target=self._pump, name="evervm-" + stream, daemon=True)
-        thread.start()
+        _agent_thread(self._pump, "evervm-" + stream)
 
     def _forward(self, data, final=False):
         text = self.decoder.decode(data, final)
@@ -161,12 +174,22 @@ class Capture:
             with self.lock:
                 self._read_available()
 
-    def drain(self):
-        """Sends everything written to the pipe so far. Called at the end of an instruction."""
-        with self.lock:
-            while self._read_available():
-                pass
-            self._forward(b"", final=True)
+
+def drain(captures):
+    """Sends everything written to the pipes so far (one system call when they are empty).
+    Called at the end of an instruction."""
+    for capture in captures:
+        capture.lock.acquire()
+    try:
+        readable, _, _ = select.select([c.read_end for c in captures], [], [], 0)
+        for capture in captures:
+            if capture.read_end in readable:
+                while capture._read_available():
+                    pass
+            capture._forward(b"", final=True)
+    finally:
+        for capture in captures:
+            capture.lock.release()
 
 
 class OutputBuffer:
@@ -185,7 +208,7 @@ class OutputBuffer:
         self.segments = []
         self.size = 0
         self.pending = threading.Event()
-        threading.Thread(target=self._flusher, name="evervm-flush", daemon=True).start()
+        _agent_thread(self._flusher, "evervm-flush")
 
     def write(self, stream, text):
         with self.lock:
@@ -278,6 +301,16 @@ class StreamWriter(io.TextIOBase):
 
 
 # --- interrupts and timeouts -------------------------------------------------------------------
+#
+# A short instruction costs no thread switch: the main thread reads the request, runs it and
+# answers, with one interval timer armed. Only when an instruction is still running after
+# `WATCH_AFTER` seconds (or sooner, at its timeout) does the timer's signal hand the channel to
+# the watcher thread, which then reads interrupts as they come and interrupts the instruction at
+# its timeout, and again every second while it resists. Interrupts sent in the meantime wait in
+# the channel (at most `WATCH_AFTER`). If the user's code takes SIGALRM for itself, the watcher
+# starts with every instruction instead.
+
+WATCH_AFTER = 0.05
 
 
 class State:
@@ -286,10 +319,6 @@ class State:
         self.executing = False
         self.reason = None
         self.main_thread = threading.main_thread().ident
-        # Guards current, executing and pending_interrupts between the channel and main threads.
-        self.lock = threading.Lock()
-        # Interrupts that arrived before their instruction started.
-        self.pending_interrupts = set()
         # While the main thread writes a frame, an interrupt is held back (a half-written frame
         # would break the channel) and raised once the frame is whole.
         self.critical = 0
@@ -329,14 +358,100 @@ def interrupt(reason):
         signal.pthread_kill(STATE.main_thread, signal.SIGINT)
 
 
-def _watchdog(instruction_id, timeout_s, done):
-    """Interrupts the instruction at its timeout, and again every second while it resists."""
-    if done.wait(timeout_s):
-        return
-    while STATE.current == instruction_id and STATE.executing and not done.is_set():
-        interrupt("timeout")
-        if done.wait(1.0):
-            return
+def _agent_thread(target, name):
+    """Starts a daemon thread of the agent's own, which leaves SIGINT and SIGALRM to the main
+    thread."""
+
+    def run():
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGALRM})
+        target()
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+class Watcher:
+    """Watches the channel for interrupts, and the clock for the timeout, of a long instruction."""
+
+    def __init__(self):
+        self.wake_read, self.wake_write = os.pipe()
+        self.start = threading.Lock()
+        self.start.acquire()
+        self.stopped = threading.Lock()
+        self.stopped.acquire()
+        self.active = False
+        self.deadline = 0.0
+        # Requests other than interrupts that arrived while watching, for the main thread; None
+        # when the host closed the channel.
+        self.stash = []
+        _agent_thread(self._run, "evervm-watcher")
+
+    def begin(self, timeout_s):
+        """Arms the timer for an instruction that starts now."""
+        self.deadline = time.monotonic() + timeout_s
+        if signal.getsignal(signal.SIGALRM) is _on_sigalrm:
+            signal.setitimer(signal.ITIMER_REAL, min(WATCH_AFTER, timeout_s))
+        else:
+            self.activate()
+
+    def activate(self):
+        if STATE.executing and not self.active:
+            self.active = True
+            self.start.release()
+
+    def end(self):
+        """Stops watching. Called by the main thread once `STATE.executing` is false."""
+        if signal.getsignal(signal.SIGALRM) is _on_sigalrm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        if self.active:
+            os.write(self.wake_write, b".")
+            self.stopped.acquire()
+            self.active = False
+
+    def _run(self):
+        while True:
+            self.start.acquire()
+            try:
+                self._watch()
+            except Exception:
+                pass
+            self.stopped.release()
+
+    def _watch(self):
+        wait = self.deadline - time.monotonic()
+        while True:
+            if CHANNEL.buffered():
+                readable = [CHAN_IN]
+            else:
+                fds = [self.wake_read] if None in self.stash else [self.wake_read, CHAN_IN]
+                readable, _, _ = select.select(fds, [], [], max(0.0, wait))
+            if self.wake_read in readable:
+                os.read(self.wake_read, 64)
+                return
+            if CHAN_IN in readable:
+                try:
+                    request = CHANNEL.receive()
+                except Exception:
+                    request = None
+                if request is not None and request.get("op") == "interrupt":
+                    if request.get("id") == STATE.current:
+                        interrupt("interrupt")
+                else:
+                    self.stash.append(request)
+                wait = self.deadline - time.monotonic()
+                continue
+            # The timeout, then once a second while the instruction resists.
+            interrupt("timeout")
+            wait = 1.0
+            self.deadline = time.monotonic() + wait
+
+
+WATCHER = None
+
+
+def _on_sigalrm(signum, frame):
+    WATCHER.activate()
 
 
 # --- running code ------------------------------------------------------------------------------
@@ -414,32 +529,32 @@ class Machine:
         return value
 
 
+def _stop_executing():
+    """Ends the instruction's watch. A KeyboardInterrupt raised meanwhile (before `executing`
+    turns false) only restarts it."""
+    while True:
+        try:
+            STATE.executing = False
+            WATCHER.end()
+            return
+        except KeyboardInterrupt:
+            continue
+
+
 def run_instruction(machine, captures, request):
     instruction_id = request["id"]
     timeout_s = max(0.001, request.get("timeout_ms", 15000) / 1000.0)
-    done = threading.Event()
-    with STATE.lock:
-        STATE.current = instruction_id
-        STATE.reason = None
-    watchdog = threading.Thread(
-        target=_watchdog, args=(instruction_id, timeout_s, done), daemon=True
-    )
+    STATE.current = instruction_id
+    STATE.reason = None
     started = time.monotonic()
     event = {"ev": "result", "id": instruction_id}
     try:
-        watchdog.start()
         try:
-            with STATE.lock:
-                STATE.executing = True
-                interrupted_early = instruction_id in STATE.pending_interrupts
-                STATE.pending_interrupts.clear()
-            if interrupted_early:
-                STATE.reason = "interrupt"
-                raise KeyboardInterrupt()
+            STATE.executing = True
+            WATCHER.begin(timeout_s)
             value = machine.execute(instruction_id, request["code"])
         finally:
-            STATE.executing = False
-            done.set()
+            _stop_executing()
         event["value"] = None if value is None else _truncate(repr(value))
         event["data"] = _rich_output()
     except KeyboardInterrupt as exc:
@@ -460,6 +575,7 @@ def run_instruction(machine, captures, request):
             text = "%s: <traceback unavailable>" % type(exc).__name__
         event["error"] = _truncate(text)
         event["cause"] = "exception"
+    _stop_executing()
     event["runtime_ms"] = int((time.monotonic() - started) * 1000)
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
@@ -467,8 +583,7 @@ def run_instruction(machine, captures, request):
         except BaseException:
             pass
     OUTPUT.flush()
-    for capture in captures:
-        capture.drain()
+    drain(captures)
     STATE.current = None
     send(event)
 
@@ -486,31 +601,28 @@ def reseed():
             pass
 
 
-def _reader(requests):
-    """Reads requests from the host; interrupts act at once, the rest queue for the main thread."""
+def next_request():
+    """The next request for the main thread: one the watcher kept, else one from the channel.
+    Interrupts for instructions that already ended are dropped."""
     while True:
-        try:
-            request = receive()
-        except Exception:
-            request = None
-        if request is None:
-            requests.put(None)
-            return
-        if request.get("op") == "interrupt":
-            with STATE.lock:
-                if request.get("id") == STATE.current and STATE.executing:
-                    interrupt("interrupt")
-                else:
-                    STATE.pending_interrupts.add(request.get("id"))
+        if WATCHER.stash:
+            request = WATCHER.stash.pop(0)
         else:
-            requests.put(request)
+            try:
+                request = CHANNEL.receive()
+            except Exception:
+                request = None
+        if request is None or request.get("op") != "interrupt":
+            return request
 
 
 def main():
     threading.stack_size(512 * 1024)
     os.environ.setdefault("MPLBACKEND", "Agg")
     signal.signal(signal.SIGINT, _on_sigint)
-    global OUTPUT
+    signal.signal(signal.SIGALRM, _on_sigalrm)
+    global OUTPUT, WATCHER
+    WATCHER = Watcher()
     captures = [Capture(1, "stdout"), Capture(2, "stderr")]
     # Writes to fds 1 and 2 (C code, subprocesses) arrive through the pipes; Python's own
     # sys.stdout and sys.stderr skip them and keep their order.
@@ -530,12 +642,10 @@ def main():
     if sys.path and sys.path[0] in ("", os.path.dirname(AGENT_FILE)):
         sys.path[0] = os.getcwd()
     machine = Machine()
-    requests = queue.Queue()
-    threading.Thread(target=_reader, args=(requests,), name="evervm-channel", daemon=True).start()
     send({"ev": "ready", "python": sys.version.split()[0], "pid": os.getpid()})
     while True:
         try:
-            request = requests.get()
+            request = next_request()
             if request is None:
                 break
             if request.get("op") == "exec":

@@ -12,7 +12,8 @@
 //! machines and run an instruction in each, swap them all out, restore 50 at random and check
 //! their state, with the peak memory of the engine and its sandboxes.
 //!
-//! `--only swap` (or `density`) runs just that part on gVisor.
+//! `--only swap` (or `density`) runs just that part on gVisor; `--only exec` the in-process
+//! round trip and stdout throughput on every backend given.
 #![allow(clippy::print_stdout)]
 
 use std::time::{Duration, Instant};
@@ -30,7 +31,7 @@ struct Args {
     throughput_only: bool,
     /// Machines in the density run (0: none).
     density: usize,
-    /// Only this part (`swap`, `density`).
+    /// Only this part (`exec`, `swap`, `density`).
     only: Option<String>,
 }
 
@@ -51,10 +52,10 @@ fn parse_args() -> Result<Args> {
             "--rounds" => args.rounds = it.next().context("--rounds needs a number")?.parse()?,
             "--throughput-only" => args.throughput_only = true,
             "--density" => args.density = it.next().context("--density needs a number")?.parse()?,
-            "--only" => args.only = Some(it.next().context("--only needs swap or density")?),
+            "--only" => args.only = Some(it.next().context("--only needs exec, swap or density")?),
             other => bail!(
                 "unknown argument {other:?}; use --backend NAME, --rounds N, --throughput-only, \
-                 --density N, --only swap|density"
+                 --density N, --only exec|swap|density"
             ),
         }
     }
@@ -476,6 +477,22 @@ async fn main() -> Result<()> {
         std::thread::available_parallelism().map_or(0, std::num::NonZero::get)
     );
     for backend in &args.backends {
+        if args.only.as_deref() == Some("exec") {
+            let (client, engine, _home) = local(backend, 0).await?;
+            println!("backend {backend}");
+            report(
+                "exec 1+1 round trip, in-process",
+                round_trips(&client, args.rounds).await?,
+            );
+            let (elapsed, _) = throughput(&client).await?;
+            println!(
+                "  stdout 10 MB (in-process)                  {:>8.1} MB/s  ({})",
+                10.24 / elapsed.as_secs_f64(),
+                ms(elapsed)
+            );
+            engine.shutdown().await;
+            continue;
+        }
         if args.only.is_some() {
             if backend == "gvisor" {
                 forever_figures(args.density, args.only.as_deref()).await?;
