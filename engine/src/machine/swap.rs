@@ -256,7 +256,9 @@ pub(super) async fn save(
     let checkpoint = if in_place {
         current.sandbox.checkpoint_in_place(&staging).await
     } else {
-        current.sandbox.checkpoint(&staging).await
+        // A swap-out may stay on disk for long: compressed where the backend lets us choose.
+        let compress = how == Save::AndStop && engine.config.compress_swaps;
+        current.sandbox.checkpoint(&staging, compress).await
     };
     if let Err(e) = checkpoint {
         let _ = tokio::fs::remove_dir_all(&staging).await;

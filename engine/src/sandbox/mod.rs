@@ -91,9 +91,10 @@ pub trait Sandbox: Send {
     /// If the sandbox has ended, why (exit status, signal).
     fn exit_reason(&mut self) -> Option<ExitReason>;
 
-    /// Saves the whole sandbox, memory and files, into `dir` and stops it.
-    async fn checkpoint(&mut self, dir: &std::path::Path) -> Result<()> {
-        let _ = dir;
+    /// Saves the whole sandbox, memory and files, into `dir` and stops it; with `compress`, the
+    /// memory is written compressed where the backend can choose.
+    async fn checkpoint(&mut self, dir: &std::path::Path, compress: bool) -> Result<()> {
+        let _ = (dir, compress);
         Err(crate::error::Error::unsupported(
             "this backend cannot snapshot a machine (the gVisor backend can)",
         ))

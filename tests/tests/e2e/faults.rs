@@ -818,3 +818,62 @@ async fn forks_and_durable_saves_leave_the_machine_running() {
     }
     engine.shutdown().await;
 }
+
+/// Where runsc lets the engine choose: a swap-out writes a compressed snapshot (it may stay on
+/// disk for long), a fork's save does not (the fork is restored soon); with `compress_swaps`
+/// off, neither is.
+#[tokio::test(flavor = "multi_thread")]
+async fn swap_outs_are_compressed_and_forks_are_not() {
+    if !gvisor_available() {
+        return;
+    }
+    for compress_swaps in [true, false] {
+        let home = tempfile::tempdir().unwrap();
+        let mut config = config(home.path());
+        config.compress_swaps = compress_swaps;
+        let engine = Engine::open(config).await.unwrap();
+        if !engine.saves_in_place() {
+            eprintln!(
+                "skipping: {} writes every snapshot compressed",
+                engine.backend_description()
+            );
+            engine.shutdown().await;
+            return;
+        }
+        let account = engine.ensure_account("test").await.unwrap();
+        let name = machine(&engine, &account, CreateMachine::default()).await;
+        value(&engine, &account, &name, "x = list(range(10**6))").await;
+        let fork = engine
+            .fork_machine(&account, &name, evervm::engine::ForkMachine::default())
+            .await
+            .unwrap()
+            .name
+            .to_string();
+        engine.swap_out(&account, &name).await.unwrap();
+        let swapped = engine
+            .machine_info(&account, &name)
+            .await
+            .unwrap()
+            .disk_bytes;
+        let forked = engine
+            .machine_info(&account, &fork)
+            .await
+            .unwrap()
+            .disk_bytes;
+        if compress_swaps {
+            assert!(
+                swapped * 3 < forked,
+                "swapped {swapped} bytes, forked {forked}"
+            );
+        } else {
+            assert!(
+                swapped * 3 > forked * 2,
+                "swapped {swapped} bytes, forked {forked}"
+            );
+        }
+        // Both restore.
+        assert_eq!(value(&engine, &account, &name, "len(x)").await, "1000000");
+        assert_eq!(value(&engine, &account, &fork, "len(x)").await, "1000000");
+        engine.shutdown().await;
+    }
+}

@@ -44,6 +44,7 @@ pub(super) async fn probe_runsc(
         .to_owned();
     let digest = binary_digest(path)?;
     let version = format!("{first_line} (sha256 {digest})");
+    let compression_flag = has_compression_flag(path).await;
     let mut platforms = Vec::new();
     if let Some((platform, leave_running)) = known {
         let mut runsc = Runsc {
@@ -52,6 +53,7 @@ pub(super) async fn probe_runsc(
             platform: platform.to_owned(),
             digest: digest.clone(),
             leave_running: leave_running.unwrap_or(false),
+            compression_flag,
         };
         // This binary ran sandboxes on this platform before: no need to start one now (a
         // failure later is reported by the sandbox that fails), unless what it can do beyond
@@ -82,6 +84,7 @@ pub(super) async fn probe_runsc(
             platform: platform.to_owned(),
             digest: digest.clone(),
             leave_running: false,
+            compression_flag,
         };
         match tokio::time::timeout(
             Duration::from_secs(10),
@@ -99,6 +102,18 @@ pub(super) async fn probe_runsc(
         }
     }
     Err(Error::unsupported(failures.join(", ")))
+}
+
+/// Whether this runsc's `checkpoint` has the `--compression` flag (from its usage text).
+async fn has_compression_flag(path: &Path) -> bool {
+    Command::new(path)
+        .args(["checkpoint", "--help"])
+        .output()
+        .await
+        .is_ok_and(|o| {
+            String::from_utf8_lossy(&o.stderr).contains("-compression")
+                || String::from_utf8_lossy(&o.stdout).contains("-compression")
+        })
 }
 
 /// Runs the agent in a sandbox on this platform and waits for it to be ready.

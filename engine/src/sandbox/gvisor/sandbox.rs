@@ -30,9 +30,9 @@ impl Sandbox for GvisorSandbox {
         self.channel.take()
     }
 
-    async fn checkpoint(&mut self, dir: &Path) -> Result<()> {
+    async fn checkpoint(&mut self, dir: &Path, compress: bool) -> Result<()> {
         let started = std::time::Instant::now();
-        self.run_checkpoint(dir, false).await?;
+        self.run_checkpoint(dir, false, compress).await?;
         // The snapshot is whole once `runsc checkpoint` returns, and the sandbox has stopped:
         // the `runsc run` process and runsc's state are cleaned up without making the caller
         // wait (`runsc run` can take 100 ms to notice).
@@ -67,7 +67,7 @@ impl Sandbox for GvisorSandbox {
             ));
         }
         let started = std::time::Instant::now();
-        self.run_checkpoint(dir, true).await?;
+        self.run_checkpoint(dir, true, false).await?;
         tracing::debug!(
             sandbox = %self.id,
             "runsc checkpoint --leave-running took {:.1} ms",
@@ -124,9 +124,15 @@ impl Sandbox for GvisorSandbox {
 }
 
 impl GvisorSandbox {
-    /// `runsc checkpoint` into `dir`, leaving the sandbox running or not; the binary that writes
-    /// a snapshot is kept for as long as the home lives.
-    async fn run_checkpoint(&mut self, dir: &Path, leave_running: bool) -> Result<()> {
+    /// `runsc checkpoint` into `dir`, leaving the sandbox running or not, compressed or not
+    /// (where this runsc lets us choose); the binary that writes a snapshot is kept for as long
+    /// as the home lives.
+    async fn run_checkpoint(
+        &mut self,
+        dir: &Path,
+        leave_running: bool,
+        compress: bool,
+    ) -> Result<()> {
         let kept_dir = self.kept_dir.clone();
         let runsc = self.runsc.clone();
         tokio::task::spawn_blocking(move || keep_binary(&kept_dir, &runsc))
@@ -138,6 +144,13 @@ impl GvisorSandbox {
             .arg("checkpoint");
         if leave_running {
             command.arg("--leave-running");
+        }
+        if self.runsc.compression_flag {
+            command.arg(if compress {
+                "--compression=flate-best-speed"
+            } else {
+                "--compression=none"
+            });
         }
         let output = command
             .arg(format!("--image-path={}", dir.display()))
