@@ -737,7 +737,8 @@ async fn exec_result_and_stream_result() {
         result["error"]
             .as_str()
             .unwrap()
-            .contains("KeyboardInterrupt")
+            .contains("KeyboardInterrupt"),
+        "{result}"
     );
 
     // So does an exec with `interrupt: true`.

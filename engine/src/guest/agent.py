@@ -323,6 +323,8 @@ class State:
         # would break the channel) and raised once the frame is whole.
         self.critical = 0
         self.deferred = False
+        # Set by the SIGINT handler once it has acted on the last interrupt.
+        self.taken = True
 
     def enter_critical(self):
         if threading.get_ident() == self.main_thread:
@@ -345,6 +347,7 @@ OUTPUT = None
 def _on_sigint(signum, frame):
     if not STATE.executing:
         return
+    STATE.taken = True
     if STATE.critical:
         STATE.deferred = True
         return
@@ -355,7 +358,14 @@ def interrupt(reason):
     if STATE.executing and STATE.reason is None:
         STATE.reason = reason
     if STATE.executing:
+        STATE.taken = False
         signal.pthread_kill(STATE.main_thread, signal.SIGINT)
+
+
+# A SIGINT that arrives while the main thread runs another signal's handler inside a blocking
+# call (the SIGALRM that started the watcher, say) waits until that call returns: CPython checks
+# signals in number order and resumes the call. An interrupt not taken is therefore sent again.
+RESEND_AFTER = 0.05
 
 
 def _agent_thread(target, name):
@@ -419,8 +429,13 @@ class Watcher:
             self.stopped.release()
 
     def _watch(self):
-        wait = self.deadline - time.monotonic()
+        # When to send again an interrupt the main thread has not taken yet.
+        resend_at = None
         while True:
+            now = time.monotonic()
+            wait = self.deadline - now
+            if resend_at is not None:
+                wait = min(wait, resend_at - now)
             if CHANNEL.buffered():
                 readable = [CHAN_IN]
             else:
@@ -437,14 +452,22 @@ class Watcher:
                 if request is not None and request.get("op") == "interrupt":
                     if request.get("id") == STATE.current:
                         interrupt("interrupt")
+                        resend_at = time.monotonic() + RESEND_AFTER
                 else:
                     self.stash.append(request)
-                wait = self.deadline - time.monotonic()
                 continue
-            # The timeout, then once a second while the instruction resists.
-            interrupt("timeout")
-            wait = 1.0
-            self.deadline = time.monotonic() + wait
+            now = time.monotonic()
+            if resend_at is not None and now >= resend_at:
+                if STATE.taken or not STATE.executing:
+                    resend_at = None
+                else:
+                    signal.pthread_kill(STATE.main_thread, signal.SIGINT)
+                    resend_at = now + RESEND_AFTER
+            if now >= self.deadline:
+                # The timeout, then once a second while the instruction resists.
+                interrupt("timeout")
+                self.deadline = now + 1.0
+                resend_at = now + RESEND_AFTER
 
 
 WATCHER = None
