@@ -346,6 +346,25 @@ async fn interrupting_a_print_loop_never_breaks_the_channel() {
     );
 }
 
+/// Runs `request` on the machine and waits for its result.
+async fn run(
+    engine: &Engine,
+    account: &evervm_engine::Account,
+    name: &str,
+    request: ExecRequest,
+) -> evervm_engine::ExecResult {
+    let seq = engine.exec(account, name, request).await.unwrap().seq;
+    engine.result(account, name, seq).await.unwrap()
+}
+
+/// The cause of a failed instruction; `None` for one that gave a value.
+fn failure(result: &evervm_engine::ExecResult) -> Option<FailureCause> {
+    match result.outcome {
+        Outcome::Error { cause, .. } => Some(cause),
+        Outcome::Value(_) => None,
+    }
+}
+
 /// The agent times instructions with SIGALRM; code that takes the signal for itself keeps its own
 /// timers, and its instructions still time out and can still be interrupted.
 #[tokio::test(flavor = "multi_thread")]
@@ -360,33 +379,13 @@ async fn code_that_takes_sigalrm_keeps_its_timers_and_its_timeouts() {
          signal.signal(signal.SIGALRM, lambda *_: fired.append(1))",
     )
     .await;
-    let seq = engine
-        .exec(
-            &account,
-            &name,
-            ExecRequest::new("signal.setitimer(signal.ITIMER_REAL, 0.05)\ntime.sleep(0.3)\nfired"),
-        )
-        .await
-        .unwrap()
-        .seq;
-    assert_eq!(
-        value(&engine.result(&account, &name, seq).await.unwrap()).as_deref(),
-        Some("[1]")
-    );
+    let timer = "signal.setitimer(signal.ITIMER_REAL, 0.05)\ntime.sleep(0.3)\nfired";
+    let result = run(&engine, &account, &name, ExecRequest::new(timer)).await;
+    assert_eq!(value(&result).as_deref(), Some("[1]"));
     let mut slow = ExecRequest::new("time.sleep(30)");
     slow.timeout = Duration::from_secs(1);
-    let seq = engine.exec(&account, &name, slow).await.unwrap().seq;
-    let result = engine.result(&account, &name, seq).await.unwrap();
-    assert!(
-        matches!(
-            result.outcome,
-            Outcome::Error {
-                cause: FailureCause::Timeout,
-                ..
-            }
-        ),
-        "{result:?}"
-    );
+    let result = run(&engine, &account, &name, slow).await;
+    assert_eq!(failure(&result), Some(FailureCause::Timeout), "{result:?}");
     let seq = engine
         .exec(&account, &name, ExecRequest::new("time.sleep(30)"))
         .await
@@ -394,23 +393,11 @@ async fn code_that_takes_sigalrm_keeps_its_timers_and_its_timeouts() {
         .seq;
     assert!(engine.interrupt(&account, &name).await.unwrap());
     let result = engine.result(&account, &name, seq).await.unwrap();
-    assert!(
-        matches!(
-            result.outcome,
-            Outcome::Error {
-                cause: FailureCause::Interrupted,
-                ..
-            }
-        ),
+    assert_eq!(
+        failure(&result),
+        Some(FailureCause::Interrupted),
         "{result:?}"
     );
-    let seq = engine
-        .exec(&account, &name, ExecRequest::new("len(fired)"))
-        .await
-        .unwrap()
-        .seq;
-    assert_eq!(
-        value(&engine.result(&account, &name, seq).await.unwrap()).as_deref(),
-        Some("1")
-    );
+    let result = run(&engine, &account, &name, ExecRequest::new("len(fired)")).await;
+    assert_eq!(value(&result).as_deref(), Some("1"));
 }

@@ -743,21 +743,30 @@ async fn an_account_past_its_disk_quota_cannot_fork_or_checkpoint() {
     engine.shutdown().await;
 }
 
+/// An engine on `config` whose runsc saves sandboxes in place (a current one); `None`, with the
+/// reason printed, where it cannot.
+async fn engine_saving_in_place(config: EngineConfig) -> Option<Engine> {
+    if !gvisor_available() {
+        return None;
+    }
+    let engine = Engine::open(config).await.unwrap();
+    if engine.saves_in_place() {
+        return Some(engine);
+    }
+    eprintln!(
+        "skipping: {} cannot save a sandbox and leave it running (nor choose to compress)",
+        engine.backend_description()
+    );
+    engine.shutdown().await;
+    None
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn forks_and_durable_saves_leave_the_machine_running() {
-    if !gvisor_available() {
-        return;
-    }
     let home = tempfile::tempdir().unwrap();
-    let engine = Engine::open(config(home.path())).await.unwrap();
-    if !engine.saves_in_place() {
-        eprintln!(
-            "skipping: {} cannot save a sandbox and leave it running",
-            engine.backend_description()
-        );
-        engine.shutdown().await;
+    let Some(engine) = engine_saving_in_place(config(home.path())).await else {
         return;
-    }
+    };
     let account = engine.ensure_account("test").await.unwrap();
     let parent = machine(&engine, &account, CreateMachine::default()).await;
     // A thread that keeps counting in the parent while it is forked.
@@ -824,22 +833,13 @@ async fn forks_and_durable_saves_leave_the_machine_running() {
 /// off, neither is.
 #[tokio::test(flavor = "multi_thread")]
 async fn swap_outs_are_compressed_and_forks_are_not() {
-    if !gvisor_available() {
-        return;
-    }
     for compress_swaps in [true, false] {
         let home = tempfile::tempdir().unwrap();
         let mut config = config(home.path());
         config.compress_swaps = compress_swaps;
-        let engine = Engine::open(config).await.unwrap();
-        if !engine.saves_in_place() {
-            eprintln!(
-                "skipping: {} writes every snapshot compressed",
-                engine.backend_description()
-            );
-            engine.shutdown().await;
+        let Some(engine) = engine_saving_in_place(config).await else {
             return;
-        }
+        };
         let account = engine.ensure_account("test").await.unwrap();
         let name = machine(&engine, &account, CreateMachine::default()).await;
         value(&engine, &account, &name, "x = list(range(10**6))").await;
