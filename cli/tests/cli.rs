@@ -733,7 +733,7 @@ fn tokens_are_listed_revoked_and_expire_while_the_server_runs() {
     assert!(!again.status.success());
     assert!(stderr(&again).contains("no token"), "{}", stderr(&again));
 
-    // Expired.
+    // Expired: expiry is wall-clock time (no event to wait for), 2 s after the token was made.
     std::thread::sleep(std::time::Duration::from_millis(2200));
     let expired = whoami(&short);
     assert!(!expired.status.success());

@@ -139,7 +139,11 @@ async fn timeout_keeps_state_and_interrupt_cancels() {
     );
 
     let running = engine
-        .exec(&account, &name, ExecRequest::new("sleep(30)"))
+        .exec(
+            &account,
+            &name,
+            ExecRequest::new("print('started', flush=True)\nsleep(30)"),
+        )
         .await
         .unwrap()
         .seq;
@@ -148,7 +152,9 @@ async fn timeout_keeps_state_and_interrupt_cancels() {
         .await
         .unwrap()
         .seq;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Running once its first line has arrived.
+    let mut events = engine.events(&account, &name, running).await.unwrap();
+    assert!(matches!(events.next().await, Some(ExecEvent::Output(_))));
     let mut interrupting = ExecRequest::new("kept * 2");
     interrupting.interrupt = true;
     let accepted = engine.exec(&account, &name, interrupting).await.unwrap();

@@ -505,6 +505,7 @@ mod tests {
         assert_eq!(listed.len(), 2);
         assert!(listed.iter().all(|t| t.account == "alice"));
         assert!(listed.iter().any(|t| t.expires_at.is_some()));
+        // Expiry is wall-clock time: there is no event to wait for.
         std::thread::sleep(std::time::Duration::from_millis(1600));
         let expired = store.authenticate(&expiring).unwrap_err();
         assert!(expired.message().contains("expired"), "{expired}");

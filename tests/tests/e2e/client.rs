@@ -296,14 +296,19 @@ async fn timeout_recovery_and_interrupt() {
         );
 
         let slow = machine
-            .start("time.sleep(60)", &ExecOptions::default())
+            .start(
+                "print('started', flush=True)\ntime.sleep(60)",
+                &ExecOptions::default(),
+            )
             .await
             .unwrap();
         let queued = machine
             .start("'queued'", &ExecOptions::default())
             .await
             .unwrap();
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        // Running once its first line has arrived.
+        let mut events = machine.events(slow.seq).await.unwrap();
+        assert!(events.next().await.is_some(), "{label}");
         assert!(machine.interrupt().await.unwrap(), "{label}");
         for seq in [slow.seq, queued.seq] {
             let result = machine.result(seq).await.unwrap();

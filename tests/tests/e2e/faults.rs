@@ -131,6 +131,17 @@ fn faulty_config(home: &Path, runsc: &FaultyRunsc) -> EngineConfig {
     config
 }
 
+/// A gVisor engine on a fresh home with the account `test`; `None` where gVisor is missing.
+async fn gvisor_engine() -> Option<(tempfile::TempDir, Engine, Account)> {
+    if !gvisor_available() {
+        return None;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let engine = Engine::open(config(home.path())).await.unwrap();
+    let account = engine.ensure_account("test").await.unwrap();
+    Some((home, engine, account))
+}
+
 async fn machine(engine: &Engine, account: &Account, options: CreateMachine) -> String {
     engine
         .create_machine(account, options)
@@ -421,12 +432,9 @@ async fn a_full_disk_keeps_machines_in_memory_and_says_why() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn checkpoint_names_that_look_like_scratch_names_survive_restarts() {
-    if !gvisor_available() {
+    let Some((home, engine, account)) = gvisor_engine().await else {
         return;
-    }
-    let home = tempfile::tempdir().unwrap();
-    let engine = Engine::open(config(home.path())).await.unwrap();
-    let account = engine.ensure_account("test").await.unwrap();
+    };
     let name = machine(&engine, &account, CreateMachine::default()).await;
     value(&engine, &account, &name, "x = 1").await;
     engine
@@ -469,12 +477,9 @@ async fn checkpoint_names_that_look_like_scratch_names_survive_restarts() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn deleting_a_machine_during_its_fork_and_checkpoint_leaves_nothing() {
-    if !gvisor_available() {
+    let Some((home, engine, account)) = gvisor_engine().await else {
         return;
-    }
-    let home = tempfile::tempdir().unwrap();
-    let engine = Engine::open(config(home.path())).await.unwrap();
-    let account = engine.ensure_account("test").await.unwrap();
+    };
     let name = machine(&engine, &account, CreateMachine::default()).await;
     value(&engine, &account, &name, "import time\nx = 5").await;
     // The fork and the checkpoint wait for this instruction; the delete comes meanwhile.
@@ -594,12 +599,9 @@ async fn making_one_base_snapshot_does_not_hold_up_another() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_machine_whose_snapshot_was_deleted_is_damaged_not_silently_fresh() {
-    if !gvisor_available() {
+    let Some((home, engine, account)) = gvisor_engine().await else {
         return;
-    }
-    let home = tempfile::tempdir().unwrap();
-    let engine = Engine::open(config(home.path())).await.unwrap();
-    let account = engine.ensure_account("test").await.unwrap();
+    };
     let name = machine(&engine, &account, CreateMachine::default()).await;
     let other = machine(&engine, &account, CreateMachine::default()).await;
     value(&engine, &account, &name, "x = 1").await;
@@ -643,12 +645,9 @@ fn kill_processes_mentioning(needle: &str) -> usize {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn runsc_killed_under_a_busy_machine_costs_only_that_machine() {
-    if !gvisor_available() {
+    let Some((home, engine, account)) = gvisor_engine().await else {
         return;
-    }
-    let home = tempfile::tempdir().unwrap();
-    let engine = Engine::open(config(home.path())).await.unwrap();
-    let account = engine.ensure_account("test").await.unwrap();
+    };
     let busy = machine(&engine, &account, CreateMachine::default()).await;
     let calm = machine(&engine, &account, CreateMachine::default()).await;
     value(&engine, &account, &busy, "saved = 'before'").await;
