@@ -391,6 +391,8 @@ class Watcher:
         self.stopped = threading.Lock()
         self.stopped.acquire()
         self.active = False
+        # Whether the interval timer is set (so that ending twice costs no system call).
+        self.armed = False
         self.deadline = 0.0
         # Requests other than interrupts that arrived while watching, for the main thread; None
         # when the host closed the channel.
@@ -402,6 +404,7 @@ class Watcher:
         self.deadline = time.monotonic() + timeout_s
         if signal.getsignal(signal.SIGALRM) is _on_sigalrm:
             signal.setitimer(signal.ITIMER_REAL, min(WATCH_AFTER, timeout_s))
+            self.armed = True
         else:
             self.activate()
 
@@ -412,8 +415,11 @@ class Watcher:
 
     def end(self):
         """Stops watching. Called by the main thread once `STATE.executing` is false."""
-        if signal.getsignal(signal.SIGALRM) is _on_sigalrm:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+        if self.armed:
+            self.armed = False
+            # A handler the code installed meanwhile owns the timer now.
+            if signal.getsignal(signal.SIGALRM) is _on_sigalrm:
+                signal.setitimer(signal.ITIMER_REAL, 0)
         if self.active:
             os.write(self.wake_write, b".")
             self.stopped.acquire()
