@@ -196,6 +196,7 @@ impl Engine {
             handle.stop().await;
         }
         self.inner.pool.drain().await;
+        self.inner.backend.shutdown().await;
         // Everything stored before the home is handed over.
         let _ = self.inner.store.call(|_| Ok(())).await;
         lock(&self.inner.home_lock).take();

@@ -46,6 +46,8 @@ struct MachineState {
     resident: bool,
     /// The host process at the root of that sandbox.
     resident_pid: Option<u32>,
+    /// The host processes whose trees hold its memory.
+    memory_roots: Vec<u32>,
     /// True while the machine's task is doing something (an instruction, a swap, a restore)
     /// rather than waiting for work: such a machine is not asked to make room for another.
     busy: bool,
@@ -174,7 +176,7 @@ impl MachineHandle {
     /// Memory the machine's sandbox holds (a reading at most [`MEMORY_READING_TTL`] old); 0
     /// when it is not resident. Reads `/proc`: call it off the async workers.
     pub(crate) fn resident_bytes(&self) -> u64 {
-        let pid = {
+        let roots = {
             let state = lock(&self.state);
             if let Some((at, bytes)) = state.memory_reading
                 && at.elapsed() < MEMORY_READING_TTL
@@ -182,9 +184,9 @@ impl MachineHandle {
             {
                 return bytes;
             }
-            state.resident_pid
+            state.memory_roots.clone()
         };
-        let bytes = pid.map_or(0, crate::sandbox::process_tree_pss);
+        let bytes = crate::sandbox::process_tree_pss(&roots);
         lock(&self.state).memory_reading = Some((Instant::now(), bytes));
         bytes
     }
@@ -193,6 +195,9 @@ impl MachineHandle {
         let mut state = lock(&self.state);
         state.resident = resident.is_some();
         state.resident_pid = resident.and_then(|r| r.sandbox.pid());
+        state.memory_roots = resident
+            .map(|r| r.sandbox.memory_roots())
+            .unwrap_or_default();
         state.memory_reading = None;
     }
 

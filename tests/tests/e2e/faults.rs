@@ -876,3 +876,107 @@ async fn swap_outs_are_compressed_and_forks_are_not() {
         engine.shutdown().await;
     }
 }
+
+/// The sandboxes a gVisor engine on `home` created ahead of time (used or waiting), by the pid
+/// files `runsc create` wrote into their bundles.
+fn created_sandboxes(home: &Path) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir(home.join("sandboxes")) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("pre-"))
+        .filter_map(|e| std::fs::read_to_string(e.path().join("pid")).ok())
+        .filter_map(|pid| pid.trim().parse().ok())
+        .collect()
+}
+
+/// Waits (up to 20 s) for a sandbox created ahead of time that is not in `known`; its pid.
+async fn new_created_sandbox(home: &Path, known: &[u32]) -> u32 {
+    for _ in 0..200 {
+        if let Some(pid) = created_sandboxes(home)
+            .into_iter()
+            .find(|pid| !known.contains(pid))
+        {
+            return pid;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no sandbox was created ahead of time in 20 s (known: {known:?})");
+}
+
+fn process_exists(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, s)| s.trim().starts_with('Z'))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn restores_go_into_sandboxes_created_ahead_of_time() {
+    let home = tempfile::tempdir().unwrap();
+    let Some(engine) = engine_saving_in_place(config(home.path())).await else {
+        return;
+    };
+    let account = engine.ensure_account("test").await.unwrap();
+    let name = machine(&engine, &account, CreateMachine::default()).await;
+    value(&engine, &account, &name, "x = 'kept'").await;
+    engine.swap_out(&account, &name).await.unwrap();
+    // The restore goes into the sandbox that was waiting for it: the machine's sandbox is that
+    // process.
+    let mut known: Vec<u32> = engine.sandbox_pid(&name).into_iter().collect();
+    let waiting = new_created_sandbox(home.path(), &known).await;
+    assert_eq!(value(&engine, &account, &name, "x").await, "'kept'");
+    assert_eq!(engine.sandbox_pid(&name), Some(waiting));
+    known.push(waiting);
+
+    // A replacement is created; if it dies before it is used, the next restore does without.
+    let replacement = new_created_sandbox(home.path(), &known).await;
+    known.push(replacement);
+    // SAFETY: kill has no memory effects.
+    unsafe { libc::kill(replacement as i32, libc::SIGKILL) };
+    engine.swap_out(&account, &name).await.unwrap();
+    assert!(!process_exists(waiting), "the swapped-out sandbox is gone");
+    assert_eq!(value(&engine, &account, &name, "x").await, "'kept'");
+    let restored = engine.sandbox_pid(&name).unwrap();
+    assert!(!known.contains(&restored), "{restored} in {known:?}");
+
+    // A sandbox restored this way that is killed is noticed like any other: the machine comes
+    // back from its snapshot and says so.
+    engine.swap_out(&account, &name).await.unwrap();
+    let waiting = new_created_sandbox(home.path(), &known).await;
+    assert_eq!(value(&engine, &account, &name, "x").await, "'kept'");
+    assert_eq!(engine.sandbox_pid(&name), Some(waiting));
+    known.push(waiting);
+    // SAFETY: kill has no memory effects.
+    unsafe { libc::kill(waiting as i32, libc::SIGKILL) };
+    let (result, _) = run(&engine, &account, &name, "x").await;
+    match &result.outcome {
+        Outcome::Error { text, cause } => {
+            assert_eq!(
+                *cause,
+                evervm::engine::FailureCause::MachineCrashed,
+                "{text}"
+            );
+            assert!(text.contains("the sandbox ended"), "{text}");
+        }
+        Outcome::Value(v) => panic!("a killed sandbox answered {v:?}"),
+    }
+    let (result, stderr) = run(&engine, &account, &name, "x").await;
+    assert_eq!(result.outcome, Outcome::Value(Some("'kept'".to_owned())));
+    assert!(
+        stderr
+            .first()
+            .is_some_and(|l| l.contains("restored from its snapshot")),
+        "{stderr:?}"
+    );
+
+    // Shutdown leaves none of them running.
+    let waiting = new_created_sandbox(home.path(), &known).await;
+    engine.shutdown().await;
+    assert!(
+        !process_exists(waiting),
+        "a created sandbox outlived shutdown"
+    );
+}

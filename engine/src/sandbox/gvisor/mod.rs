@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::guest::image::{Image, ImageBuilder, Profile, Progress};
 
 mod bundle;
+mod precreated;
 mod probe;
 mod runsc;
 mod sandbox;
@@ -27,9 +28,14 @@ mod sandbox;
 pub use runsc::Runsc;
 
 use bundle::{delete_container, spawn_runsc, write_bundle};
+use precreated::Precreated;
 use probe::find_runsc;
 use runsc::{global_args, kept_binaries};
-use sandbox::GvisorSandbox;
+use sandbox::{GvisorSandbox, Processes};
+
+/// Created sandboxes kept for restores: one for new machines and one for swapped or forked ones
+/// of the usual shape, about 30 MB each.
+const DEFAULT_PRECREATED: usize = 2;
 
 /// Settings of the gVisor backend.
 #[derive(Debug, Clone)]
@@ -44,6 +50,8 @@ pub struct GvisorConfig {
     /// The gVisor platform (`EVERVM_RUNSC_PLATFORM`: `ptrace`, `systrap`, `kvm`); else the first
     /// that runs a sandbox here.
     pub platform: Option<String>,
+    /// Sandboxes created ahead of time for restores (`EVERVM_PRECREATED`, default 2; 0: none).
+    pub precreated: usize,
 }
 
 impl GvisorConfig {
@@ -55,6 +63,9 @@ impl GvisorConfig {
             images_dir,
             runsc: var("EVERVM_RUNSC").map(PathBuf::from),
             platform: var("EVERVM_RUNSC_PLATFORM").map(|p| p.to_string_lossy().into_owned()),
+            precreated: var("EVERVM_PRECREATED")
+                .and_then(|n| n.to_str().and_then(|n| n.trim().parse().ok()))
+                .unwrap_or(DEFAULT_PRECREATED),
         }
     }
 }
@@ -69,6 +80,8 @@ pub struct GvisorBackend {
     bundles_dir: PathBuf,
     images: std::sync::Mutex<std::collections::HashMap<Profile, Image>>,
     builder: ImageBuilder,
+    /// Sandboxes created ahead of time for restores by this runsc.
+    precreated: Arc<Precreated>,
     progress: Arc<dyn Progress>,
 }
 
@@ -102,6 +115,18 @@ impl GvisorBackend {
         )
         .await?;
         let kept_dir = config.home.join("runsc-bin");
+        // Leftovers go before the watchdog starts (it only ever deletes this engine's).
+        clean_leftovers(&runsc, &state_dir, &bundles_dir).await;
+        let precreated = Arc::new(Precreated::new(
+            runsc.clone(),
+            state_dir.clone(),
+            bundles_dir.clone(),
+            if runsc.restore_into_created {
+                config.precreated
+            } else {
+                0
+            },
+        ));
         let backend = Self {
             runsc,
             kept: kept_binaries(&kept_dir),
@@ -111,8 +136,8 @@ impl GvisorBackend {
             images: std::sync::Mutex::new([(Profile::Minimal, image)].into_iter().collect()),
             builder,
             progress,
+            precreated,
         };
-        backend.clean_leftovers().await;
         tracing::info!(
             runsc = %backend.runsc.path.display(),
             version = backend.runsc.version,
@@ -169,7 +194,8 @@ impl GvisorBackend {
         super::widen_pipe(&stdout);
         Ok(Box::new(GvisorSandbox {
             id: spec.id.clone(),
-            child,
+            processes: Processes::Attached(child),
+            memory_mb: spec.memory_mb,
             channel: Some((Box::new(stdout), Box::new(stdin))),
             bundle,
             runsc: runsc.clone(),
@@ -180,26 +206,71 @@ impl GvisorBackend {
         }))
     }
 
-    /// Sandboxes a crashed engine left: stopped and deleted, with their bundles.
-    async fn clean_leftovers(&self) {
-        let listed = Command::new(&self.runsc.path)
-            .args(global_args(&self.runsc, &self.state_dir))
-            .args(["list", "--quiet"])
-            .output()
-            .await;
-        if let Ok(output) = listed {
-            for id in String::from_utf8_lossy(&output.stdout).lines() {
-                let id = id.trim();
-                if !id.is_empty() {
-                    tracing::info!(sandbox = id, "removing a sandbox left by an earlier engine");
-                    delete_container(&self.runsc, &self.state_dir, id).await;
-                }
+    /// Restores the snapshot in `dir` into a sandbox created ahead of time, if one of the
+    /// right shape waits; `None` when none does (or the restore into it failed: a plain
+    /// restore follows). A replacement is made either way.
+    async fn restore_into_created(
+        &self,
+        spec: &SandboxSpec,
+        dir: &Path,
+    ) -> Option<Box<dyn Sandbox>> {
+        let image = match &spec.image_id {
+            Some(id) => self.builder.by_id(id).ok()?,
+            None => self.image(spec.profile).await.ok()?,
+        };
+        let created = self.precreated.take(&image.id, spec.memory_mb);
+        self.precreated.replenish(image, spec.memory_mb);
+        let created = created?;
+        let restored = precreated::restore_detached(
+            &self.runsc,
+            &self.state_dir,
+            &created.bundle,
+            &created.id,
+            dir,
+        )
+        .await;
+        if let Err(e) = restored {
+            tracing::warn!(
+                sandbox = created.id,
+                "restoring into a created sandbox: {e}"
+            );
+            self.precreated.discard(created);
+            return None;
+        }
+        Some(Box::new(GvisorSandbox {
+            id: created.id,
+            processes: Processes::Detached(created.processes),
+            memory_mb: spec.memory_mb,
+            channel: Some((Box::new(created.reader), Box::new(created.writer))),
+            bundle: created.bundle,
+            runsc: self.runsc.clone(),
+            kept_dir: self.kept_dir.clone(),
+            state_dir: self.state_dir.clone(),
+            released: false,
+            image_id: created.image_id,
+        }))
+    }
+}
+
+/// Sandboxes a crashed engine left: stopped and deleted, with their bundles.
+async fn clean_leftovers(runsc: &Runsc, state_dir: &Path, bundles_dir: &Path) {
+    let listed = Command::new(&runsc.path)
+        .args(global_args(runsc, state_dir))
+        .args(["list", "--quiet"])
+        .output()
+        .await;
+    if let Ok(output) = listed {
+        for id in String::from_utf8_lossy(&output.stdout).lines() {
+            let id = id.trim();
+            if !id.is_empty() {
+                tracing::info!(sandbox = id, "removing a sandbox left by an earlier engine");
+                delete_container(runsc, state_dir, id).await;
             }
         }
-        if let Ok(entries) = std::fs::read_dir(&self.bundles_dir) {
-            for entry in entries.flatten() {
-                let _ = std::fs::remove_dir_all(entry.path());
-            }
+    }
+    if let Ok(entries) = std::fs::read_dir(bundles_dir) {
+        for entry in entries.flatten() {
+            let _ = std::fs::remove_dir_all(entry.path());
         }
     }
 }
@@ -262,6 +333,12 @@ impl SandboxBackend for GvisorBackend {
                     self.kept_dir.display()
                 ))
             })?;
+        if runsc.digest == self.runsc.digest
+            && self.runsc.restore_into_created
+            && let Some(sandbox) = self.restore_into_created(spec, dir).await
+        {
+            return Ok(sandbox);
+        }
         let restore = [
             "restore".to_owned(),
             format!("--image-path={}", dir.display()),
@@ -271,5 +348,9 @@ impl SandboxBackend for GvisorBackend {
 
     fn describe(&self) -> String {
         self.runsc.describe()
+    }
+
+    async fn shutdown(&self) {
+        self.precreated.clear().await;
     }
 }

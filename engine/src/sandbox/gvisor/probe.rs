@@ -21,13 +21,34 @@ pub(super) struct ProbeCache {
     /// Whether `checkpoint --leave-running` works (`None` in files from before it was tried).
     #[serde(default)]
     leave_running: Option<bool>,
+    /// Whether a snapshot restores into a created sandbox (`None` in files from before).
+    #[serde(default)]
+    restore_into_created: Option<bool>,
+}
+
+impl ProbeCache {
+    fn abilities(&self) -> Option<Abilities> {
+        Some(Abilities {
+            leave_running: self.leave_running?,
+            restore_into_created: self.restore_into_created?,
+        })
+    }
+}
+
+/// What a runsc can do beyond running a sandbox, found by trying it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Abilities {
+    /// `runsc checkpoint --leave-running` saves a sandbox and leaves it running.
+    leave_running: bool,
+    /// `runsc restore --detach` restores a snapshot into a sandbox made by `runsc create`.
+    restore_into_created: bool,
 }
 
 /// Finds the platform this runsc runs containers on here: `known` first (what worked last
 /// time), then `kvm` (where /dev/kvm exists), `systrap` (where this runsc has it), `ptrace`.
 pub(super) async fn probe_runsc(
     path: &Path,
-    known: Option<(&str, Option<bool>)>,
+    known: Option<(&str, Option<Abilities>)>,
     image: &Image,
     state_dir: &Path,
     bundles_dir: &Path,
@@ -46,21 +67,24 @@ pub(super) async fn probe_runsc(
     let version = format!("{first_line} (sha256 {digest})");
     let compression_flag = has_compression_flag(path).await;
     let mut platforms = Vec::new();
-    if let Some((platform, leave_running)) = known {
+    if let Some((platform, abilities)) = known {
         let mut runsc = Runsc {
             path: path.to_owned(),
             version: version.clone(),
             platform: platform.to_owned(),
             digest: digest.clone(),
-            leave_running: leave_running.unwrap_or(false),
+            leave_running: false,
+            restore_into_created: false,
             compression_flag,
         };
         // This binary ran sandboxes on this platform before: no need to start one now (a
         // failure later is reported by the sandbox that fails), unless what it can do beyond
         // that was never tried.
-        if leave_running.is_none() {
-            runsc.leave_running = probe_leave_running(&runsc, image, state_dir, bundles_dir).await;
-        }
+        let abilities = match abilities {
+            Some(abilities) => abilities,
+            None => probe_abilities(&runsc, image, state_dir, bundles_dir).await,
+        };
+        abilities.apply(&mut runsc);
         return Ok(runsc);
     }
     if Path::new("/dev/kvm").exists() {
@@ -84,6 +108,7 @@ pub(super) async fn probe_runsc(
             platform: platform.to_owned(),
             digest: digest.clone(),
             leave_running: false,
+            restore_into_created: false,
             compression_flag,
         };
         match tokio::time::timeout(
@@ -93,8 +118,9 @@ pub(super) async fn probe_runsc(
         .await
         {
             Ok(Ok(())) => {
-                runsc.leave_running =
-                    probe_leave_running(&runsc, image, state_dir, bundles_dir).await;
+                probe_abilities(&runsc, image, state_dir, bundles_dir)
+                    .await
+                    .apply(&mut runsc);
                 return Ok(runsc);
             }
             Ok(Err(e)) => failures.push(format!("{platform}: {e}")),
@@ -149,20 +175,29 @@ pub(super) async fn probe_platform(
     result
 }
 
-/// Whether `runsc checkpoint --leave-running` saves a sandbox and leaves it running, answering:
-/// tried on a real one (Debian's 2022 runsc destroys the sandbox and times out instead).
-async fn probe_leave_running(
+impl Abilities {
+    fn apply(self, runsc: &mut Runsc) {
+        runsc.leave_running = self.leave_running;
+        runsc.restore_into_created = self.restore_into_created;
+    }
+}
+
+/// What this runsc can do, tried on real sandboxes: whether `runsc checkpoint --leave-running`
+/// saves one and leaves it running (Debian's 2022 runsc destroys the sandbox and times out
+/// instead), and whether that snapshot restores into a created sandbox (Debian's answers
+/// "container already exists").
+async fn probe_abilities(
     runsc: &Runsc,
     image: &Image,
     state_dir: &Path,
     bundles_dir: &Path,
-) -> bool {
+) -> Abilities {
     let id = format!("probe-lr-{}-{}", runsc.platform, std::process::id());
     let Ok(bundle) = write_bundle(bundles_dir, &id, image, 256) else {
-        return false;
+        return Abilities::default();
     };
     let images = bundle.join("checkpoint");
-    let works = async {
+    let abilities = async {
         let mut child = spawn_run(runsc, state_dir, &bundle, &id).ok()?;
         let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
             return None;
@@ -185,21 +220,58 @@ async fn probe_leave_running(
             .await
             .ok()?
             .ok()?;
-        let alive = saved.status.success()
+        let leave_running = saved.status.success()
             && child.try_wait().ok().flatten().is_none()
             && agent.probe(Duration::from_secs(5)).await.is_ok();
         let _ = child.kill().await;
-        Some(alive)
+        let restore_into_created = leave_running
+            && probe_restore_into_created(runsc, image, state_dir, bundles_dir, &images).await;
+        Some(Abilities {
+            leave_running,
+            restore_into_created,
+        })
+    }
+    .await
+    .unwrap_or_default();
+    delete_container(runsc, state_dir, &id).await;
+    let _ = std::fs::remove_dir_all(&bundle);
+    tracing::info!(
+        runsc = %runsc.path.display(),
+        "checkpoint --leave-running {}; restore into created sandboxes {}",
+        if abilities.leave_running { "works" } else { "does not work" },
+        if abilities.restore_into_created { "works" } else { "does not work" },
+    );
+    abilities
+}
+
+/// Whether the snapshot in `images` (of a 256 MB sandbox of `image`) restores into a sandbox
+/// made by `runsc create`, with an agent that answers.
+async fn probe_restore_into_created(
+    runsc: &Runsc,
+    image: &Image,
+    state_dir: &Path,
+    bundles_dir: &Path,
+    images: &Path,
+) -> bool {
+    let id = format!("probe-rc-{}-{}", runsc.platform, std::process::id());
+    let Ok(bundle) = write_bundle(bundles_dir, &id, image, 256) else {
+        return false;
+    };
+    let works = async {
+        let (reader, writer, _) = super::precreated::create(runsc, state_dir, &bundle, &id)
+            .await
+            .ok()?;
+        super::precreated::restore_detached(runsc, state_dir, &bundle, &id, images)
+            .await
+            .ok()?;
+        let mut agent =
+            crate::guest::connection::AgentConnection::resume(Box::new(reader), Box::new(writer));
+        Some(agent.probe(Duration::from_secs(5)).await.is_ok())
     }
     .await
     .unwrap_or(false);
     delete_container(runsc, state_dir, &id).await;
     let _ = std::fs::remove_dir_all(&bundle);
-    tracing::info!(
-        runsc = %runsc.path.display(),
-        "checkpoint --leave-running {}",
-        if works { "works" } else { "does not work" }
-    );
     works
 }
 
@@ -240,9 +312,9 @@ pub(super) async fn find_runsc(
             .find(|c| c.path == path && digest.as_ref() == Some(&c.digest));
         let known = match (platform, seen) {
             (Some(platform), seen) => {
-                Some((platform.to_owned(), seen.and_then(|c| c.leave_running)))
+                Some((platform.to_owned(), seen.and_then(ProbeCache::abilities)))
             }
-            (None, Some(seen)) => Some((seen.platform.clone(), seen.leave_running)),
+            (None, Some(seen)) => Some((seen.platform.clone(), seen.abilities())),
             (None, None) => None,
         };
         let known = known.as_ref().map(|(p, l)| (p.as_str(), *l));
@@ -253,6 +325,7 @@ pub(super) async fn find_runsc(
                     digest: runsc.digest.clone(),
                     platform: runsc.platform.clone(),
                     leave_running: Some(runsc.leave_running),
+                    restore_into_created: Some(runsc.restore_into_created),
                 };
                 let newest = cache.path.clone();
                 let mut entries = vec![cache];

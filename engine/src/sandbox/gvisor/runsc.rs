@@ -21,6 +21,9 @@ pub struct Runsc {
     /// `runsc checkpoint --leave-running` saves a sandbox and leaves it running (a current
     /// runsc; Debian's 2022 one destroys the sandbox instead), found by trying it once.
     pub leave_running: bool,
+    /// `runsc restore --detach` restores a snapshot into a sandbox made ahead of time by
+    /// `runsc create` (a current runsc; Debian's answers "container already exists").
+    pub restore_into_created: bool,
     /// `runsc checkpoint --compression` chooses between compressed and uncompressed images (a
     /// current runsc writes them uncompressed by default; Debian's 2022 one always compresses).
     pub compression_flag: bool,
@@ -142,6 +145,7 @@ pub(super) fn kept_binaries(kept_dir: &Path) -> Vec<Runsc> {
                 version: kept.version,
                 platform: kept.platform,
                 leave_running: kept.leave_running,
+                restore_into_created: false,
                 compression_flag: false,
             })
         })

@@ -6,14 +6,25 @@ use async_trait::async_trait;
 use tokio::process::{Child, Command};
 
 use super::bundle::delete_container;
+use super::precreated::Detached;
 use super::runsc::{Runsc, global_args, keep_binary};
 use crate::error::{Error, Result};
 use crate::guest::connection::{ChannelReader, ChannelWriter};
 use crate::sandbox::Sandbox;
 
+/// The host processes a sandbox runs as.
+pub(super) enum Processes {
+    /// `runsc run` or `runsc restore` in the foreground: our child, which the sandbox's
+    /// processes die with, and whose exit status is the sandbox's.
+    Attached(Child),
+    /// A sandbox created ahead of time and restored with `runsc restore --detach`.
+    Detached(Detached),
+}
+
 pub(super) struct GvisorSandbox {
     pub(super) id: String,
-    pub(super) child: Child,
+    pub(super) processes: Processes,
+    pub(super) memory_mb: u32,
     pub(super) channel: Option<(ChannelReader, ChannelWriter)>,
     pub(super) bundle: PathBuf,
     pub(super) runsc: Runsc,
@@ -36,7 +47,9 @@ impl Sandbox for GvisorSandbox {
         // The snapshot is whole once `runsc checkpoint` returns, and the sandbox has stopped:
         // the `runsc run` process and runsc's state are cleaned up without making the caller
         // wait (`runsc run` can take 100 ms to notice).
-        let _ = self.child.start_kill();
+        if let Processes::Attached(child) = &mut self.processes {
+            let _ = child.start_kill();
+        }
         let (runsc, state_dir, id, bundle) = (
             self.runsc.clone(),
             self.state_dir.clone(),
@@ -85,11 +98,28 @@ impl Sandbox for GvisorSandbox {
     }
 
     fn pid(&self) -> Option<u32> {
-        self.child.id()
+        match &self.processes {
+            Processes::Attached(child) => child.id(),
+            Processes::Detached(detached) => Some(detached.pid),
+        }
+    }
+
+    fn memory_roots(&self) -> Vec<u32> {
+        match &self.processes {
+            Processes::Attached(child) => child.id().into_iter().collect(),
+            Processes::Detached(detached) => std::iter::once(detached.pid)
+                .chain(detached.gofer)
+                .collect(),
+        }
     }
 
     async fn kill(&mut self) -> Result<()> {
-        let _ = self.child.kill().await;
+        match &mut self.processes {
+            Processes::Attached(child) => {
+                let _ = child.kill().await;
+            }
+            Processes::Detached(detached) => detached.kill(),
+        }
         if self.released {
             return Ok(());
         }
@@ -100,7 +130,11 @@ impl Sandbox for GvisorSandbox {
 
     fn exit_reason(&mut self) -> Option<crate::sandbox::ExitReason> {
         use std::os::unix::process::ExitStatusExt;
-        let status = self.child.try_wait().ok().flatten()?;
+        let child = match &mut self.processes {
+            Processes::Attached(child) => child,
+            Processes::Detached(detached) => return detached.exit_reason(self.memory_mb),
+        };
+        let status = child.try_wait().ok().flatten()?;
         let text = match (status.code(), status.signal()) {
             (Some(137), _) | (_, Some(9)) => {
                 "the sandbox was killed (its memory went past the limit, or it was stopped)"
