@@ -476,8 +476,9 @@ fn a_killed_server_leaves_no_sandbox_behind() {
     };
     // Where the runsc restores into sandboxes created ahead of time, one is made in the
     // background after the machine's restore; once the engine is killed, nothing but its
-    // watchdog removes it. Give it the time to be made (a runsc that cannot, Debian's, makes
-    // none: the wait runs out).
+    // watchdog removes it. Give it the time to be made, at most 5 s (a runsc that cannot,
+    // Debian's, makes none: the wait runs out); the server is another process, so its bundle's
+    // pid file is the only sign.
     let created = || {
         std::fs::read_dir(server.home.path().join("sandboxes"))
             .unwrap()

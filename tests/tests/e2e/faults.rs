@@ -623,6 +623,21 @@ async fn a_machine_whose_snapshot_was_deleted_is_damaged_not_silently_fresh() {
     engine.shutdown().await;
 }
 
+/// Asserts that an instruction ended with `MachineCrashed` and an error text holding `needle`.
+fn assert_crashed(outcome: &Outcome, needle: &str) {
+    match outcome {
+        Outcome::Error { text, cause } => {
+            assert_eq!(
+                *cause,
+                evervm::engine::FailureCause::MachineCrashed,
+                "{text}"
+            );
+            assert!(text.contains(needle), "{text}");
+        }
+        Outcome::Value(v) => panic!("expected a crash, got {v:?}"),
+    }
+}
+
 /// Kills (SIGKILL) every process whose command line mentions `needle`; how many there were.
 fn kill_processes_mentioning(needle: &str) -> usize {
     let mut killed = 0;
@@ -671,17 +686,7 @@ async fn runsc_killed_under_a_busy_machine_costs_only_that_machine() {
             None => panic!("no result"),
         }
     };
-    match &result.outcome {
-        Outcome::Error { text, cause } => {
-            assert_eq!(
-                *cause,
-                evervm::engine::FailureCause::MachineCrashed,
-                "{text}"
-            );
-            assert!(text.contains("MachineCrashed"), "{text}");
-        }
-        Outcome::Value(v) => panic!("expected a crash, got {v:?}"),
-    }
+    assert_crashed(&result.outcome, "MachineCrashed");
     // It comes back from its last snapshot, and says so.
     let (result, stderr) = run(&engine, &account, &busy, "[saved, 'lost' in globals()]").await;
     assert_eq!(
@@ -891,7 +896,8 @@ fn created_sandboxes(home: &Path) -> Vec<u32> {
         .collect()
 }
 
-/// Waits (up to 20 s) for a sandbox created ahead of time that is not in `known`; its pid.
+/// Waits (up to 20 s) for a sandbox created ahead of time that is not in `known`; its pid. The
+/// engine creates them in the background and tells no one: their pid files are what shows it.
 async fn new_created_sandbox(home: &Path, known: &[u32]) -> u32 {
     for _ in 0..200 {
         if let Some(pid) = created_sandboxes(home)
@@ -952,17 +958,7 @@ async fn restores_go_into_sandboxes_created_ahead_of_time() {
     // SAFETY: kill has no memory effects.
     unsafe { libc::kill(waiting as i32, libc::SIGKILL) };
     let (result, _) = run(&engine, &account, &name, "x").await;
-    match &result.outcome {
-        Outcome::Error { text, cause } => {
-            assert_eq!(
-                *cause,
-                evervm::engine::FailureCause::MachineCrashed,
-                "{text}"
-            );
-            assert!(text.contains("the sandbox ended"), "{text}");
-        }
-        Outcome::Value(v) => panic!("a killed sandbox answered {v:?}"),
-    }
+    assert_crashed(&result.outcome, "the sandbox ended");
     let (result, stderr) = run(&engine, &account, &name, "x").await;
     assert_eq!(result.outcome, Outcome::Value(Some("'kept'".to_owned())));
     assert!(

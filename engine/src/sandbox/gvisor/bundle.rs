@@ -31,6 +31,24 @@ pub(super) async fn delete_container(runsc: &Runsc, state_dir: &Path, id: &str) 
     }
 }
 
+/// Deletes a sandbox's container and its bundle.
+pub(super) async fn remove_sandbox(runsc: &Runsc, state_dir: &Path, id: &str, bundle: &Path) {
+    delete_container(runsc, state_dir, id).await;
+    let _ = tokio::fs::remove_dir_all(bundle).await;
+}
+
+/// Checks what a runsc command that has finished (`what`: "runsc checkpoint") reported.
+pub(super) fn check_finished(what: &str, output: &std::process::Output) -> Result<()> {
+    if output.status.success() {
+        return Ok(());
+    }
+    Err(Error::crashed(format!(
+        "{what} failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr).trim()
+    )))
+}
+
 /// The OCI runtime spec of one sandbox.
 pub(super) fn bundle_spec(image: &Image, memory_mb: u32) -> serde_json::Value {
     let address_space = u64::from(memory_mb) * 1024 * 1024;

@@ -167,6 +167,14 @@ impl GvisorBackend {
         Ok(image)
     }
 
+    /// The image a sandbox runs: the exact one its spec names, else the profile's newest.
+    async fn image_of(&self, spec: &SandboxSpec) -> Result<Image> {
+        match &spec.image_id {
+            Some(id) => self.builder.by_id(id),
+            None => self.image(spec.profile).await,
+        }
+    }
+
     /// Writes the sandbox's bundle and starts `runsc <command>` on it (`run`, or `restore`
     /// from a snapshot), with the container's stdio as the agent channel.
     async fn launch(
@@ -175,10 +183,7 @@ impl GvisorBackend {
         runsc: &Runsc,
         command: &[String],
     ) -> Result<Box<dyn Sandbox>> {
-        let image = match &spec.image_id {
-            Some(id) => self.builder.by_id(id)?,
-            None => self.image(spec.profile).await?,
-        };
+        let image = self.image_of(spec).await?;
         let bundle = write_bundle(&self.bundles_dir, &spec.id, &image, spec.memory_mb)?;
         let mut child = match spawn_runsc(runsc, &self.state_dir, &bundle, command, &spec.id) {
             Ok(child) => child,
@@ -214,10 +219,7 @@ impl GvisorBackend {
         spec: &SandboxSpec,
         dir: &Path,
     ) -> Option<Box<dyn Sandbox>> {
-        let image = match &spec.image_id {
-            Some(id) => self.builder.by_id(id).ok()?,
-            None => self.image(spec.profile).await.ok()?,
-        };
+        let image = self.image_of(spec).await.ok()?;
         let created = self.precreated.take(&image.id, spec.memory_mb);
         self.precreated.replenish(image, spec.memory_mb);
         let created = created?;
@@ -334,7 +336,7 @@ impl SandboxBackend for GvisorBackend {
                 ))
             })?;
         if runsc.digest == self.runsc.digest
-            && self.runsc.restore_into_created
+            && self.precreated.enabled()
             && let Some(sandbox) = self.restore_into_created(spec, dir).await
         {
             return Ok(sandbox);

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::process::{ChildStdin, ChildStdout, Command};
 
-use super::bundle::{delete_container, spawn_runsc, write_bundle};
+use super::bundle::{check_finished, remove_sandbox, spawn_runsc, write_bundle};
 use super::runsc::{Runsc, global_args};
 use crate::error::{Error, Result};
 use crate::guest::image::Image;
@@ -267,14 +267,7 @@ pub(super) async fn restore_detached(
             ))
         })?
         .map_err(|e| Error::internal(format!("cannot run runsc restore: {e}")))?;
-    if !output.status.success() {
-        return Err(Error::crashed(format!(
-            "runsc restore failed ({}): {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        )));
-    }
-    Ok(())
+    check_finished("runsc restore", &output)
 }
 
 /// The kind of sandbox a snapshot can be restored into.
@@ -298,6 +291,8 @@ pub(super) struct Precreated {
     /// Oldest first.
     ready: Mutex<VecDeque<Created>>,
     creating: Mutex<HashSet<Shape>>,
+    /// Told whenever a creation ends (for [`Precreated::clear`] to wait on).
+    created_or_failed: tokio::sync::Notify,
     /// Set by [`Precreated::clear`]: nothing is made after it.
     closed: AtomicBool,
     /// The watchdog's stdin: it acts when this closes, that is when the engine is gone.
@@ -341,9 +336,16 @@ impl Precreated {
             capacity: if watchdog.is_some() { capacity } else { 0 },
             ready: Mutex::new(VecDeque::new()),
             creating: Mutex::new(HashSet::new()),
+            created_or_failed: tokio::sync::Notify::new(),
             closed: AtomicBool::new(false),
             watchdog: Mutex::new(watchdog),
         }
+    }
+
+    /// Whether sandboxes are created ahead of time (the runsc can restore into them, the
+    /// engine keeps some, and the watchdog runs).
+    pub fn enabled(&self) -> bool {
+        self.capacity > 0
     }
 
     /// A created sandbox for `image_id` and `memory_mb`, if one is waiting (and still alive).
@@ -412,6 +414,7 @@ impl Precreated {
                 Err(e) => tracing::warn!("could not create a sandbox ahead of time: {e}"),
             }
             lock(&this.creating).remove(&shape);
+            this.created_or_failed.notify_waiters();
         });
     }
 
@@ -436,8 +439,7 @@ impl Precreated {
                 processes,
             }),
             Err(e) => {
-                delete_container(&self.runsc, &self.state_dir, &id).await;
-                let _ = tokio::fs::remove_dir_all(&bundle).await;
+                remove_sandbox(&self.runsc, &self.state_dir, &id, &bundle).await;
                 Err(e)
             }
         }
@@ -451,20 +453,24 @@ impl Precreated {
 
     async fn delete(&self, created: Created) {
         created.processes.kill();
-        delete_container(&self.runsc, &self.state_dir, &created.id).await;
-        let _ = tokio::fs::remove_dir_all(&created.bundle).await;
+        remove_sandbox(&self.runsc, &self.state_dir, &created.id, &created.bundle).await;
     }
 
     /// Deletes every waiting sandbox, and those being made once they are (at shutdown); none
     /// are made after this.
     pub async fn clear(&self) {
         self.closed.store(true, Ordering::SeqCst);
-        for _ in 0..(RUNSC_STEP_TIMEOUT.as_millis() / 20) {
-            if lock(&self.creating).is_empty() {
-                break;
+        // Each creation ends within its runsc step timeout: wait at most that long in all.
+        let _ = tokio::time::timeout(RUNSC_STEP_TIMEOUT, async {
+            loop {
+                let ended = self.created_or_failed.notified();
+                if lock(&self.creating).is_empty() {
+                    break;
+                }
+                ended.await;
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        })
+        .await;
         let waiting: Vec<Created> = lock(&self.ready).drain(..).collect();
         for created in waiting {
             self.delete(created).await;

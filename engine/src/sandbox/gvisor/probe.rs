@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::process::Command;
 
-use super::bundle::{delete_container, spawn_run, write_bundle};
+use super::bundle::{remove_sandbox, spawn_run, write_bundle};
 use super::runsc::{INSTALL_HINT, Runsc, binary_digest, candidates};
 use crate::error::{Error, Result};
 use crate::guest::image::Image;
@@ -170,8 +170,7 @@ pub(super) async fn probe_platform(
         })
     }
     .await;
-    delete_container(runsc, state_dir, &id).await;
-    let _ = std::fs::remove_dir_all(&bundle);
+    remove_sandbox(runsc, state_dir, &id, &bundle).await;
     result
 }
 
@@ -233,8 +232,7 @@ async fn probe_abilities(
     }
     .await
     .unwrap_or_default();
-    delete_container(runsc, state_dir, &id).await;
-    let _ = std::fs::remove_dir_all(&bundle);
+    remove_sandbox(runsc, state_dir, &id, &bundle).await;
     tracing::info!(
         runsc = %runsc.path.display(),
         "checkpoint --leave-running {}; restore into created sandboxes {}",
@@ -270,8 +268,7 @@ async fn probe_restore_into_created(
     }
     .await
     .unwrap_or(false);
-    delete_container(runsc, state_dir, &id).await;
-    let _ = std::fs::remove_dir_all(&bundle);
+    remove_sandbox(runsc, state_dir, &id, &bundle).await;
     works
 }
 

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use async_trait::async_trait;
 use tokio::process::{Child, Command};
 
-use super::bundle::delete_container;
+use super::bundle::{check_finished, remove_sandbox};
 use super::precreated::Detached;
 use super::runsc::{Runsc, global_args, keep_binary};
 use crate::error::{Error, Result};
@@ -58,8 +58,7 @@ impl Sandbox for GvisorSandbox {
         );
         self.released = true;
         tokio::spawn(async move {
-            delete_container(&runsc, &state_dir, &id).await;
-            let _ = tokio::fs::remove_dir_all(&bundle).await;
+            remove_sandbox(&runsc, &state_dir, &id, &bundle).await;
         });
         tracing::debug!(
             sandbox = %self.id,
@@ -123,8 +122,7 @@ impl Sandbox for GvisorSandbox {
         if self.released {
             return Ok(());
         }
-        delete_container(&self.runsc, &self.state_dir, &self.id).await;
-        let _ = tokio::fs::remove_dir_all(&self.bundle).await;
+        remove_sandbox(&self.runsc, &self.state_dir, &self.id, &self.bundle).await;
         Ok(())
     }
 
@@ -192,13 +190,6 @@ impl GvisorSandbox {
             .output()
             .await
             .map_err(|e| Error::internal(format!("cannot run runsc checkpoint: {e}")))?;
-        if !output.status.success() {
-            return Err(Error::crashed(format!(
-                "runsc checkpoint failed ({}): {}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
-            )));
-        }
-        Ok(())
+        check_finished("runsc checkpoint", &output)
     }
 }
