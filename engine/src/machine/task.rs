@@ -16,6 +16,7 @@ use crate::engine::EngineInner;
 use crate::error::Error;
 use crate::guest::channel::{AgentEvent, AgentOutcome, AgentRequest};
 use crate::pool::Resident;
+use crate::store::Pending;
 use crate::sync::lock;
 use crate::types::{Durability, ExecResult, FailureCause, Outcome, OutputStream};
 
@@ -204,20 +205,41 @@ async fn handle_control(
     }
 }
 
-/// Hands the output gathered so far to the store once there is enough of it.
-async fn store_output_so_far(engine: &EngineInner, machine: &MachineHandle, job: &Job) {
-    if job.live.unsaved_bytes() < STORE_OUTPUT_EVERY_BYTES {
-        return;
+/// Output of a running instruction on its way to the store: at most one piece is in the store's
+/// hands at a time, so reading the guest goes on while the store writes, and a guest that writes
+/// faster than the disk takes waits for it instead of growing a queue.
+#[derive(Default)]
+struct OutputToStore {
+    in_flight: Option<Pending<()>>,
+}
+
+impl OutputToStore {
+    /// Hands the output gathered so far to the store once there is enough of it.
+    async fn store_so_far(&mut self, engine: &EngineInner, machine: &MachineHandle, job: &Job) {
+        if job.live.unsaved_bytes() < STORE_OUTPUT_EVERY_BYTES {
+            return;
+        }
+        self.wait(machine, job).await;
+        let chunks = job.live.take_unsaved();
+        let name = machine.name.to_string();
+        let seq = job.seq;
+        match engine
+            .store
+            .submit(move |store| store.append_output(&name, seq, &chunks))
+            .await
+        {
+            Ok(pending) => self.in_flight = Some(pending),
+            Err(e) => tracing::warn!(machine = %machine.name, seq, "storing output failed: {e}"),
+        }
     }
-    let chunks = job.live.take_unsaved();
-    let name = machine.name.to_string();
-    let seq = job.seq;
-    if let Err(e) = engine
-        .store
-        .call(move |store| store.append_output(&name, seq, &chunks))
-        .await
-    {
-        tracing::warn!(machine = %machine.name, seq, "storing output failed: {e}");
+
+    /// Waits for the piece in the store's hands.
+    async fn wait(&mut self, machine: &MachineHandle, job: &Job) {
+        if let Some(pending) = self.in_flight.take()
+            && let Err(e) = pending.answer().await
+        {
+            tracing::warn!(machine = %machine.name, seq = job.seq, "storing output failed: {e}");
+        }
     }
 }
 
@@ -226,6 +248,19 @@ async fn run_job(
     machine: &MachineHandle,
     resident: &mut Option<Resident>,
     job: &Job,
+) -> ExecResult {
+    let mut output = OutputToStore::default();
+    let result = run_instruction(engine, machine, resident, job, &mut output).await;
+    output.wait(machine, job).await;
+    result
+}
+
+async fn run_instruction(
+    engine: &Arc<EngineInner>,
+    machine: &MachineHandle,
+    resident: &mut Option<Resident>,
+    job: &Job,
+    output: &mut OutputToStore,
 ) -> ExecResult {
     let note = recovery_note(engine, machine).await;
     let mut current = match resident.take() {
@@ -276,7 +311,7 @@ async fn run_job(
             event = current.agent.next_event() => match event {
                 Ok(AgentEvent::Output { stream, data, .. }) => {
                     lines.push(&job.live, stream, &data);
-                    store_output_so_far(engine, machine, job).await;
+                    output.store_so_far(engine, machine, job).await;
                 }
                 Ok(AgentEvent::Result { id, outcome, data, runtime_ms }) if id == job.seq => {
                     lines.flush(&job.live);

@@ -15,7 +15,7 @@ mod history;
 mod schema;
 mod thread;
 
-pub(crate) use thread::StoreThread;
+pub(crate) use thread::{Pending, StoreThread};
 
 /// How long a statement waits for another process's lock on the database before it fails.
 pub const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);

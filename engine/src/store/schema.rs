@@ -67,8 +67,9 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     instruction_count INTEGER NOT NULL,
     PRIMARY KEY (machine, name)
 );
--- Output is stored in batches of consecutive chunks (a JSON array of [stream, data] pairs whose
--- seqs start at first_seq): one row per line would make large outputs slow to store.
+-- Output is stored in batches of consecutive chunks whose seqs start at first_seq (a blob of
+-- stream byte, 4-byte length and text per chunk; stores before that hold a JSON array of
+-- [stream, data] pairs): one row per line would make large outputs slow to store.
 CREATE TABLE IF NOT EXISTS outputs (
     machine TEXT NOT NULL,
     instruction INTEGER NOT NULL,

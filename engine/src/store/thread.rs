@@ -45,6 +45,16 @@ impl StoreThread {
         F: FnOnce(&mut Store) -> Result<T> + Send + 'static,
         T: Send + 'static,
     {
+        self.submit(f).await?.answer().await
+    }
+
+    /// Queues `f` (waiting only for room in the queue) and returns the way to its answer, so
+    /// the caller can go on while the store works. Requests run in the order they were queued.
+    pub(crate) async fn submit<T, F>(&self, f: F) -> Result<Pending<T>>
+    where
+        F: FnOnce(&mut Store) -> Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
         let (reply, answer) = oneshot::channel();
         let job: Job = Box::new(move |store| {
             let _ = reply.send(f(store));
@@ -53,7 +63,16 @@ impl StoreThread {
             .send(job)
             .await
             .map_err(|_| Error::internal("the store has stopped"))?;
-        answer
+        Ok(Pending(answer))
+    }
+}
+
+/// A queued store request's answer, to be awaited.
+pub(crate) struct Pending<T>(oneshot::Receiver<Result<T>>);
+
+impl<T> Pending<T> {
+    pub(crate) async fn answer(self) -> Result<T> {
+        self.0
             .await
             .map_err(|_| Error::internal("the store stopped before answering"))?
     }
