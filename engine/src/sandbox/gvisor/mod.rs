@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::guest::image::{Image, ImageBuilder, Profile, Progress};
 
 mod bundle;
+mod pages;
 mod precreated;
 mod probe;
 mod runsc;
@@ -182,6 +183,7 @@ impl GvisorBackend {
         spec: &SandboxSpec,
         runsc: &Runsc,
         command: &[String],
+        unpacked: Option<pages::Unpacked>,
     ) -> Result<Box<dyn Sandbox>> {
         let image = self.image_of(spec).await?;
         let bundle = write_bundle(&self.bundles_dir, &spec.id, &image, spec.memory_mb)?;
@@ -208,6 +210,7 @@ impl GvisorBackend {
             state_dir: self.state_dir.clone(),
             released: false,
             image_id: image.id,
+            unpacked,
         }))
     }
 
@@ -250,7 +253,45 @@ impl GvisorBackend {
             state_dir: self.state_dir.clone(),
             released: false,
             image_id: created.image_id,
+            unpacked: None,
         }))
+    }
+}
+
+impl Drop for GvisorBackend {
+    /// runsc pins an empty network namespace for its gofers with a bind mount in its state
+    /// directory, and never removes it: unmounted here, or every engine home (every test's)
+    /// would leave a mount, and a namespace, on the host until it reboots.
+    fn drop(&mut self) {
+        let pinned = self.state_dir.join("null-netns");
+        let Ok(path) = std::ffi::CString::new(pinned.as_os_str().as_encoded_bytes()) else {
+            return;
+        };
+        // SAFETY: `path` is a valid NUL-terminated string that outlives the call; umount2 only
+        // reads it. Failure (nothing mounted there) is harmless and ignored.
+        unsafe {
+            libc::umount2(path.as_ptr(), libc::MNT_DETACH);
+        }
+    }
+}
+
+impl GvisorBackend {
+    /// The snapshot in `dir` as runsc reads it (its compressed memory unpacked into a scratch
+    /// directory among the bundles, which a crashed engine's leftovers are cleaned with).
+    async fn unpack(&self, dir: &Path) -> Result<pages::Unpacked> {
+        let scratch = self
+            .bundles_dir
+            .join(format!("unpacked-{:016x}", rand::random::<u64>()));
+        let dir = dir.to_owned();
+        let started = std::time::Instant::now();
+        let unpacked = tokio::task::spawn_blocking(move || pages::unpack(&dir, scratch))
+            .await
+            .map_err(|e| Error::internal(format!("unpacking a snapshot stopped: {e}")))??;
+        tracing::debug!(
+            "unpacking the snapshot took {:.1} ms",
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        Ok(unpacked)
     }
 }
 
@@ -307,7 +348,8 @@ impl SandboxBackend for GvisorBackend {
     }
 
     async fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>> {
-        self.launch(spec, &self.runsc, &["run".to_owned()]).await
+        self.launch(spec, &self.runsc, &["run".to_owned()], None)
+            .await
     }
 
     async fn current_image(&self, profile: Profile) -> Result<Option<String>> {
@@ -335,17 +377,21 @@ impl SandboxBackend for GvisorBackend {
                     self.kept_dir.display()
                 ))
             })?;
+        let unpacked = self.unpack(dir).await?;
         if runsc.digest == self.runsc.digest
             && self.precreated.enabled()
-            && let Some(sandbox) = self.restore_into_created(spec, dir).await
+            && let Some(sandbox) = self.restore_into_created(spec, unpacked.path()).await
         {
+            // `runsc restore --detach` returned once the restore had read what it needs.
             return Ok(sandbox);
         }
         let restore = [
             "restore".to_owned(),
-            format!("--image-path={}", dir.display()),
+            format!("--image-path={}", unpacked.path().display()),
         ];
-        self.launch(spec, runsc, &restore).await
+        // `runsc restore` reads the snapshot while the engine goes on: an unpacked copy stays
+        // until the sandbox ends.
+        self.launch(spec, runsc, &restore, Some(unpacked)).await
     }
 
     fn describe(&self) -> String {

@@ -6,6 +6,7 @@ use async_trait::async_trait;
 use tokio::process::{Child, Command};
 
 use super::bundle::{check_finished, remove_sandbox};
+use super::pages;
 use super::precreated::Detached;
 use super::runsc::{Runsc, global_args, keep_binary};
 use crate::error::{Error, Result};
@@ -33,6 +34,9 @@ pub(super) struct GvisorSandbox {
     pub(super) image_id: String,
     /// True once a checkpoint handed the sandbox's clean-up to a background task.
     pub(super) released: bool,
+    /// The unpacked copy of the snapshot a plain `runsc restore` reads from; removed when the
+    /// sandbox stops (or this is dropped).
+    pub(super) unpacked: Option<pages::Unpacked>,
 }
 
 #[async_trait]
@@ -57,6 +61,7 @@ impl Sandbox for GvisorSandbox {
             self.bundle.clone(),
         );
         self.released = true;
+        self.unpacked = None;
         tokio::spawn(async move {
             remove_sandbox(&runsc, &state_dir, &id, &bundle).await;
         });
@@ -119,6 +124,7 @@ impl Sandbox for GvisorSandbox {
             }
             Processes::Detached(detached) => detached.kill(),
         }
+        self.unpacked = None;
         if self.released {
             return Ok(());
         }
@@ -177,12 +183,10 @@ impl GvisorSandbox {
         if leave_running {
             command.arg("--leave-running");
         }
+        // Where runsc lets us choose it writes memory uncompressed, and the engine compresses
+        // it with zstd (see `pages`); an older runsc always compresses with flate.
         if self.runsc.compression_flag {
-            command.arg(if compress {
-                "--compression=flate-best-speed"
-            } else {
-                "--compression=none"
-            });
+            command.arg("--compression=none");
         }
         let output = command
             .arg(format!("--image-path={}", dir.display()))
@@ -190,6 +194,13 @@ impl GvisorSandbox {
             .output()
             .await
             .map_err(|e| Error::internal(format!("cannot run runsc checkpoint: {e}")))?;
-        check_finished("runsc checkpoint", &output)
+        check_finished("runsc checkpoint", &output)?;
+        if compress && self.runsc.compression_flag {
+            let dir = dir.to_owned();
+            tokio::task::spawn_blocking(move || pages::compress(&dir))
+                .await
+                .map_err(|e| Error::internal(format!("compressing a snapshot stopped: {e}")))??;
+        }
+        Ok(())
     }
 }
