@@ -167,3 +167,24 @@ impl Drop for TestServer {
         }
     }
 }
+
+/// Flips a byte in the middle of the largest file of the snapshot in `dir` (whatever the
+/// backend and its compression named it), as a disk error would. Panics where there is none: a
+/// test that damages a snapshot must have one.
+pub fn damage_snapshot(dir: &std::path::Path) -> std::path::PathBuf {
+    let largest = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
+        .flatten()
+        .filter(|e| e.file_name() != "manifest.json")
+        .filter_map(|e| Some((e.metadata().ok()?.len(), e.path())))
+        .max()
+        .map(|(_, path)| path)
+        .unwrap_or_else(|| panic!("no snapshot file in {}", dir.display()));
+    let mut bytes = std::fs::read(&largest)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", largest.display()));
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&largest, &bytes)
+        .unwrap_or_else(|e| panic!("cannot write {}: {e}", largest.display()));
+    largest
+}

@@ -147,15 +147,13 @@ async fn checkpoints_roll_a_machine_back() {
 
     // A machine whose snapshot is damaged can still be rolled back.
     m.swap_out().await.unwrap();
-    let image = server
-        .home()
-        .join("machines")
-        .join(m.name())
-        .join("snapshot/checkpoint.img");
-    let mut bytes = std::fs::read(&image).unwrap();
-    let middle = bytes.len() / 2;
-    bytes[middle] ^= 0xff;
-    std::fs::write(&image, &bytes).unwrap();
+    evervm_tests::damage_snapshot(
+        &server
+            .home()
+            .join("machines")
+            .join(m.name())
+            .join("snapshot"),
+    );
     // The engine names the snapshot's path; a client sees it without the server's home,
     // whether it comes as the instruction's failure or as the request's error.
     let home = server.home().to_string_lossy().into_owned();

@@ -278,11 +278,7 @@ async fn state_survives_swap_out_and_restore() {
 
     // A damaged snapshot is refused, with a clear error, for that machine only.
     m.swap_out().await.unwrap();
-    let image = snapshot.join("checkpoint.img");
-    let mut bytes = std::fs::read(&image).unwrap();
-    let middle = bytes.len() / 2;
-    bytes[middle] ^= 0xff;
-    std::fs::write(&image, &bytes).unwrap();
+    evervm_tests::damage_snapshot(&snapshot);
     let refused = m.exec("x").await.unwrap();
     let error = refused.result.error.unwrap_or_default();
     assert!(
