@@ -178,8 +178,10 @@ pub fn damage_snapshot(dir: &std::path::Path) -> std::path::PathBuf {
         .filter(|e| e.file_name() != "manifest.json")
         .filter_map(|e| Some((e.metadata().ok()?.len(), e.path())))
         .max()
-        .map(|(_, path)| path)
-        .unwrap_or_else(|| panic!("no snapshot file in {}", dir.display()));
+        .map_or_else(
+            || panic!("no snapshot file in {}", dir.display()),
+            |(_, path)| path,
+        );
     let mut bytes = std::fs::read(&largest)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", largest.display()));
     let middle = bytes.len() / 2;
