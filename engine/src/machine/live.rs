@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 
 use crate::engine::LINE_OVERHEAD_BYTES;
+use crate::error::Result;
+use crate::store::OutputBatches;
 use crate::sync::lock;
 use crate::types::{ExecEvent, ExecResult, FailureCause, OutputChunk, OutputStream};
 
@@ -85,14 +87,14 @@ impl LiveInstruction {
         lock(&self.data).unsaved_bytes
     }
 
-    /// The chunks not yet handed to the store (a copy), marked as handed over.
-    pub(crate) fn take_unsaved(&self) -> Vec<OutputChunk> {
+    /// The chunks not yet handed to the store, encoded as it keeps them, marked as handed over.
+    pub(crate) fn take_unsaved(&self) -> Result<OutputBatches> {
         let mut live = lock(&self.data);
         let from = live.unsaved_from.min(live.chunks.len());
-        let unsaved = live.chunks[from..].to_vec();
+        let unsaved = OutputBatches::encode(&live.chunks[from..])?;
         live.unsaved_from = live.chunks.len();
         live.unsaved_bytes = 0;
-        unsaved
+        Ok(unsaved)
     }
 
     /// Sets the result once (with the output's truncation flag); later calls are ignored.
@@ -283,14 +285,15 @@ mod tests {
         live.push_chunks([(OutputStream::Stdout, "a".to_owned())]);
         live.push_chunks([(OutputStream::Stderr, "b".to_owned())]);
         assert_eq!(live.unsaved_bytes(), 2 + 2 * LINE_OVERHEAD_BYTES);
-        let first = live.take_unsaved();
+        let first = live.take_unsaved().unwrap().decode();
         assert_eq!(first.iter().map(|c| c.seq).collect::<Vec<_>>(), [0, 1]);
+        assert_eq!(first[1].data, "b");
         live.push_chunks([(OutputStream::Stdout, "c".to_owned())]);
-        let second = live.take_unsaved();
+        let second = live.take_unsaved().unwrap().decode();
         assert_eq!(second.len(), 1);
         assert_eq!(second[0].seq, 2);
         assert_eq!(live.unsaved_bytes(), 0);
-        assert!(live.take_unsaved().is_empty());
+        assert!(live.take_unsaved().unwrap().decode().is_empty());
     }
 
     #[tokio::test]

@@ -16,7 +16,7 @@ use crate::engine::EngineInner;
 use crate::error::Error;
 use crate::guest::channel::{AgentEvent, AgentOutcome, AgentRequest};
 use crate::pool::Resident;
-use crate::store::Pending;
+use crate::store::{OutputBatches, Pending};
 use crate::sync::lock;
 use crate::types::{Durability, ExecResult, FailureCause, Outcome, OutputStream};
 
@@ -152,11 +152,11 @@ async fn save_for_durability(
 /// Stores the rest of the output and the result (before anyone sees it: a result anyone has
 /// seen is never lost), then reports it.
 async fn finish_job(engine: &EngineInner, machine: &MachineHandle, job: &Job, result: ExecResult) {
-    let chunks = job.live.take_unsaved();
     let name = machine.name.to_string();
     let seq = job.seq;
     let mut stored_result = result.clone();
     stored_result.output_truncated |= job.live.truncated();
+    let chunks = unsaved_output(machine, job);
     let stored = engine
         .store
         .call(move |store| store.finish_instruction(&name, seq, &chunks, &stored_result))
@@ -205,6 +205,15 @@ async fn handle_control(
     }
 }
 
+/// The output not yet handed to the store, encoded; none (with a log line) where it cannot be
+/// encoded, so that the result is stored all the same.
+fn unsaved_output(machine: &MachineHandle, job: &Job) -> OutputBatches {
+    job.live.take_unsaved().unwrap_or_else(|e| {
+        tracing::error!(machine = %machine.name, seq = job.seq, "output not stored: {e}");
+        OutputBatches::default()
+    })
+}
+
 /// Output of a running instruction on its way to the store: at most one piece is in the store's
 /// hands at a time, so reading the guest goes on while the store writes, and a guest that writes
 /// faster than the disk takes waits for it instead of growing a queue.
@@ -220,9 +229,9 @@ impl OutputToStore {
             return;
         }
         self.wait(machine, job).await;
-        let chunks = job.live.take_unsaved();
         let name = machine.name.to_string();
         let seq = job.seq;
+        let chunks = unsaved_output(machine, job);
         match engine
             .store
             .submit(move |store| store.append_output(&name, seq, &chunks))

@@ -153,7 +153,12 @@ impl Store {
 
     /// Stores output of a running instruction (consecutive chunks, continuing what was stored
     /// before), so that a long instruction's output reaches the disk as it comes.
-    pub fn append_output(&mut self, machine: &str, seq: i64, output: &[OutputChunk]) -> Result<()> {
+    pub(crate) fn append_output(
+        &mut self,
+        machine: &str,
+        seq: i64,
+        output: &OutputBatches,
+    ) -> Result<()> {
         let tx = self.conn.transaction()?;
         insert_output(&tx, machine, seq, output)?;
         tx.commit()?;
@@ -162,11 +167,11 @@ impl Store {
 
     /// Stores the rest of an instruction's output (what [`Store::append_output`] did not) and
     /// its result, together.
-    pub fn finish_instruction(
+    pub(crate) fn finish_instruction(
         &mut self,
         machine: &str,
         seq: i64,
-        output: &[OutputChunk],
+        output: &OutputBatches,
         result: &ExecResult,
     ) -> Result<()> {
         let encoded = serde_json::to_string(result)
@@ -246,26 +251,54 @@ impl Store {
     }
 }
 
-/// Inserts output chunks in batches; refused (as a missing machine) when the instruction's
-/// machine is gone.
+/// Inserts encoded output batches; refused (as a missing machine) when the instruction's machine
+/// is gone.
 fn insert_output(
     tx: &rusqlite::Transaction<'_>,
     machine: &str,
     seq: i64,
-    output: &[OutputChunk],
+    output: &OutputBatches,
 ) -> Result<()> {
     let mut insert = tx.prepare_cached(
         "INSERT OR REPLACE INTO outputs (machine, instruction, first_seq, chunks)
          VALUES (?1, ?2, ?3, ?4)",
     )?;
-    for batch in output_batches(output) {
-        let first_seq = batch.first().map_or(0, |c| c.seq);
-        let encoded = encode_output(batch)?;
+    for (first_seq, encoded) in &output.0 {
         insert
             .execute(params![machine, seq, first_seq, encoded])
             .map_err(|e| machine_gone(machine, e))?;
     }
     Ok(())
+}
+
+/// Output chunks as the store keeps them: consecutive batches of at most 4096 chunks or about
+/// 1 MiB, each encoded by [`encode_output`] with the seq of its first chunk. Encoded where the
+/// output is (one copy into a few buffers), not chunk by chunk on the store's thread.
+#[derive(Debug, Default)]
+pub(crate) struct OutputBatches(Vec<(i64, Vec<u8>)>);
+
+impl OutputBatches {
+    pub(crate) fn encode(output: &[OutputChunk]) -> Result<Self> {
+        output_batches(output)
+            .map(|batch| Ok((batch.first().map_or(0, |c| c.seq), encode_output(batch)?)))
+            .collect::<Result<_>>()
+            .map(Self)
+    }
+
+    /// The chunks back (for tests).
+    #[cfg(test)]
+    pub(crate) fn decode(&self) -> Vec<OutputChunk> {
+        let mut chunks = Vec::new();
+        for (first_seq, bytes) in &self.0 {
+            decode_output(
+                *first_seq,
+                rusqlite::types::Value::Blob(bytes.clone()),
+                &mut chunks,
+            )
+            .unwrap();
+        }
+        chunks
+    }
 }
 
 /// Splits output into batches of at most 4096 chunks or about 1 MiB.

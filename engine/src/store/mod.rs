@@ -15,6 +15,7 @@ mod history;
 mod schema;
 mod thread;
 
+pub(crate) use history::OutputBatches;
 pub(crate) use thread::{Pending, StoreThread};
 
 /// How long a statement waits for another process's lock on the database before it fails.
@@ -535,7 +536,7 @@ mod tests {
             .collect();
         let result = ExecResult::failure(FailureCause::Exception, "x");
         store
-            .finish_instruction("m", seq, &output, &result)
+            .finish_instruction("m", seq, &OutputBatches::encode(&output).unwrap(), &result)
             .unwrap();
         assert_eq!(store.instruction_output("m", seq).unwrap(), output);
         assert_eq!(
