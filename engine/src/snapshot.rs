@@ -174,6 +174,24 @@ pub fn commit_to(
     runtime: &str,
     image_id: Option<String>,
 ) -> Result<SnapshotManifest> {
+    seal(
+        target,
+        staging,
+        runtime,
+        image_id,
+        chrono::Utc::now().to_rfc3339(),
+    )
+}
+
+/// Writes the manifest of the snapshot in `staging` (which was taken at `created_at`) and
+/// renames it into place at `target`.
+fn seal(
+    target: &Path,
+    staging: &Path,
+    runtime: &str,
+    image_id: Option<String>,
+    created_at: String,
+) -> Result<SnapshotManifest> {
     owner_only(staging)?;
     let (sha256, bytes) = digest_dir(staging)?;
     let manifest = SnapshotManifest {
@@ -183,7 +201,7 @@ pub fn commit_to(
         image_id,
         sha256,
         bytes,
-        created_at: chrono::Utc::now().to_rfc3339(),
+        created_at,
     };
     let text = serde_json::to_vec_pretty(&manifest)
         .map_err(|e| Error::internal(format!("cannot encode a snapshot manifest: {e}")))?;
@@ -191,6 +209,47 @@ pub fn commit_to(
     fsync_dir(staging)?;
     install(staging, target)?;
     Ok(manifest)
+}
+
+/// Replaces the machine's snapshot by a changed copy of it (compressed, say): the snapshot is
+/// checked first (a damaged one is refused, never sealed anew), its files are linked into a
+/// staging directory where `change` works, and the result is sealed with the same runtime,
+/// image and time and renamed into place. Marks beside the snapshot (reseed) are kept.
+pub fn rewrite(
+    home: &Path,
+    machine: &str,
+    restorable: &dyn Fn(&str) -> bool,
+    change: impl FnOnce(&Path) -> Result<()>,
+) -> Result<SnapshotManifest> {
+    let target = snapshot_dir(home, machine);
+    let manifest = verify_dir(&target, restorable)?
+        .ok_or_else(|| Error::internal(format!("machine {machine} has no snapshot to rewrite")))?;
+    let staging = staging_for(&target)?;
+    let rewritten = (|| -> Result<SnapshotManifest> {
+        for entry in std::fs::read_dir(&target)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            let name_text = name.to_string_lossy();
+            if !(is_snapshot_file(&name_text) || name_text == RESEED)
+                || !entry.file_type()?.is_file()
+            {
+                continue;
+            }
+            std::fs::hard_link(entry.path(), staging.join(&name))?;
+        }
+        change(&staging)?;
+        seal(
+            &target,
+            &staging,
+            &manifest.runtime,
+            manifest.image_id.clone(),
+            manifest.created_at.clone(),
+        )
+    })();
+    if rewritten.is_err() {
+        let _ = std::fs::remove_dir_all(&staging);
+    }
+    rewritten
 }
 
 /// Makes the files a backend wrote into `dir` readable by their owner only: a snapshot is a
@@ -538,6 +597,54 @@ mod tests {
 
     fn runsc(version: &'static str) -> impl Fn(&str) -> bool {
         move |runtime| runtime == version
+    }
+
+    #[test]
+    fn a_rewritten_snapshot_keeps_its_time_runtime_and_marks_and_damage_is_never_resealed() {
+        let home = tempfile::tempdir().unwrap();
+        let staging = staging_dir(home.path(), "m").unwrap();
+        std::fs::write(staging.join("pages.img"), vec![7u8; 4096]).unwrap();
+        std::fs::write(staging.join("meta.img"), b"meta").unwrap();
+        mark_reseed(&staging).unwrap();
+        let written = commit(home.path(), "m", &staging, "runsc 1", Some("img".into())).unwrap();
+        let v1 = runsc("runsc 1");
+        let rewritten = rewrite(home.path(), "m", &v1, |dir| {
+            let packed = std::fs::read(dir.join("pages.img"))?.len().to_string();
+            std::fs::remove_file(dir.join("pages.img"))?;
+            std::fs::write(dir.join("pages.img.small"), packed)?;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(rewritten.created_at, written.created_at);
+        assert_eq!(rewritten.runtime, "runsc 1");
+        assert_eq!(rewritten.image_id.as_deref(), Some("img"));
+        assert_ne!(rewritten.sha256, written.sha256);
+        assert_eq!(verify(home.path(), "m", &v1).unwrap(), Some(rewritten));
+        let dir = snapshot_dir(home.path(), "m");
+        assert!(needs_reseed(&dir));
+        assert_eq!(std::fs::read(dir.join("pages.img.small")).unwrap(), b"4096");
+        assert_eq!(std::fs::read(dir.join("meta.img")).unwrap(), b"meta");
+        assert!(!dir.join("pages.img").exists());
+
+        // A failed change leaves the snapshot as it was, and no staging directory behind.
+        let before = verify(home.path(), "m", &v1).unwrap();
+        let failed = rewrite(home.path(), "m", &v1, |_| Err(Error::internal("no room")));
+        assert!(failed.is_err());
+        assert_eq!(verify(home.path(), "m", &v1).unwrap(), before);
+        let leftovers: Vec<_> = std::fs::read_dir(machine_dir(home.path(), "m"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(leftovers, ["snapshot"]);
+
+        // A damaged snapshot is refused, never sealed anew with its damage.
+        let mut bytes = std::fs::read(dir.join("meta.img")).unwrap();
+        bytes[0] ^= 1;
+        std::fs::write(dir.join("meta.img"), &bytes).unwrap();
+        let refused = rewrite(home.path(), "m", &v1, |_| Ok(()));
+        assert!(refused.is_err());
+        assert!(verify(home.path(), "m", &v1).is_err());
     }
 
     #[test]

@@ -82,10 +82,18 @@ impl EngineInner {
     }
 }
 
-/// Swaps out resident machines idle for `idle`, until the engine is gone. A machine whose
-/// swap-out failed is tried again only after its back-off.
-pub(crate) async fn swap_idle_machines(engine: Weak<EngineInner>, idle: Duration) {
-    let period = (idle / 4).clamp(Duration::from_millis(200), Duration::from_secs(5));
+/// Until the engine is gone: swaps out resident machines idle for `swap_after`, and compresses
+/// the snapshots of swapped machines idle for `compress_after`. A machine whose swap-out failed
+/// is tried again only after its back-off; a snapshot is compressed at most once.
+pub(crate) async fn tend_idle_machines(
+    engine: Weak<EngineInner>,
+    swap_after: Option<Duration>,
+    compress_after: Option<Duration>,
+) {
+    let Some(shortest) = swap_after.into_iter().chain(compress_after).min() else {
+        return;
+    };
+    let period = (shortest / 4).clamp(Duration::from_millis(200), Duration::from_secs(5));
     loop {
         tokio::time::sleep(period).await;
         let Some(engine) = engine.upgrade() else {
@@ -94,15 +102,33 @@ pub(crate) async fn swap_idle_machines(engine: Weak<EngineInner>, idle: Duration
         if engine.closing() {
             return;
         }
-        let idle_machines: Vec<Arc<MachineHandle>> = lock(&engine.machines)
-            .values()
-            .filter(|h| h.idle_resident() && h.idle_for() >= idle && h.may_try_swap())
-            .cloned()
-            .collect();
+        let (to_swap, to_compress): (Vec<_>, Vec<_>) = {
+            let machines = lock(&engine.machines);
+            let to_swap = swap_after.map_or_else(Vec::new, |idle| {
+                machines
+                    .values()
+                    .filter(|h| h.idle_resident() && h.idle_for() >= idle && h.may_try_swap())
+                    .cloned()
+                    .collect::<Vec<Arc<MachineHandle>>>()
+            });
+            let to_compress = compress_after.map_or_else(Vec::new, |idle| {
+                machines
+                    .values()
+                    .filter(|h| h.may_compress(idle))
+                    .cloned()
+                    .collect()
+            });
+            (to_swap, to_compress)
+        };
         drop(engine);
-        for handle in idle_machines {
+        for handle in to_swap {
             if let Err(e) = handle.swap_out().await {
                 tracing::warn!(machine = %handle.name, "could not swap out an idle machine: {e}");
+            }
+        }
+        for handle in to_compress {
+            if let Err(e) = handle.compress().await {
+                tracing::warn!(machine = %handle.name, "could not compress a snapshot: {e}");
             }
         }
     }

@@ -74,12 +74,16 @@ impl Engine {
             inner: Arc::new(inner),
         };
         Pool::refill(&engine.inner, engine.default_shape());
+        let config = &engine.inner.config;
+        let compress_after = (config.compress_swaps && !config.compress_after.is_zero())
+            .then_some(config.compress_after);
         if engine.inner.backend.capabilities().snapshots
-            && let Some(idle) = engine.inner.config.idle_swap
+            && (config.idle_swap.is_some() || compress_after.is_some())
         {
-            tokio::spawn(budget::swap_idle_machines(
+            tokio::spawn(budget::tend_idle_machines(
                 Arc::downgrade(&engine.inner),
-                idle,
+                config.idle_swap,
+                compress_after,
             ));
         }
         Ok(engine)

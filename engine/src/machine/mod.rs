@@ -63,6 +63,8 @@ struct MachineState {
     marked_unsaved: bool,
     /// When its snapshot was last written, if it ever was.
     snapshot_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// True once that snapshot was compressed, or found to need no compression.
+    snapshot_compressed: bool,
 }
 
 /// Work on a machine's state that its task does between instructions.
@@ -81,6 +83,8 @@ enum Control {
         from: PathBuf,
         reply: oneshot::Sender<Result<()>>,
     },
+    /// Compress the snapshot of a swapped machine; answers whether it did.
+    Compress(oneshot::Sender<Result<bool>>),
 }
 
 /// The engine's handle on one machine.
@@ -258,6 +262,7 @@ impl MachineHandle {
             let mut state = lock(&self.state);
             state.marked_unsaved = false;
             state.snapshot_at = Some(chrono::Utc::now());
+            state.snapshot_compressed = false;
         }
         let name = self.name.to_string();
         if let Err(e) = engine.store.call(move |s| s.mark_saved(&name)).await {
@@ -383,6 +388,25 @@ impl MachineHandle {
     pub(crate) async fn rollback(&self, from: PathBuf) -> Result<()> {
         self.control(|reply| Control::Rollback { from, reply })
             .await
+    }
+
+    /// Compresses the snapshot of a swapped machine (between instructions); false when there
+    /// was nothing to compress (or the machine is resident again).
+    pub(crate) async fn compress(&self) -> Result<bool> {
+        self.control(Control::Compress).await
+    }
+
+    /// Whether the machine is swapped, unused for `idle`, with a snapshot not yet compressed.
+    pub(crate) fn may_compress(&self, idle: Duration) -> bool {
+        let idle_enough = self.idle_for() >= idle;
+        let state = lock(&self.state);
+        idle_enough
+            && !state.resident
+            && !state.busy
+            && state.running.is_none()
+            && state.queued.is_empty()
+            && state.snapshot_at.is_some()
+            && !state.snapshot_compressed
     }
 
     /// Stops the machine's task and its sandbox; pending instructions end as interrupted.

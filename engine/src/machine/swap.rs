@@ -209,6 +209,43 @@ pub(super) async fn swap_out(
     save(engine, machine, resident, Save::AndStop).await
 }
 
+/// Compresses the snapshot of a swapped machine where the backend can (see
+/// [`crate::EngineConfig::compress_after`]); true when it did. The snapshot is checked first and
+/// replaced only by a whole compressed copy; on failure it stays as it was.
+pub(super) async fn compress_swapped(
+    engine: &Arc<EngineInner>,
+    machine: &MachineHandle,
+) -> Result<bool> {
+    let home = engine.config.home.clone();
+    let name = machine.name.to_string();
+    let backend = Arc::clone(&engine.backend);
+    let restorable = engine.restorable();
+    let started = std::time::Instant::now();
+    let compressed = tokio::task::spawn_blocking(move || {
+        if !backend.compressible(&snapshot::snapshot_dir(&home, &name)) {
+            return Ok(false);
+        }
+        snapshot::rewrite(&home, &name, &*restorable, |dir| {
+            backend.compress_snapshot(dir)
+        })
+        .map(|_| true)
+    })
+    .await
+    .map_err(|e| Error::internal(format!("compressing the snapshot stopped: {e}")))
+    .and_then(|r| r);
+    // Tried once per snapshot, whatever came of it: a failure is logged, not retried in a loop.
+    lock(&machine.state).snapshot_compressed = true;
+    if matches!(compressed, Ok(true)) {
+        engine.forget_disk_facts(machine.name.as_str());
+        tracing::debug!(
+            machine = %machine.name,
+            "compressed the snapshot in {:.1} ms",
+            started.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    compressed
+}
+
 /// Saves the resident machine into its snapshot (see [`Save`]). Nothing to do without one.
 pub(super) async fn save(
     engine: &Arc<EngineInner>,
@@ -256,8 +293,11 @@ pub(super) async fn save(
     let checkpoint = if in_place {
         current.sandbox.checkpoint_in_place(&staging).await
     } else {
-        // A swap-out may stay on disk for long: compressed where the backend lets us choose.
-        let compress = how == Save::AndStop && engine.config.compress_swaps;
+        // A swap-out may stay on disk for long: compressed where the backend lets us choose,
+        // here or later in the background (`compress_after`).
+        let compress = how == Save::AndStop
+            && engine.config.compress_swaps
+            && engine.config.compress_after.is_zero();
         current.sandbox.checkpoint(&staging, compress).await
     };
     if let Err(e) = checkpoint {

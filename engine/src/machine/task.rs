@@ -9,7 +9,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::swap::{
-    Save, acquire, become_resident, copy_out, recovery_note, rollback, save, swap_out,
+    Save, acquire, become_resident, compress_swapped, copy_out, recovery_note, rollback, save,
+    swap_out,
 };
 use super::{Control, Job, MachineHandle};
 use crate::engine::EngineInner;
@@ -106,6 +107,9 @@ pub(super) async fn run(
             Control::CopyOut { reply, .. } => {
                 let _ = reply.send(Err(gone()));
             }
+            Control::Compress(reply) => {
+                let _ = reply.send(Err(gone()));
+            }
         }
     }
     {
@@ -193,6 +197,14 @@ async fn handle_control(
             if was_resident {
                 become_resident(engine, machine, resident).await;
             }
+        }
+        Control::Compress(reply) => {
+            let compressed = if resident.is_some() {
+                Ok(false)
+            } else {
+                compress_swapped(engine, machine).await
+            };
+            let _ = reply.send(compressed);
         }
         Control::Rollback { from, reply } => {
             let was_resident = resident.is_some();

@@ -77,6 +77,19 @@ pub trait SandboxBackend: Send + Sync + 'static {
         )))
     }
 
+    /// Whether the snapshot in `dir` holds files [`Self::compress_snapshot`] would compress.
+    fn compressible(&self, dir: &std::path::Path) -> bool {
+        let _ = dir;
+        false
+    }
+
+    /// Compresses the snapshot files in `dir` (a copy being built, never a committed
+    /// snapshot), in a form [`Self::restore`] reads.
+    fn compress_snapshot(&self, dir: &std::path::Path) -> Result<()> {
+        let _ = dir;
+        Ok(())
+    }
+
     /// Releases what the backend keeps beside its sandboxes (at engine shutdown).
     async fn shutdown(&self) {}
 }

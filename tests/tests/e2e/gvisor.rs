@@ -353,6 +353,73 @@ async fn idle_machines_swap_out_and_everything_survives_an_engine_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn swapped_snapshots_are_compressed_in_the_background_and_still_restore_and_fork() {
+    if !backends().iter().any(|b| b == "gvisor") {
+        eprintln!("skipping: the gVisor backend is not available here");
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let mut config = evervm::engine::EngineConfig::new(home.path());
+    config.backend = evervm::engine::BackendChoice::parse("gvisor");
+    config.idle_swap = None;
+    config.compress_swaps = true;
+    config.compress_after = Duration::from_secs(1);
+    let engine = evervm::engine::Engine::open(config).await.unwrap();
+    let account = engine.ensure_account("local").await.unwrap();
+    let client = Client::from_engine(engine.clone(), account);
+    let m = machine(&client, None).await;
+    value(
+        &m,
+        "import random\nx = list(range(100000))\nr = random.random()",
+    )
+    .await;
+    m.swap_out().await.unwrap();
+    let snapshot = home.path().join("machines").join(m.name()).join("snapshot");
+    if !snapshot.join("pages.img").exists() {
+        eprintln!(
+            "skipping the compression checks: this runsc ({}) writes its snapshots compressed \
+             itself",
+            engine.backend_description()
+        );
+    } else {
+        let uncompressed = m.info().await.unwrap().disk_bytes.unwrap_or_default();
+        let mut compressed = false;
+        for _ in 0..200 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if snapshot.join("pages.img.zst").exists() {
+                compressed = true;
+                break;
+            }
+        }
+        assert!(
+            compressed,
+            "the swapped machine's snapshot was not compressed"
+        );
+        assert!(!snapshot.join("pages.img").exists());
+        let now = m.info().await.unwrap().disk_bytes.unwrap_or_default();
+        assert!(
+            now > 0 && now * 2 < uncompressed,
+            "{now} bytes compressed, {uncompressed} before"
+        );
+    }
+    // The fork copies the compressed snapshot; both restore from it, each with its own state.
+    let fork = m.fork(None).await.unwrap();
+    assert_eq!(value(&fork, "len(x), r == r").await, "(100000, True)");
+    assert_eq!(value(&m, "len(x)").await, "100000");
+    value(&fork, "x = None").await;
+    assert_eq!(value(&m, "len(x)").await, "100000");
+    // Nothing is left in the scratch directories once the sandboxes are gone.
+    engine.shutdown().await;
+    drop((m, fork, client, engine));
+    let scratch: Vec<_> = std::fs::read_dir(home.path().join("sandboxes"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("unpacked-"))
+        .collect();
+    assert!(scratch.is_empty(), "{scratch:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn snapshots_survive_an_upgrade_of_runsc() {
     if !backends().iter().any(|b| b == "gvisor") {
         eprintln!("skipping: the gVisor backend is not available here");

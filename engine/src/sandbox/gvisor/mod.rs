@@ -398,6 +398,14 @@ impl SandboxBackend for GvisorBackend {
         self.runsc.describe()
     }
 
+    fn compressible(&self, dir: &Path) -> bool {
+        pages::compressible(dir)
+    }
+
+    fn compress_snapshot(&self, dir: &Path) -> Result<()> {
+        pages::compress(dir)
+    }
+
     async fn shutdown(&self) {
         self.precreated.clear().await;
     }

@@ -20,6 +20,12 @@ const LEVEL: i32 = 3;
 /// Files are read and written in pieces of this size (fewer system calls than the usual 8 KiB).
 const BUFFER: usize = 1024 * 1024;
 
+/// Whether `dir` holds an uncompressed checkpoint of a runsc that writes its memory apart
+/// (`pages.img`; Debian's runsc writes one flate-compressed file).
+pub(super) fn compressible(dir: &Path) -> bool {
+    dir.join("pages.img").is_file()
+}
+
 /// Compresses the big files of the uncompressed checkpoint in `dir`, replacing them.
 pub(super) fn compress(dir: &Path) -> Result<()> {
     for name in COMPRESSED {
