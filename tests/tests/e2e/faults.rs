@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use evervm::engine::{
-    Account, BackendChoice, CreateMachine, Durability, Engine, EngineConfig, ErrorKind, ExecEvent,
-    ExecRequest, ExecResult, Hook, MachineState, Outcome, OutputStream,
+    Account, CreateMachine, Durability, Engine, EngineConfig, ErrorKind, ExecEvent, ExecRequest,
+    ExecResult, Hook, MachineState, Outcome, OutputStream,
 };
 use evervm_tests::backends;
 use futures::StreamExt;
@@ -114,10 +114,8 @@ exec {real} "$@"
 }
 
 fn config(home: &Path) -> EngineConfig {
-    let mut config = EngineConfig::new(home);
-    config.backend = BackendChoice::parse("gvisor");
+    let mut config = crate::gvisor_config(home);
     config.pool_size = 0;
-    config.idle_swap = None;
     if std::env::var_os("EVERVM_IMAGES").is_none() {
         config.images_dir = evervm::engine::guest::image::default_cache_dir().join("images");
     }

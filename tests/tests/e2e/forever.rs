@@ -287,9 +287,7 @@ async fn past_the_resident_limit_the_least_recently_used_swap_out() {
         return;
     }
     let home = tempfile::tempdir().unwrap();
-    let mut config = evervm::engine::EngineConfig::new(home.path());
-    config.backend = evervm::engine::BackendChoice::parse("gvisor");
-    config.idle_swap = None;
+    let mut config = crate::gvisor_config(home.path());
     config.max_resident = Some(2);
     let engine = evervm::engine::Engine::open(config).await.unwrap();
     let account = engine.ensure_account("local").await.unwrap();

@@ -299,8 +299,7 @@ async fn state_survives_swap_out_and_restore() {
 
 /// An engine on `home` with gVisor and a short idle time.
 async fn gvisor_engine(home: &std::path::Path, idle: Option<Duration>) -> evervm::engine::Engine {
-    let mut config = evervm::engine::EngineConfig::new(home);
-    config.backend = evervm::engine::BackendChoice::parse("gvisor");
+    let mut config = crate::gvisor_config(home);
     config.idle_swap = idle;
     evervm::engine::Engine::open(config).await.unwrap()
 }
@@ -359,9 +358,7 @@ async fn swapped_snapshots_are_compressed_in_the_background_and_still_restore_an
         return;
     }
     let home = tempfile::tempdir().unwrap();
-    let mut config = evervm::engine::EngineConfig::new(home.path());
-    config.backend = evervm::engine::BackendChoice::parse("gvisor");
-    config.idle_swap = None;
+    let mut config = crate::gvisor_config(home.path());
     config.compress_swaps = true;
     config.compress_after = Duration::from_secs(1);
     let engine = evervm::engine::Engine::open(config).await.unwrap();
@@ -446,9 +443,7 @@ async fn snapshots_survive_an_upgrade_of_runsc() {
     let (old, new) = (release(1), release(2));
     let home = tempfile::tempdir().unwrap();
     let open = |runsc: std::path::PathBuf, platform: Option<String>| {
-        let mut config = evervm::engine::EngineConfig::new(home.path());
-        config.backend = evervm::engine::BackendChoice::parse("gvisor");
-        config.idle_swap = None;
+        let mut config = crate::gvisor_config(home.path());
         config.pool_size = 0;
         config.runsc = Some(runsc);
         config.runsc_platform = platform;
@@ -535,9 +530,7 @@ async fn machines_saved_by_debians_runsc_restore_fork_and_roll_back_on_the_curre
     }
     let home = tempfile::tempdir().unwrap();
     let open = |runsc: std::path::PathBuf| {
-        let mut config = evervm::engine::EngineConfig::new(home.path());
-        config.backend = evervm::engine::BackendChoice::parse("gvisor");
-        config.idle_swap = None;
+        let mut config = crate::gvisor_config(home.path());
         config.pool_size = 0;
         config.runsc = Some(runsc);
         evervm::engine::Engine::open(config)

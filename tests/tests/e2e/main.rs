@@ -7,3 +7,12 @@ mod forever;
 mod gvisor;
 mod isolation;
 mod sdk;
+
+/// An engine's settings on `home` with the gVisor backend and no idle swap (tests that want one
+/// set it).
+fn gvisor_config(home: &std::path::Path) -> evervm::engine::EngineConfig {
+    let mut config = evervm::engine::EngineConfig::new(home);
+    config.backend = evervm::engine::BackendChoice::parse("gvisor");
+    config.idle_swap = None;
+    config
+}
