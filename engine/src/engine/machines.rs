@@ -99,6 +99,46 @@ impl Engine {
         )
     }
 
+    /// Machines an earlier engine left swapped with uncompressed snapshots get a handle now, so
+    /// that the idle tender compresses them in time (handles are otherwise made on first use).
+    /// Holds the engine only step by step: an engine dropped meanwhile ends it.
+    pub(super) async fn adopt_uncompressed_snapshots(engine: std::sync::Weak<EngineInner>) {
+        let Some(inner) = engine.upgrade() else {
+            return;
+        };
+        let home = inner.config.home.clone();
+        let backend = Arc::clone(&inner.backend);
+        drop(inner);
+        let names = tokio::task::spawn_blocking(move || {
+            crate::snapshot::machines_with_snapshots(&home)
+                .into_iter()
+                .filter(|name| backend.compressible(&crate::snapshot::snapshot_dir(&home, name)))
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+        for name in names {
+            let Some(inner) = engine.upgrade() else {
+                return;
+            };
+            let this = Self { inner };
+            let lookup = name.clone();
+            let Ok(Some(record)) = this
+                .inner
+                .store
+                .call(move |store| store.machine(&lookup))
+                .await
+            else {
+                continue;
+            };
+            let _membership = this.inner.membership.lock().await;
+            if this.inner.closing() || lock(&this.inner.deleting).contains(&name) {
+                return;
+            }
+            this.spawn_handle(&record, false);
+        }
+    }
+
     /// The machine's row, if the account has it.
     pub(super) async fn record(&self, account: &Account, name: &str) -> Result<MachineRecord> {
         let parsed = MachineName::parse(name)?;

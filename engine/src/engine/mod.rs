@@ -85,6 +85,11 @@ impl Engine {
                 config.idle_swap,
                 compress_after,
             ));
+            if compress_after.is_some() {
+                tokio::spawn(Self::adopt_uncompressed_snapshots(Arc::downgrade(
+                    &engine.inner,
+                )));
+            }
         }
         Ok(engine)
     }

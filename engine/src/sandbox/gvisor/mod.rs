@@ -403,7 +403,7 @@ impl SandboxBackend for GvisorBackend {
     }
 
     fn compress_snapshot(&self, dir: &Path) -> Result<()> {
-        pages::compress(dir)
+        pages::compress(dir, pages::Effort::Small)
     }
 
     async fn shutdown(&self) {

@@ -197,7 +197,7 @@ impl GvisorSandbox {
         check_finished("runsc checkpoint", &output)?;
         if compress && self.runsc.compression_flag {
             let dir = dir.to_owned();
-            tokio::task::spawn_blocking(move || pages::compress(&dir))
+            tokio::task::spawn_blocking(move || pages::compress(&dir, pages::Effort::Fast))
                 .await
                 .map_err(|e| Error::internal(format!("compressing a snapshot stopped: {e}")))??;
         }
