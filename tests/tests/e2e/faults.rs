@@ -839,6 +839,8 @@ async fn swap_outs_are_compressed_and_forks_are_not() {
         let home = tempfile::tempdir().unwrap();
         let mut config = config(home.path());
         config.compress_swaps = compress_swaps;
+        // Compressed at the swap-out itself (not later, in the background).
+        config.compress_after = Duration::ZERO;
         let Some(engine) = engine_saving_in_place(config).await else {
             return;
         };

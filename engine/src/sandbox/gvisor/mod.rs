@@ -258,20 +258,31 @@ impl GvisorBackend {
     }
 }
 
+/// Where runsc pins an empty network namespace for its gofers (a bind mount in its state
+/// directory), which it never removes: the engine unmounts it at shutdown, when the backend is
+/// dropped, and (through the watchdog) when the engine dies, or every engine home (every
+/// test's) would leave a mount, and a namespace, on the host until it reboots. A sandbox
+/// started later pins a new one.
+fn null_netns(state_dir: &Path) -> PathBuf {
+    state_dir.join("null-netns")
+}
+
+fn unpin_null_netns(state_dir: &Path) {
+    let Ok(path) =
+        std::ffi::CString::new(null_netns(state_dir).into_os_string().into_encoded_bytes())
+    else {
+        return;
+    };
+    // SAFETY: `path` is a valid NUL-terminated string that outlives the call; umount2 only
+    // reads it. Failure (nothing mounted there) is harmless and ignored.
+    unsafe {
+        libc::umount2(path.as_ptr(), libc::MNT_DETACH);
+    }
+}
+
 impl Drop for GvisorBackend {
-    /// runsc pins an empty network namespace for its gofers with a bind mount in its state
-    /// directory, and never removes it: unmounted here, or every engine home (every test's)
-    /// would leave a mount, and a namespace, on the host until it reboots.
     fn drop(&mut self) {
-        let pinned = self.state_dir.join("null-netns");
-        let Ok(path) = std::ffi::CString::new(pinned.as_os_str().as_encoded_bytes()) else {
-            return;
-        };
-        // SAFETY: `path` is a valid NUL-terminated string that outlives the call; umount2 only
-        // reads it. Failure (nothing mounted there) is harmless and ignored.
-        unsafe {
-            libc::umount2(path.as_ptr(), libc::MNT_DETACH);
-        }
+        unpin_null_netns(&self.state_dir);
     }
 }
 
@@ -408,5 +419,6 @@ impl SandboxBackend for GvisorBackend {
 
     async fn shutdown(&self) {
         self.precreated.clear().await;
+        unpin_null_netns(&self.state_dir);
     }
 }

@@ -305,7 +305,7 @@ pub(super) struct Precreated {
 /// watchdog's own arguments hold the prefix without the slash) and deletes runsc's state of them.
 /// It sweeps twice: a `runsc create` cut short by the engine's death may leave its sandbox a
 /// moment later. Arguments: the prefix (`pre-...`), then the runsc command.
-const WATCHDOG: &str = r#"prefix=$1; shift
+const WATCHDOG: &str = r#"prefix=$1; pin=$2; shift 2
 read -r _
 sweep() {
   grep -l -s -e "/[p]${prefix#p}" /proc/[0-9]*/cmdline |
@@ -314,7 +314,8 @@ sweep() {
     case $id in "$prefix"*) "$@" delete --force "$id" >/dev/null 2>&1 ;; esac
   done
 }
-sweep "$@"; sleep 1; sweep "$@""#;
+sweep "$@"; sleep 1; sweep "$@"
+umount -l "$pin" 2>/dev/null"#;
 
 impl Precreated {
     /// Keeps up to `capacity` created sandboxes of `runsc` (0: none, and no watchdog).
@@ -500,6 +501,7 @@ fn spawn_watchdog(runsc: &Runsc, state_dir: &Path, prefix: &str) -> Option<Child
         .arg(WATCHDOG)
         .arg("evervm-watchdog")
         .arg(prefix)
+        .arg(super::null_netns(state_dir))
         .arg(&runsc.path)
         .args(global_args(runsc, state_dir))
         .stdin(Stdio::piped())
