@@ -82,6 +82,9 @@ impl EngineInner {
     }
 }
 
+/// How long the idle tender waits for one machine's compression before it goes on.
+const COMPRESS_WAIT: Duration = Duration::from_secs(10);
+
 /// Until the engine is gone: swaps out resident machines idle for `swap_after`, and compresses
 /// the snapshots of swapped machines idle for `compress_after`. A machine whose swap-out failed
 /// is tried again only after its back-off; a snapshot is compressed at most once.
@@ -127,7 +130,9 @@ pub(crate) async fn tend_idle_machines(
             }
         }
         for handle in to_compress {
-            if let Err(e) = handle.compress().await {
+            // A machine that took an instruction meanwhile answers only after it: the others
+            // are not held up for that (its compression still runs when its turn comes).
+            if let Ok(Err(e)) = tokio::time::timeout(COMPRESS_WAIT, handle.compress()).await {
                 tracing::warn!(machine = %handle.name, "could not compress a snapshot: {e}");
             }
         }

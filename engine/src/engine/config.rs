@@ -200,7 +200,9 @@ pub struct EngineConfig {
     /// Whether swapped machines' snapshots are compressed where the backend can (the current
     /// runsc): about 4-10 times smaller on disk, about 15 ms slower to restore a fresh REPL.
     /// Saves that are restored soon (base snapshots, forks and checkpoints, durable saves) are
-    /// never compressed. `EVERVM_COMPRESS_SWAPS` (`0` for no), on by default.
+    /// written uncompressed (a fork or checkpoint of a swapped machine copies its snapshot as it
+    /// is, and a fork idle for long is compressed like any machine). `EVERVM_COMPRESS_SWAPS`
+    /// (`0` for no), on by default.
     pub compress_swaps: bool,
     /// How long a machine stays swapped before its snapshot is compressed, in the background: a
     /// machine that comes back soon after its swap-out restores uncompressed (faster), one idle

@@ -122,6 +122,12 @@ impl Engine {
                 return;
             };
             let this = Self { inner };
+            // Looked up under the lock a delete takes too, so a machine deleted meanwhile is
+            // not brought back.
+            let _membership = this.inner.membership.lock().await;
+            if this.inner.closing() {
+                return;
+            }
             let lookup = name.clone();
             let Ok(Some(record)) = this
                 .inner
@@ -131,9 +137,8 @@ impl Engine {
             else {
                 continue;
             };
-            let _membership = this.inner.membership.lock().await;
-            if this.inner.closing() || lock(&this.inner.deleting).contains(&name) {
-                return;
+            if lock(&this.inner.deleting).contains(&name) {
+                continue;
             }
             this.spawn_handle(&record, false);
         }

@@ -199,7 +199,8 @@ async fn handle_control(
             }
         }
         Control::Compress(reply) => {
-            let compressed = if resident.is_some() {
+            // An instruction waiting goes first: the compression is tried again later.
+            let compressed = if resident.is_some() || machine.has_pending_instruction() {
                 Ok(false)
             } else {
                 compress_swapped(engine, machine).await

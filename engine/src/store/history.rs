@@ -368,7 +368,9 @@ fn decode_output(
                     .map_err(|e| format!("a chunk is not UTF-8: {e}"))?
                     .to_owned();
                 chunks.push(OutputChunk { seq, stream, data });
-                seq += 1;
+                seq = seq
+                    .checked_add(1)
+                    .ok_or_else(|| format!("chunk numbers past {seq}"))?;
                 rest = tail;
             }
             if !rest.is_empty() {

@@ -360,7 +360,7 @@ async fn swapped_snapshots_are_compressed_in_the_background_and_still_restore_an
     let home = tempfile::tempdir().unwrap();
     let mut config = crate::gvisor_config(home.path());
     config.compress_swaps = true;
-    config.compress_after = Duration::from_secs(1);
+    config.compress_after = Duration::from_secs(3);
     let engine = evervm::engine::Engine::open(config).await.unwrap();
     let account = engine.ensure_account("local").await.unwrap();
     let client = Client::from_engine(engine.clone(), account);
@@ -372,7 +372,7 @@ async fn swapped_snapshots_are_compressed_in_the_background_and_still_restore_an
     .await;
     m.swap_out().await.unwrap();
     let snapshot = home.path().join("machines").join(m.name()).join("snapshot");
-    if snapshot.join("pages.img").exists() {
+    if snapshot.join("pages.img").exists() || snapshot.join("pages.img.zst").exists() {
         let uncompressed = m.info().await.unwrap().disk_bytes.unwrap_or_default();
         let mut compressed = false;
         for _ in 0..200 {

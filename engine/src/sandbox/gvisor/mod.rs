@@ -260,9 +260,9 @@ impl GvisorBackend {
 
 /// Where runsc pins an empty network namespace for its gofers (a bind mount in its state
 /// directory), which it never removes: the engine unmounts it at shutdown, when the backend is
-/// dropped, and (through the watchdog) when the engine dies, or every engine home (every
-/// test's) would leave a mount, and a namespace, on the host until it reboots. A sandbox
-/// started later pins a new one.
+/// dropped, and (through the watchdog, where there is one: sandboxes are created ahead of time)
+/// when the engine dies, or every engine home (every test's) would leave a mount, and a
+/// namespace, on the host until it reboots. A sandbox started later pins a new one.
 fn null_netns(state_dir: &Path) -> PathBuf {
     state_dir.join("null-netns")
 }
@@ -273,10 +273,14 @@ fn unpin_null_netns(state_dir: &Path) {
     else {
         return;
     };
-    // SAFETY: `path` is a valid NUL-terminated string that outlives the call; umount2 only
-    // reads it. Failure (nothing mounted there) is harmless and ignored.
-    unsafe {
-        libc::umount2(path.as_ptr(), libc::MNT_DETACH);
+    // Sandboxes started at once can stack several mounts there: each is removed, until none is
+    // left (a bounded number of tries).
+    for _ in 0..64 {
+        // SAFETY: `path` is a valid NUL-terminated string that outlives the call; umount2 only
+        // reads it. Failure (nothing mounted there) ends the loop.
+        if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } != 0 {
+            break;
+        }
     }
 }
 

@@ -1,9 +1,10 @@
 //! Compressed snapshots. A current runsc compresses a checkpoint with flate or not at all, and
 //! flate doubles the time of a checkpoint and of a restore. Instead the engine has runsc write
 //! it uncompressed and compresses its files with zstd (smaller than flate and several times faster
-//! to unpack). runsc cannot read those, so a restore unpacks them into a scratch directory beside
-//! the snapshot's other files (hard links) and restores from there; the scratch directory goes
-//! once the restore has read it.
+//! to unpack). runsc cannot read those, so a restore unpacks them into a scratch directory (in
+//! the engine's `sandboxes/`, with hard links to the snapshot's other files) and restores from
+//! there; the scratch directory goes once `runsc restore --detach` returns, or, for a plain
+//! `runsc restore`, when the sandbox ends.
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Write};
@@ -42,28 +43,50 @@ pub(super) fn compressible(dir: &Path) -> bool {
     dir.join("pages.img").is_file()
 }
 
-/// Compresses the big files of the uncompressed checkpoint in `dir`, replacing them.
+/// Compresses the big files of the uncompressed checkpoint in `dir`, replacing them. All or
+/// nothing: on failure (a full disk, say) the compressed files written so far are removed and
+/// the uncompressed ones stay.
 pub(super) fn compress(dir: &Path, effort: Effort) -> Result<()> {
-    for name in COMPRESSED {
-        let plain = dir.join(name);
-        let Ok(input) = File::open(&plain) else {
-            continue;
-        };
-        let failed = |e: std::io::Error| {
-            Error::internal(format!("cannot compress {}: {e}", plain.display()))
-        };
-        let output = File::create(dir.join(format!("{name}{SUFFIX}"))).map_err(failed)?;
-        let mut encoder =
-            zstd::stream::Encoder::new(BufWriter::with_capacity(BUFFER, output), effort.level())
+    let mut written = Vec::new();
+    let compressed = (|| -> Result<()> {
+        for name in COMPRESSED {
+            let plain = dir.join(name);
+            let Ok(input) = File::open(&plain) else {
+                continue;
+            };
+            let packed = dir.join(format!("{name}{SUFFIX}"));
+            let failed = |e: std::io::Error| {
+                Error::internal(format!("cannot compress {}: {e}", plain.display()))
+            };
+            let output = File::create_new(&packed).map_err(failed)?;
+            written.push(packed);
+            let mut encoder = zstd::stream::Encoder::new(
+                BufWriter::with_capacity(BUFFER, output),
+                effort.level(),
+            )
+            .map_err(failed)?;
+            encoder.include_checksum(true).map_err(failed)?;
+            std::io::copy(&mut BufReader::with_capacity(BUFFER, input), &mut encoder)
                 .map_err(failed)?;
-        encoder.include_checksum(true).map_err(failed)?;
-        std::io::copy(&mut BufReader::with_capacity(BUFFER, input), &mut encoder)
-            .map_err(failed)?;
-        encoder
-            .finish()
-            .and_then(|mut writer| writer.flush())
-            .map_err(failed)?;
-        std::fs::remove_file(&plain).map_err(failed)?;
+            encoder
+                .finish()
+                .and_then(|mut writer| writer.flush())
+                .map_err(failed)?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = compressed {
+        for packed in written {
+            let _ = std::fs::remove_file(packed);
+        }
+        return Err(e);
+    }
+    for name in COMPRESSED {
+        if dir.join(format!("{name}{SUFFIX}")).exists() {
+            std::fs::remove_file(dir.join(name)).map_err(|e| {
+                Error::internal(format!("cannot remove {name} once compressed: {e}"))
+            })?;
+        }
     }
     Ok(())
 }
@@ -106,6 +129,16 @@ pub(super) fn unpack(dir: &Path, scratch: PathBuf) -> Result<Unpacked> {
             files.push(entry.file_name().to_string_lossy().into_owned());
         }
     }
+    if let Some(both) = files
+        .iter()
+        .filter_map(|name| name.strip_suffix(SUFFIX))
+        .find(|plain| files.iter().any(|name| name == plain))
+    {
+        return Err(Error::crashed(format!(
+            "the snapshot in {} holds {both} both compressed and not",
+            dir.display()
+        )));
+    }
     if !files.iter().any(|name| name.ends_with(SUFFIX)) {
         return Ok(Unpacked {
             dir: dir.to_owned(),
@@ -122,7 +155,8 @@ pub(super) fn unpack(dir: &Path, scratch: PathBuf) -> Result<Unpacked> {
         let from = dir.join(&name);
         if let Some(plain) = name.strip_suffix(SUFFIX) {
             let input = File::open(&from).map_err(|e| failed(&name, e))?;
-            let output = File::create(unpacked.dir.join(plain)).map_err(|e| failed(plain, e))?;
+            let output =
+                File::create_new(unpacked.dir.join(plain)).map_err(|e| failed(plain, e))?;
             let mut writer = BufWriter::with_capacity(BUFFER, output);
             zstd::stream::copy_decode(BufReader::with_capacity(BUFFER, input), &mut writer)
                 .and_then(|()| writer.flush())
@@ -195,5 +229,21 @@ mod tests {
             !scratch.exists(),
             "a failed unpack leaves no scratch directory"
         );
+    }
+
+    #[test]
+    fn a_failed_compression_leaves_the_checkpoint_as_it_was() {
+        let home = tempfile::tempdir().unwrap();
+        let dir = home.path();
+        std::fs::write(dir.join("checkpoint.img"), b"state").unwrap();
+        std::fs::write(dir.join("pages.img"), b"memory").unwrap();
+        // Something already holds the name the memory would be compressed to.
+        std::fs::write(dir.join("pages.img.zst"), b"in the way").unwrap();
+        assert!(compress(dir, Effort::Fast).is_err());
+        assert_eq!(std::fs::read(dir.join("checkpoint.img")).unwrap(), b"state");
+        assert_eq!(std::fs::read(dir.join("pages.img")).unwrap(), b"memory");
+        assert!(!dir.join("checkpoint.img.zst").exists());
+        // And a directory with a file both compressed and not is refused, not guessed at.
+        assert!(unpack(dir, home.path().join("scratch")).is_err());
     }
 }

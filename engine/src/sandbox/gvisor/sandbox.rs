@@ -196,10 +196,17 @@ impl GvisorSandbox {
             .map_err(|e| Error::internal(format!("cannot run runsc checkpoint: {e}")))?;
         check_finished("runsc checkpoint", &output)?;
         if compress && self.runsc.compression_flag {
-            let dir = dir.to_owned();
-            tokio::task::spawn_blocking(move || pages::compress(&dir, pages::Effort::Fast))
-                .await
-                .map_err(|e| Error::internal(format!("compressing a snapshot stopped: {e}")))??;
+            // The checkpoint is whole and the sandbox may be gone: a compression that fails
+            // (a full disk) leaves it uncompressed, never lost.
+            let staged = dir.to_owned();
+            let compressed =
+                tokio::task::spawn_blocking(move || pages::compress(&staged, pages::Effort::Fast))
+                    .await
+                    .map_err(|e| Error::internal(format!("compressing stopped: {e}")))
+                    .and_then(|r| r);
+            if let Err(e) = compressed {
+                tracing::warn!(sandbox = %self.id, "the snapshot stays uncompressed: {e}");
+            }
         }
         Ok(())
     }
