@@ -58,10 +58,8 @@ pub(crate) fn base_dir(home: &std::path::Path, shape: Shape) -> std::path::PathB
         .join(format!("{}-{}", shape.profile.as_str(), shape.memory_mb))
 }
 
-/// What every sandbox id starts with.
-pub(crate) const SANDBOX_ID_PREFIX: &str = "evm-";
-
 pub(crate) fn sandbox_id() -> String {
+    use crate::sandbox::SANDBOX_ID_PREFIX;
     use rand::Rng;
     let n: u64 = rand::rng().random();
     format!("{SANDBOX_ID_PREFIX}{n:016x}")

@@ -142,7 +142,7 @@ fn remove_work_dirs(root: &Path) {
         if entry
             .file_name()
             .to_string_lossy()
-            .starts_with(crate::pool::SANDBOX_ID_PREFIX)
+            .starts_with(super::SANDBOX_ID_PREFIX)
         {
             let _ = std::fs::remove_dir_all(entry.path());
         }
