@@ -59,10 +59,9 @@ pub(crate) fn base_dir(home: &std::path::Path, shape: Shape) -> std::path::PathB
 }
 
 pub(crate) fn sandbox_id() -> String {
-    use crate::sandbox::SANDBOX_ID_PREFIX;
     use rand::Rng;
     let n: u64 = rand::rng().random();
-    format!("{SANDBOX_ID_PREFIX}{n:016x}")
+    format!("evm-{n:016x}")
 }
 
 /// A ready sandbox: restored from the shape's base snapshot where the backend has snapshots

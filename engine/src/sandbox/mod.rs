@@ -34,9 +34,6 @@ pub struct Capabilities {
     pub save_in_place: bool,
 }
 
-/// What every sandbox id starts with (the engine names them `evm-<16 hex digits>`).
-pub(crate) const SANDBOX_ID_PREFIX: &str = "evm-";
-
 /// A kind of sandbox (process, gVisor, ...).
 #[async_trait]
 pub trait SandboxBackend: Send + Sync + 'static {

@@ -90,9 +90,6 @@ impl ProcessBackend {
     pub fn new(config: ProcessBackendConfig) -> Result<Self> {
         // SAFETY: geteuid has no preconditions and cannot fail.
         let run_as_nobody = unsafe { libc::geteuid() } == 0;
-        // Working directories an earlier engine on this home left (one engine holds a home at
-        // a time, and its sandboxes died with it) go first.
-        remove_work_dirs(&config.work_root);
         std::fs::create_dir_all(&config.work_root).map_err(|e| {
             Error::internal(format!("cannot create {}: {e}", config.work_root.display()))
         })?;
@@ -118,34 +115,6 @@ impl ProcessBackend {
             std::os::unix::fs::chown(dir, Some(NOBODY), Some(NOBODY))?;
         }
         Ok(())
-    }
-}
-
-impl Drop for ProcessBackend {
-    /// The machines' working directories go with the engine (a machine on this backend keeps
-    /// nothing across a restart); under root they are in the system's temporary directory,
-    /// which would otherwise collect one per engine home.
-    fn drop(&mut self) {
-        remove_work_dirs(&self.config.work_root);
-        // Only if nothing else is in it.
-        let _ = std::fs::remove_dir(&self.config.work_root);
-    }
-}
-
-/// Removes the sandboxes' working directories in `root` (named by their sandbox ids), and
-/// nothing else.
-fn remove_work_dirs(root: &Path) {
-    let Ok(entries) = std::fs::read_dir(root) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        if entry
-            .file_name()
-            .to_string_lossy()
-            .starts_with(super::SANDBOX_ID_PREFIX)
-        {
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
     }
 }
 
