@@ -152,10 +152,14 @@ def test_interrupt_stops_a_running_instruction(client: evervm.Client) -> None:
 def test_ctrl_c_during_exec_interrupts_the_instruction(client: evervm.Client) -> None:
     machine = client.create_machine()
     machine.exec("n = 2")
+    # Python turns SIGINT into KeyboardInterrupt only if it was not ignored when it started (a
+    # test run launched in the background inherits it ignored): as in an interactive session.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         machine.exec("import time\nwhile True: time.sleep(0.05)", timeout=60)
+    signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - started < 10
     # The machine's instruction was interrupted too, so it answers at once.
     assert machine.exec("n", timeout=10).value == "2"
