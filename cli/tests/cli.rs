@@ -504,6 +504,8 @@ fn a_killed_server_leaves_no_sandbox_behind() {
     // SIGKILL: the engine gets no chance to clean up.
     server.child.kill().unwrap();
     server.child.wait().unwrap();
+    // The sandboxes are other processes (not the test's children): the process table is the
+    // only sign of their end, looked at for at most 10 s.
     let mut left = processes_mentioning(&needle);
     for _ in 0..100 {
         if left == 0 {

@@ -195,7 +195,7 @@ async fn make_base(
         .runtime()
         .unwrap_or_else(|| engine.backend.describe());
     let image_id = fresh.sandbox.image_id();
-    if let Err(e) = fresh.sandbox.checkpoint(&staging, false).await {
+    if let Err(e) = fresh.sandbox.checkpoint(&staging).await {
         let _ = std::fs::remove_dir_all(&staging);
         fresh.kill().await;
         return Err(e);

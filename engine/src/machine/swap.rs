@@ -15,7 +15,7 @@ use super::MachineHandle;
 use crate::engine::EngineInner;
 use crate::error::{Error, ErrorKind, Result};
 use crate::pool::{Pool, Resident, connect_restored, sandbox_id};
-use crate::sandbox::SandboxSpec;
+use crate::sandbox::{Effort, SandboxSpec};
 use crate::snapshot;
 use crate::sync::lock;
 
@@ -215,6 +215,7 @@ pub(super) async fn swap_out(
 pub(super) async fn compress_swapped(
     engine: &Arc<EngineInner>,
     machine: &MachineHandle,
+    effort: Effort,
 ) -> Result<bool> {
     let home = engine.config.home.clone();
     let name = machine.name.to_string();
@@ -226,7 +227,7 @@ pub(super) async fn compress_swapped(
             return Ok(false);
         }
         snapshot::rewrite(&home, &name, &*restorable, |dir| {
-            backend.compress_snapshot(dir)
+            backend.compress_snapshot(dir, effort)
         })
         .map(|_| true)
     })
@@ -293,12 +294,7 @@ pub(super) async fn save(
     let checkpoint = if in_place {
         current.sandbox.checkpoint_in_place(&staging).await
     } else {
-        // A swap-out may stay on disk for long: compressed where the backend lets us choose,
-        // here or later in the background (`compress_after`).
-        let compress = how == Save::AndStop
-            && engine.config.compress_swaps
-            && engine.config.compress_after.is_zero();
-        current.sandbox.checkpoint(&staging, compress).await
+        current.sandbox.checkpoint(&staging).await
     };
     if let Err(e) = checkpoint {
         let _ = tokio::fs::remove_dir_all(&staging).await;
@@ -387,6 +383,14 @@ pub(super) async fn save(
         drop(current);
     }
     machine.mark_saved(engine).await;
+    // A swap-out may stay on disk for long: compressed now where `compress_after` is 0, else
+    // later in the background. A compression that fails leaves the snapshot as it is.
+    if how == Save::AndStop
+        && engine.config.compress_swaps
+        && engine.config.compress_after.is_zero()
+    {
+        let _ = compress_swapped(engine, machine, Effort::Fast).await;
+    }
     if machine.swap_succeeded() {
         engine.record_machine_error(&machine.name, None).await;
         let inner = Arc::clone(engine);

@@ -203,7 +203,7 @@ async fn handle_control(
             let compressed = if resident.is_some() || machine.has_pending_instruction() {
                 Ok(false)
             } else {
-                compress_swapped(engine, machine).await
+                compress_swapped(engine, machine, crate::sandbox::Effort::Small).await
             };
             let _ = reply.send(compressed);
         }

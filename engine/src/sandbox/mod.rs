@@ -34,6 +34,15 @@ pub struct Capabilities {
     pub save_in_place: bool,
 }
 
+/// How hard a backend works to make a snapshot small.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effort {
+    /// While a swap-out waits.
+    Fast,
+    /// In the background, for a machine idle for long.
+    Small,
+}
+
 /// A kind of sandbox (process, gVisor, ...).
 #[async_trait]
 pub trait SandboxBackend: Send + Sync + 'static {
@@ -85,8 +94,8 @@ pub trait SandboxBackend: Send + Sync + 'static {
 
     /// Compresses the snapshot files in `dir` (a copy being built, never a committed
     /// snapshot), in a form [`Self::restore`] reads.
-    fn compress_snapshot(&self, dir: &std::path::Path) -> Result<()> {
-        let _ = dir;
+    fn compress_snapshot(&self, dir: &std::path::Path, effort: Effort) -> Result<()> {
+        let _ = (dir, effort);
         Ok(())
     }
 
@@ -107,10 +116,9 @@ pub trait Sandbox: Send {
     /// If the sandbox has ended, why (exit status, signal).
     fn exit_reason(&mut self) -> Option<ExitReason>;
 
-    /// Saves the whole sandbox, memory and files, into `dir` and stops it; with `compress`, the
-    /// memory is written compressed where the backend can choose.
-    async fn checkpoint(&mut self, dir: &std::path::Path, compress: bool) -> Result<()> {
-        let _ = (dir, compress);
+    /// Saves the whole sandbox, memory and files, into `dir` and stops it.
+    async fn checkpoint(&mut self, dir: &std::path::Path) -> Result<()> {
+        let _ = dir;
         Err(crate::error::Error::unsupported(
             "this backend cannot snapshot a machine (the gVisor backend can)",
         ))

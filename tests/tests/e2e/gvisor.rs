@@ -374,6 +374,8 @@ async fn swapped_snapshots_are_compressed_in_the_background_and_still_restore_an
     let snapshot = home.path().join("machines").join(m.name()).join("snapshot");
     if snapshot.join("pages.img").exists() || snapshot.join("pages.img.zst").exists() {
         let uncompressed = m.info().await.unwrap().disk_bytes.unwrap_or_default();
+        // The compression is the engine's own background work, with nothing to subscribe to:
+        // the test looks at the disk, for at most 20 s.
         let mut compressed = false;
         for _ in 0..200 {
             tokio::time::sleep(Duration::from_millis(100)).await;

@@ -417,8 +417,8 @@ impl SandboxBackend for GvisorBackend {
         pages::compressible(dir)
     }
 
-    fn compress_snapshot(&self, dir: &Path) -> Result<()> {
-        pages::compress(dir, pages::Effort::Small)
+    fn compress_snapshot(&self, dir: &Path, effort: super::Effort) -> Result<()> {
+        pages::compress(dir, effort)
     }
 
     async fn shutdown(&self) {

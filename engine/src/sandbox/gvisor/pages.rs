@@ -11,27 +11,19 @@ use std::io::{BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::sandbox::Effort;
 
 /// The files of an uncompressed checkpoint worth compressing: the kernel's state and the memory.
 const COMPRESSED: [&str; 2] = ["checkpoint.img", "pages.img"];
 /// What a compressed file's name ends with.
 const SUFFIX: &str = ".zst";
-/// How hard zstd works. Decompression takes about as long at any level; compression does not.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Effort {
-    /// While a swap-out waits (level 3): a fresh interpreter's 7.2 MB of memory and kernel
-    /// state pack into 1.52 MB in about 30 ms.
-    Fast,
-    /// In the background, for a machine idle for long (level 9): 1.33 MB in about 130 ms.
-    Small,
-}
-
-impl Effort {
-    fn level(self) -> i32 {
-        match self {
-            Effort::Fast => 3,
-            Effort::Small => 9,
-        }
+/// zstd's level for an effort (decompression takes about as long at any level): `Fast` (3) packs
+/// a fresh interpreter's 7.2 MB of memory and kernel state into 1.52 MB in about 30 ms, `Small`
+/// (9) into 1.37 MB in about 130 ms.
+fn level(effort: Effort) -> i32 {
+    match effort {
+        Effort::Fast => 3,
+        Effort::Small => 9,
     }
 }
 /// Files are read and written in pieces of this size (fewer system calls than the usual 8 KiB).
@@ -60,11 +52,9 @@ pub(super) fn compress(dir: &Path, effort: Effort) -> Result<()> {
             };
             let output = File::create_new(&packed).map_err(failed)?;
             written.push(packed);
-            let mut encoder = zstd::stream::Encoder::new(
-                BufWriter::with_capacity(BUFFER, output),
-                effort.level(),
-            )
-            .map_err(failed)?;
+            let mut encoder =
+                zstd::stream::Encoder::new(BufWriter::with_capacity(BUFFER, output), level(effort))
+                    .map_err(failed)?;
             encoder.include_checksum(true).map_err(failed)?;
             std::io::copy(&mut BufReader::with_capacity(BUFFER, input), &mut encoder)
                 .map_err(failed)?;

@@ -6,7 +6,6 @@ use async_trait::async_trait;
 use tokio::process::{Child, Command};
 
 use super::bundle::{check_finished, remove_sandbox};
-use super::pages;
 use super::precreated::Detached;
 use super::runsc::{Runsc, global_args, keep_binary};
 use crate::error::{Error, Result};
@@ -36,7 +35,7 @@ pub(super) struct GvisorSandbox {
     pub(super) released: bool,
     /// The unpacked copy of the snapshot a plain `runsc restore` reads from; removed when the
     /// sandbox stops (or this is dropped).
-    pub(super) unpacked: Option<pages::Unpacked>,
+    pub(super) unpacked: Option<super::pages::Unpacked>,
 }
 
 #[async_trait]
@@ -45,9 +44,9 @@ impl Sandbox for GvisorSandbox {
         self.channel.take()
     }
 
-    async fn checkpoint(&mut self, dir: &Path, compress: bool) -> Result<()> {
+    async fn checkpoint(&mut self, dir: &Path) -> Result<()> {
         let started = std::time::Instant::now();
-        self.run_checkpoint(dir, false, compress).await?;
+        self.run_checkpoint(dir, false).await?;
         // The snapshot is whole once `runsc checkpoint` returns, and the sandbox has stopped:
         // the `runsc run` process and runsc's state are cleaned up without making the caller
         // wait (`runsc run` can take 100 ms to notice).
@@ -84,7 +83,7 @@ impl Sandbox for GvisorSandbox {
             ));
         }
         let started = std::time::Instant::now();
-        self.run_checkpoint(dir, true, false).await?;
+        self.run_checkpoint(dir, true).await?;
         tracing::debug!(
             sandbox = %self.id,
             "runsc checkpoint --leave-running took {:.1} ms",
@@ -165,12 +164,7 @@ impl GvisorSandbox {
     /// `runsc checkpoint` into `dir`, leaving the sandbox running or not, compressed or not
     /// (where this runsc lets us choose); the binary that writes a snapshot is kept for as long
     /// as the home lives.
-    async fn run_checkpoint(
-        &mut self,
-        dir: &Path,
-        leave_running: bool,
-        compress: bool,
-    ) -> Result<()> {
+    async fn run_checkpoint(&mut self, dir: &Path, leave_running: bool) -> Result<()> {
         let kept_dir = self.kept_dir.clone();
         let runsc = self.runsc.clone();
         tokio::task::spawn_blocking(move || keep_binary(&kept_dir, &runsc))
@@ -184,7 +178,8 @@ impl GvisorSandbox {
             command.arg("--leave-running");
         }
         // Where runsc lets us choose it writes memory uncompressed, and the engine compresses
-        // it with zstd (see `pages`); an older runsc always compresses with flate.
+        // it with zstd where disk matters (see `pages`); an older runsc always compresses
+        // with flate.
         if self.runsc.compression_flag {
             command.arg("--compression=none");
         }
@@ -195,19 +190,6 @@ impl GvisorSandbox {
             .await
             .map_err(|e| Error::internal(format!("cannot run runsc checkpoint: {e}")))?;
         check_finished("runsc checkpoint", &output)?;
-        if compress && self.runsc.compression_flag {
-            // The checkpoint is whole and the sandbox may be gone: a compression that fails
-            // (a full disk) leaves it uncompressed, never lost.
-            let staged = dir.to_owned();
-            let compressed =
-                tokio::task::spawn_blocking(move || pages::compress(&staged, pages::Effort::Fast))
-                    .await
-                    .map_err(|e| Error::internal(format!("compressing stopped: {e}")))
-                    .and_then(|r| r);
-            if let Err(e) = compressed {
-                tracing::warn!(sandbox = %self.id, "the snapshot stays uncompressed: {e}");
-            }
-        }
         Ok(())
     }
 }
