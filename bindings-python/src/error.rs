@@ -54,6 +54,20 @@ create_exception!(
 );
 create_exception!(
     evervm,
+    TooLargeError,
+    EvervmError,
+    "Something sent is larger than its limit (an instruction's code, a file); the message names \
+     the limit."
+);
+create_exception!(
+    evervm,
+    PermissionDeniedError,
+    EvervmError,
+    "The caller may not touch this (a path outside the directories a machine's files may be used \
+     in)."
+);
+create_exception!(
+    evervm,
     TransportError,
     EvervmError,
     "The server could not be reached or answered something unexpected."
@@ -117,6 +131,8 @@ pub(crate) fn to_py(error: evervm::Error) -> PyErr {
             K::MachineCrashed => MachineCrashedError::new_err(message),
             K::Conflict => ConflictError::new_err(message),
             K::LimitExceeded => LimitExceededError::new_err(message),
+            K::TooLarge => TooLargeError::new_err(message),
+            K::PermissionDenied => PermissionDeniedError::new_err(message),
             K::Transport => TransportError::new_err(message),
             K::Internal => InternalError::new_err(message),
         };
@@ -135,6 +151,11 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MachineCrashedError", py.get_type::<MachineCrashedError>())?;
     m.add("ConflictError", py.get_type::<ConflictError>())?;
     m.add("LimitExceededError", py.get_type::<LimitExceededError>())?;
+    m.add("TooLargeError", py.get_type::<TooLargeError>())?;
+    m.add(
+        "PermissionDeniedError",
+        py.get_type::<PermissionDeniedError>(),
+    )?;
     m.add("TransportError", py.get_type::<TransportError>())?;
     m.add("InternalError", py.get_type::<InternalError>())?;
     Ok(())

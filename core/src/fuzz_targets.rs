@@ -249,8 +249,8 @@ fn check_close_reason(text: &str) {
 /// An engine error as the server reports it, and as a client reads that answer back: the kind
 /// survives the trip.
 #[cfg(feature = "server")]
-fn check_wire_error(error: &evervm_engine::Error, code_bytes: usize) {
-    let failure = crate::server::error::ApiFailure::from_exec_error(error, code_bytes);
+fn check_wire_error(error: &evervm_engine::Error) {
+    let failure = crate::server::error::ApiFailure::from(error);
     let body = serde_json::to_string(&failure.body()).unwrap();
     let read = api_error(failure.status, &body);
     let expected = crate::Error::from(error.clone());
@@ -281,7 +281,7 @@ pub fn client_message(data: &[u8]) {
     let text = serde_json::to_string(&message).unwrap();
     assert_eq!(decode_message(text.as_bytes()).as_ref(), Ok(&message));
     let MessageToServer::Exec { instruction, .. } = message;
-    let (code_bytes, seconds) = (instruction.code.len(), instruction.timeout_seconds);
+    let seconds = instruction.timeout_seconds;
     match exec_from_wire(instruction, false) {
         Ok(request) => {
             assert_eq!(request.timeout.as_secs(), u64::try_from(seconds).unwrap());
@@ -289,7 +289,7 @@ pub fn client_message(data: &[u8]) {
         }
         Err(e) => {
             assert!(seconds <= 0);
-            check_wire_error(&e, code_bytes);
+            check_wire_error(&e);
         }
     }
 }
@@ -314,7 +314,7 @@ pub fn request_body(data: &[u8]) {
     };
     let checked = |result: engine::Result<()>| {
         if let Err(e) = result {
-            check_wire_error(&e, 0);
+            check_wire_error(&e);
         }
     };
     match selector % 6 {
@@ -327,14 +327,13 @@ pub fn request_body(data: &[u8]) {
                 parse_body::<ExecRequest>(&text).ok().as_ref(),
                 Some(&request)
             );
-            let code_bytes = request.instruction.code.len();
             match exec_from_wire(request.instruction.clone(), request.interrupt) {
                 Ok(accepted) => {
                     assert_eq!(accepted.code, request.instruction.code);
                     assert_eq!(accepted.interrupt, request.interrupt);
                     assert!(!accepted.timeout.is_zero());
                 }
-                Err(e) => check_wire_error(&e, code_bytes),
+                Err(e) => check_wire_error(&e),
             }
         }
         1 => {
@@ -343,7 +342,7 @@ pub fn request_body(data: &[u8]) {
             };
             match create_machine_from_wire(request) {
                 Ok(create) => checked(engine::validate_tags(&create.tags)),
-                Err(e) => check_wire_error(&e, 0),
+                Err(e) => check_wire_error(&e),
             }
         }
         2 => {
@@ -371,7 +370,7 @@ pub fn request_body(data: &[u8]) {
                 Ok(parsed) => assert_eq!(parsed.as_str(), name),
                 Err(e) => {
                     assert_eq!(e.kind(), engine::ErrorKind::NotFound);
-                    check_wire_error(&e, 0);
+                    check_wire_error(&e);
                 }
             }
             checked(engine::validate_checkpoint_name(name));

@@ -45,6 +45,11 @@ error_kinds! {
     /// A quota or limit was hit (too many machines, a rate limit, an output cap, a full queue);
     /// the message names the limit.
     LimitExceeded,
+    /// Something sent is larger than the limit for it (an instruction's code, a file); the
+    /// message names the limit.
+    TooLarge,
+    /// The caller may not touch this (a path outside the directories files may be used in).
+    PermissionDenied,
     /// Clients only (the engine never returns it): the server could not be reached, or answered
     /// something that is not the protocol.
     Transport,
@@ -137,6 +142,20 @@ impl Error {
     /// A quota or limit was hit; `message` names the limit (and what to do about it).
     pub fn limit_exceeded(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::LimitExceeded, message)
+    }
+
+    /// Something sent is larger than its limit; `message` names the limit.
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::TooLarge, message)
+    }
+
+    /// A file that does not exist in a machine.
+    pub fn file_not_found(message: impl Into<String>) -> Self {
+        Self {
+            kind: ErrorKind::NotFound,
+            message: message.into(),
+            resource: Some("file"),
+        }
     }
 
     /// Prefixes the message with context, keeping the kind.

@@ -121,6 +121,10 @@ fn agent_event(payload: &[u8]) {
     let Ok(event) = decode_event(payload) else {
         return;
     };
+    if matches!(event, AgentEvent::FileData(_)) {
+        event_json(&event);
+        return;
+    }
     let json = serde_json::to_vec(&event_json(&event)).unwrap();
     assert_eq!(
         decode_event(&json).as_ref(),
@@ -180,6 +184,52 @@ fn event_json(event: &AgentEvent) -> serde_json::Value {
             }
             event
         }
+        AgentEvent::File {
+            info,
+            entries,
+            truncated,
+        } => {
+            let file = |info: &crate::files::FileInfo| {
+                json!({
+                    "path": info.path,
+                    "type": info.kind.as_str(),
+                    "size": info.size,
+                    "mode": info.mode,
+                    "mtime": info.modified.map_or(-1.0, |m| m.timestamp_micros() as f64 / 1e6),
+                })
+            };
+            json!({
+                "ev": "file",
+                "info": info.as_ref().map(file),
+                "entries": entries.as_ref().map(|e| e.iter().map(file).collect::<Vec<_>>()),
+                "truncated": truncated,
+            })
+        }
+        AgentEvent::FileError { failure, message } => {
+            use crate::guest::channel::FileFailure as F;
+            let kind = match failure {
+                F::NotFound => "not_found",
+                F::Denied => "denied",
+                F::Exists => "exists",
+                F::NotEmpty => "not_empty",
+                F::IsADirectory => "is_a_directory",
+                F::NotADirectory => "not_a_directory",
+                F::NoSpace => "no_space",
+                F::TooLarge => "too_large",
+                F::Aborted => "aborted",
+                F::Invalid => "invalid",
+                F::Io => "io",
+            };
+            json!({"ev": "file_error", "kind": kind, "error": message})
+        }
+        AgentEvent::FileData(data) => {
+            // Binary only: the JSON form has none, so it is checked as itself.
+            let mut frame = vec![b'D'];
+            frame.extend(data);
+            assert_eq!(decode_event(&frame).as_ref(), Ok(event));
+            json!({"ev": "ready", "python": ""})
+        }
+        AgentEvent::FileEnd { size } => json!({"ev": "file_end", "size": size}),
     }
 }
 

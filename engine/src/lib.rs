@@ -5,6 +5,7 @@
 
 mod engine;
 mod error;
+pub mod files;
 pub mod fsutil;
 #[cfg(any(test, fuzzing))]
 pub mod fuzz_targets;
@@ -22,4 +23,5 @@ pub use engine::{
     create_token_in_home, list_tokens_in_home, parse_memory_list, revoke_token_in_home,
 };
 pub use error::{Error, ErrorKind, Result};
+pub use files::{ByteStream, FileInfo, FileKind, FileList, FileRead, WriteFileOptions};
 pub use types::*;

@@ -298,7 +298,7 @@ impl ExecRequest {
 
     pub(crate) fn validate(&self) -> Result<()> {
         if self.code.len() > MAX_CODE_BYTES {
-            return Err(Error::invalid(format!(
+            return Err(Error::too_large(format!(
                 "code is {} bytes, more than the limit of {MAX_CODE_BYTES} bytes",
                 self.code.len()
             )));

@@ -41,8 +41,12 @@ impl ErrorCode {
     pub const INSTRUCTION_NOT_FOUND: Self =
         Self::new("InstructionNotFound", 404, ErrorKind::NotFound).naming("instruction");
     pub const BAD_REQUEST: Self = Self::new("BadRequest", 400, ErrorKind::InvalidInput);
-    /// A body or an instruction larger than the limit.
-    pub const PAYLOAD_TOO_LARGE: Self = Self::new("PayloadTooLarge", 413, ErrorKind::InvalidInput);
+    pub const FILE_NOT_FOUND: Self =
+        Self::new("FileNotFound", 404, ErrorKind::NotFound).naming("file");
+    /// A body, an instruction or a file larger than the limit.
+    pub const PAYLOAD_TOO_LARGE: Self = Self::new("PayloadTooLarge", 413, ErrorKind::TooLarge);
+    pub const PERMISSION_DENIED: Self =
+        Self::new("PermissionDenied", 403, ErrorKind::PermissionDenied);
     /// A route that exists, asked with a method it does not take.
     pub const METHOD_NOT_ALLOWED: Self =
         Self::new("MethodNotAllowed", 405, ErrorKind::InvalidInput);
@@ -93,8 +97,10 @@ pub const ERROR_CODES: &[ErrorCode] = &[
     ErrorCode::NOT_FOUND,
     ErrorCode::MACHINE_NOT_FOUND,
     ErrorCode::INSTRUCTION_NOT_FOUND,
+    ErrorCode::FILE_NOT_FOUND,
     ErrorCode::BAD_REQUEST,
     ErrorCode::PAYLOAD_TOO_LARGE,
+    ErrorCode::PERMISSION_DENIED,
     ErrorCode::METHOD_NOT_ALLOWED,
     ErrorCode::UNAUTHORIZED,
     ErrorCode::UNSUPPORTED,

@@ -25,9 +25,10 @@ pub type WireTags = BTreeMap<String, String>;
 /// 15 s): the engine's `DEFAULT_TIMEOUT`.
 pub const DEFAULT_TIMEOUT_SECONDS: i32 = evervm_engine::DEFAULT_TIMEOUT.as_secs() as i32;
 
-/// Every error. Statuses and codes: 400 `BadRequest`, 401 `Unauthorized`, 404 `MachineNotFound` /
-/// `InstructionNotFound` / `NotFound` (no such route or checkpoint), 405 `MethodNotAllowed`, 409
-/// `Conflict`, 413 `PayloadTooLarge`, 429 `LimitExceeded` (a quota or limit was hit; the message
+/// Every error. Statuses and codes: 400 `BadRequest`, 401 `Unauthorized`, 403 `PermissionDenied`
+/// (a path outside the directories files may be used in), 404 `MachineNotFound` /
+/// `InstructionNotFound` / `FileNotFound` / `NotFound` (no such route or checkpoint), 405
+/// `MethodNotAllowed`, 409 `Conflict`, 413 `PayloadTooLarge`, 429 `LimitExceeded` (a quota or limit was hit; the message
 /// names it), 500 `InternalError`, 501 `Unsupported`, 503 `MachineCrashed`. Messages never contain
 /// the server's host paths (they read `<evervm home>/...`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

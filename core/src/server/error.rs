@@ -10,7 +10,7 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use evervm_engine::{self as engine, ErrorKind};
+use evervm_engine as engine;
 
 use super::redact::Redactor;
 use crate::protocol::{ApiError, ErrorCode};
@@ -48,16 +48,6 @@ impl ApiFailure {
 
     pub(crate) fn payload_too_large(message: impl Into<String>) -> Self {
         Self::coded(&ErrorCode::PAYLOAD_TOO_LARGE, message)
-    }
-
-    /// An engine error from accepting an instruction of `code_bytes` bytes: the same as
-    /// [`ApiFailure::from`], except that code over the engine's limit is `413 PayloadTooLarge`.
-    pub(crate) fn from_exec_error(error: &engine::Error, code_bytes: usize) -> Self {
-        if error.kind() == ErrorKind::InvalidInput && code_bytes > engine::MAX_CODE_BYTES {
-            Self::payload_too_large(error.message())
-        } else {
-            Self::from(error)
-        }
     }
 
     /// The JSON body.
@@ -130,6 +120,7 @@ pub(crate) async fn redact_failure(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use evervm_engine::ErrorKind;
 
     fn mapped(error: engine::Error) -> (u16, &'static str) {
         let failure = ApiFailure::from(error);
@@ -172,18 +163,19 @@ mod tests {
     }
 
     #[test]
-    fn oversized_code_is_413_other_invalid_input_400() {
-        let invalid = engine::Error::invalid("code is too large");
-        let too_large = ApiFailure::from_exec_error(&invalid, engine::MAX_CODE_BYTES + 1);
+    fn too_large_is_413_denied_403_missing_file_404() {
         assert_eq!(
-            (too_large.status.as_u16(), too_large.code),
+            mapped(engine::Error::too_large("code is too large")),
             (413, "PayloadTooLarge")
         );
-        let small = ApiFailure::from_exec_error(&invalid, 10);
-        assert_eq!((small.status.as_u16(), small.code), (400, "BadRequest"));
-        let missing =
-            ApiFailure::from_exec_error(&engine::Error::machine_not_found("m"), usize::MAX);
-        assert_eq!(missing.code, "MachineNotFound");
+        assert_eq!(
+            mapped(engine::Error::new(ErrorKind::PermissionDenied, "outside")),
+            (403, "PermissionDenied")
+        );
+        assert_eq!(
+            mapped(engine::Error::file_not_found("/tmp/x: no such file")),
+            (404, "FileNotFound")
+        );
     }
 
     #[tokio::test]

@@ -23,12 +23,11 @@ pub(crate) async fn exec(
     WirePath(name): WirePath<String>,
     JsonBody(request): JsonBody<ExecRequest>,
 ) -> Result<Json<ExecResponse>, ApiFailure> {
-    let code_bytes = request.instruction.code.len();
     let accepted = match exec_from_wire(request.instruction, request.interrupt) {
         Ok(request) => state.engine.exec(&account, &name, request).await,
         Err(e) => Err(e),
     }
-    .map_err(|e| ApiFailure::from_exec_error(&e, code_bytes))?;
+    .map_err(|e| ApiFailure::from(&e))?;
     Ok(Json(ExecResponse {
         instruction_seq: Some(accepted.seq),
         machine: Some(name),

@@ -188,7 +188,6 @@ impl Session {
     }
 
     async fn exec(&mut self, instruction: WireInstruction, request_id: u32) -> Flow {
-        let code_bytes = instruction.code.len();
         let accepted = match exec_from_wire(instruction, false) {
             // Instructions accepted on this connection whose results it has not sent yet: a
             // client that sends far faster than it reads is told to wait.
@@ -220,12 +219,7 @@ impl Session {
             // The client waits for this exec's result: end the connection so that no client
             // hangs (the Rust SDK only logs `error` messages).
             Err(e) => {
-                fail(
-                    &mut self.socket,
-                    &ApiFailure::from_exec_error(&e, code_bytes),
-                    &self.redactor,
-                )
-                .await;
+                fail(&mut self.socket, &ApiFailure::from(&e), &self.redactor).await;
                 Flow::Stop
             }
         }

@@ -54,7 +54,7 @@ impl EngineInner {
                 }
                 // Least recently used first; a machine with work to do stays, and so does one
                 // that backs off after failed swap-outs.
-                resident.retain(|(_, _, h)| !h.has_pending_instruction() && h.may_try_swap());
+                resident.retain(|(_, _, h)| !h.has_pending_work() && h.may_try_swap());
                 resident.sort_by_key(|entry| std::cmp::Reverse(entry.0));
                 let mut victims = Vec::new();
                 for (_, bytes, handle) in resident {

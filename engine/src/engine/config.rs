@@ -38,8 +38,11 @@ pub struct Limits {
     pub max_output_bytes: usize,
     /// Instructions waiting to run on one machine. `EVERVM_MAX_QUEUED`, 256.
     pub max_queued_instructions: usize,
-    /// Operations (swap, fork, checkpoint, rollback) waiting on one machine. 16.
+    /// Operations (swap, fork, checkpoint, rollback) waiting on one machine, and file
+    /// operations waiting on one machine (each). 16.
     pub max_waiting_operations: usize,
+    /// The largest file written to or read from a machine, in bytes. `EVERVM_MAX_FILE_MB`, 256.
+    pub max_file_bytes: u64,
     /// Machines one account may have. `EVERVM_MAX_MACHINES`, 1,000.
     pub max_machines_per_account: usize,
     /// Memory of one account's resident machines together (the sum of their `memory_mb`);
@@ -69,6 +72,7 @@ impl Default for Limits {
             max_output_bytes: 16 * 1024 * 1024,
             max_queued_instructions: 256,
             max_waiting_operations: 16,
+            max_file_bytes: crate::files::DEFAULT_MAX_FILE_BYTES,
             max_machines_per_account: 1000,
             max_resident_mb_per_account: 16 * 1024,
             max_disk_mb_per_account: 20 * 1024,
@@ -97,6 +101,9 @@ impl Limits {
         };
         if let Some(mb) = number("EVERVM_MAX_OUTPUT_MB") {
             limits.max_output_bytes = (mb as usize).saturating_mul(1024 * 1024);
+        }
+        if let Some(mb) = number("EVERVM_MAX_FILE_MB") {
+            limits.max_file_bytes = mb.saturating_mul(1024 * 1024);
         }
         if let Some(n) = number("EVERVM_MAX_QUEUED") {
             limits.max_queued_instructions = n as usize;

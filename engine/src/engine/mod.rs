@@ -7,6 +7,7 @@
 
 mod budget;
 mod config;
+mod files;
 mod forever;
 mod home;
 mod inner;

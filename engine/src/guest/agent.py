@@ -5,12 +5,22 @@ stdin/stdout, moved to private descriptors at start; file descriptors 1 and 2 th
 whose contents are sent to the host as output, so nothing the user's code, a C extension or a
 subprocess writes can corrupt the channel.
 
-Frames, both directions: a 4-byte big-endian length, then that many bytes of UTF-8 JSON.
+Frames, both directions: a 4-byte big-endian length, then that many bytes: UTF-8 JSON, or a
+binary frame whose first byte says what it is ("O" output, "D" file data).
 
 Host -> agent:
   {"op": "exec", "id": N, "code": "...", "timeout_ms": T}
   {"op": "interrupt", "id": N}
   {"op": "reseed"}   (after a fork: new seeds for random and numpy.random; answered by `ready`)
+  File operations, between instructions, each with "path" and "roots" (the directories the
+  caller may touch; a path is resolved here, one component at a time, and refused if it or a
+  symlink on its way leaves them):
+  {"op": "stat", ...}, {"op": "list", ..., "limit": N}, {"op": "mkdir", ..., "parents": B},
+  {"op": "remove", ..., "recursive": B}: answered by a `file` event or a `file_error`
+  {"op": "read", ..., "limit": BYTES}: `file` (with info), "D" frames, then `file_end`
+  {"op": "write", ..., "mode": M | null, "parents": B}: `file` once it may start, then the host
+  sends "D" frames (the byte "D", then data) and {"op": "write_end"} or {"op": "write_abort"};
+  answered by `file` (with info) or `file_error`. The file appears whole or not at all.
 Agent -> host:
   {"ev": "ready", "python": "3.11.2", "pid": P}
   output, as a binary frame (no JSON escaping of large text): the byte "O", the byte "o"
@@ -19,6 +29,10 @@ Agent -> host:
   {"ev": "result", "id": N, "value": "..." | null, "data": {...} | null, "runtime_ms": R}
   {"ev": "result", "id": N, "error": "...", "cause": "exception" | "timeout" | "interrupted",
    "runtime_ms": R}
+  {"ev": "file", "info": {...} | null, "entries": [...] | null, "truncated": B}
+  {"ev": "file_error", "kind": "not_found" | "denied" | "exists" | ..., "error": "..."}
+  file data as binary frames: the byte "D", then the data
+  {"ev": "file_end", "size": BYTES}
 """
 
 import ast
@@ -117,7 +131,8 @@ class ChannelReader:
         return True
 
     def receive(self):
-        """The next request, or None once the host has closed the channel."""
+        """The next request (a dict, or the bytes of a data frame), or None once the host has
+        closed the channel."""
         if not self._fill(4):
             return None
         (length,) = struct.unpack(">I", self.buffer[:4])
@@ -127,6 +142,8 @@ class ChannelReader:
             return None
         payload = bytes(self.buffer[4:4 + length])
         del self.buffer[:4 + length]
+        if payload[:1] == b"D":
+            return payload[1:]
         return json.loads(payload.decode("utf-8"))
 
 
@@ -455,7 +472,7 @@ class Watcher:
                     request = CHANNEL.receive()
                 except Exception:
                     request = None
-                if request is not None and request.get("op") == "interrupt":
+                if isinstance(request, dict) and request.get("op") == "interrupt":
                     if request.get("id") == STATE.current:
                         interrupt("interrupt")
                         resend_at = time.monotonic() + RESEND_AFTER
@@ -617,6 +634,409 @@ def run_instruction(machine, captures, request):
     send(event)
 
 
+# --- files -------------------------------------------------------------------------------------
+#
+# Paths are resolved here, inside the sandbox, never on the host: from `/`, one component at a
+# time, through directory descriptors, never following a symlink without resolving its target
+# the same way. The walk may only pass through the allowed roots and the directories above them,
+# so `..`, an absolute path or a symlink that leads elsewhere is refused.
+
+FILE_CHUNK = 256 * 1024
+MAX_SYMLINKS = 40
+
+
+class FileError(Exception):
+    def __init__(self, kind, message):
+        super().__init__(message)
+        self.kind = kind
+
+
+def _os_error(exc, path):
+    import errno
+
+    kinds = {
+        errno.ENOENT: "not_found",
+        errno.EEXIST: "exists",
+        errno.ENOTEMPTY: "not_empty",
+        errno.EISDIR: "is_a_directory",
+        errno.ENOTDIR: "not_a_directory",
+        errno.EACCES: "denied",
+        errno.EPERM: "denied",
+        errno.ELOOP: "denied",
+        errno.ENOSPC: "no_space",
+        errno.EDQUOT: "no_space",
+        errno.ENAMETOOLONG: "invalid",
+    }
+    return FileError(kinds.get(exc.errno, "io"), "%s: %s" % (path, exc.strerror or exc))
+
+
+def _split(path):
+    return [part for part in path.split("/") if part not in ("", ".")]
+
+
+class Resolved:
+    """Where a path leads: the descriptor of the directory that holds it, its name there (None
+    for `/` itself) and its components from `/`."""
+
+    def __init__(self, fds, parts, name):
+        self.fds = fds
+        self.parts = parts
+        self.name = name
+        # Whether it is one of the roots itself (which is never removed).
+        self.is_root = False
+
+    @property
+    def dir_fd(self):
+        return self.fds[-1]
+
+    @property
+    def path(self):
+        return "/" + "/".join(self.parts + ([self.name] if self.name is not None else []))
+
+    def close(self):
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+
+def _open_dir(name, dir_fd):
+    flags = os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_PATH", os.O_RDONLY)
+    return os.open(name, flags, dir_fd=dir_fd)
+
+
+def resolve(request, follow_last=True, make_parents=False):
+    """Resolves the request's path under its roots (see above). Relative paths and `~/` start at
+    the home; the last component need not exist. With `make_parents`, missing directories on
+    the way are made (inside the roots only)."""
+    import stat as stat_module
+
+    path = request.get("path")
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise FileError("invalid", "the path must be a non-empty string without NUL")
+    home = os.path.expanduser("~")
+    if path == "~" or path.startswith("~/"):
+        path = home + path[1:]
+    elif not path.startswith("/"):
+        path = home + "/" + path
+    roots = [_split(root) for root in request.get("roots") or [home]]
+
+    def inside(parts):
+        return any(parts[:len(root)] == root for root in roots)
+
+    def on_the_way(parts):
+        return inside(parts) or any(root[:len(parts)] == parts for root in roots)
+
+    def refused():
+        return FileError(
+            "denied",
+            "%s: outside the directories files may be used in (%s)"
+            % (request.get("path"), ", ".join("/" + "/".join(r) for r in roots)),
+        )
+
+    def shown(parts):
+        return "/" + "/".join(parts)
+
+    fds = [_open_dir("/", None)]
+    parts = []
+    pending = _split(path)
+    name = None
+    links = 0
+    try:
+        while pending:
+            part = pending.pop(0)
+            if part == "..":
+                if parts:
+                    parts.pop()
+                    os.close(fds.pop())
+                continue
+            if not on_the_way(parts + [part]):
+                raise refused()
+            last = not pending
+            if last and not follow_last:
+                name = part
+                break
+            try:
+                st = os.stat(part, dir_fd=fds[-1], follow_symlinks=False)
+            except FileNotFoundError:
+                if last:
+                    name = part
+                    break
+                if not make_parents or not inside(parts + [part]):
+                    raise FileError("not_found", "%s: no such directory" % shown(parts + [part]))
+                os.mkdir(part, 0o755, dir_fd=fds[-1])
+                st = os.stat(part, dir_fd=fds[-1], follow_symlinks=False)
+            if stat_module.S_ISLNK(st.st_mode):
+                links += 1
+                if links > MAX_SYMLINKS:
+                    raise FileError("denied", "%s: too many symlinks" % request.get("path"))
+                target = os.readlink(part, dir_fd=fds[-1])
+                if target.startswith("/"):
+                    while len(fds) > 1:
+                        os.close(fds.pop())
+                    parts = []
+                pending = _split(target) + pending
+                continue
+            if last:
+                name = part
+                break
+            if not stat_module.S_ISDIR(st.st_mode):
+                raise FileError("not_a_directory", "%s: not a directory" % shown(parts + [part]))
+            fds.append(_open_dir(part, fds[-1]))
+            parts.append(part)
+        if name is None:
+            # The path ends at a directory the walk entered (`/tmp`, `a/..`): its parent holds it.
+            if not parts:
+                raise refused()
+            name = parts.pop()
+            os.close(fds.pop())
+        if not inside(parts + [name]):
+            raise refused()
+        resolved = Resolved(fds, parts, name)
+        resolved.is_root = parts + [name] in roots
+        return resolved
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def _file_info(resolved_path, st):
+    import stat as stat_module
+
+    if stat_module.S_ISREG(st.st_mode):
+        kind = "file"
+    elif stat_module.S_ISDIR(st.st_mode):
+        kind = "directory"
+    elif stat_module.S_ISLNK(st.st_mode):
+        kind = "symlink"
+    else:
+        kind = "other"
+    return {
+        "path": resolved_path,
+        "type": kind,
+        "size": st.st_size,
+        "mode": stat_module.S_IMODE(st.st_mode),
+        "mtime": st.st_mtime,
+    }
+
+
+def _stat(resolved, follow=True):
+    try:
+        st = os.stat(resolved.name, dir_fd=resolved.dir_fd, follow_symlinks=follow)
+    except OSError as exc:
+        raise _os_error(exc, resolved.path)
+    return _file_info(resolved.path, st)
+
+
+def op_stat(request):
+    resolved = resolve(request)
+    try:
+        send({"ev": "file", "info": _stat(resolved)})
+    finally:
+        resolved.close()
+
+
+def op_list(request):
+    resolved = resolve(request)
+    try:
+        try:
+            fd = os.open(resolved.name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC,
+                         dir_fd=resolved.dir_fd)
+        except OSError as exc:
+            raise _os_error(exc, resolved.path)
+        limit = max(0, int(request.get("limit", 10000)))
+        entries = []
+        truncated = False
+        try:
+            for name in sorted(os.listdir(fd)):
+                if len(entries) >= limit:
+                    truncated = True
+                    break
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except OSError:
+                    continue
+                entries.append(_file_info(resolved.path.rstrip("/") + "/" + name, st))
+        finally:
+            os.close(fd)
+        send({"ev": "file", "info": _stat(resolved), "entries": entries, "truncated": truncated})
+    finally:
+        resolved.close()
+
+
+def op_mkdir(request):
+    parents = bool(request.get("parents"))
+    resolved = resolve(request, make_parents=parents)
+    try:
+        try:
+            os.mkdir(resolved.name, 0o755, dir_fd=resolved.dir_fd)
+        except FileExistsError as exc:
+            if not parents or _stat(resolved)["type"] != "directory":
+                raise _os_error(exc, resolved.path)
+        except OSError as exc:
+            raise _os_error(exc, resolved.path)
+        send({"ev": "file", "info": _stat(resolved)})
+    finally:
+        resolved.close()
+
+
+def op_remove(request):
+    import shutil
+
+    resolved = resolve(request, follow_last=False)
+    try:
+        if resolved.is_root:
+            raise FileError("denied", "%s: a root of the files may not be removed" % resolved.path)
+        info = _stat(resolved, follow=False)
+        try:
+            if info["type"] != "directory":
+                os.unlink(resolved.name, dir_fd=resolved.dir_fd)
+            elif request.get("recursive"):
+                shutil.rmtree(resolved.name, dir_fd=resolved.dir_fd)
+            else:
+                os.rmdir(resolved.name, dir_fd=resolved.dir_fd)
+        except OSError as exc:
+            raise _os_error(exc, resolved.path)
+        send({"ev": "file", "info": info})
+    finally:
+        resolved.close()
+
+
+def op_read(request):
+    import stat as stat_module
+
+    resolved = resolve(request)
+    try:
+        try:
+            fd = os.open(resolved.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=resolved.dir_fd)
+        except OSError as exc:
+            raise _os_error(exc, resolved.path)
+    finally:
+        resolved.close()
+    try:
+        st = os.fstat(fd)
+        if stat_module.S_ISDIR(st.st_mode):
+            raise FileError("is_a_directory", "%s: is a directory" % resolved.path)
+        if not stat_module.S_ISREG(st.st_mode):
+            raise FileError("invalid", "%s: not a regular file" % resolved.path)
+        limit = request.get("limit")
+        if limit is not None and st.st_size > limit:
+            raise FileError(
+                "too_large", "%s: %d bytes, over the limit of %d" % (resolved.path, st.st_size, limit)
+            )
+        send({"ev": "file", "info": _file_info(resolved.path, st)})
+        # The size announced is the most that is sent: a file that grows meanwhile is cut there,
+        # one that shrinks ends early (and the host reports it incomplete).
+        remaining = st.st_size
+        sent = 0
+        while remaining > 0:
+            data = os.read(fd, min(FILE_CHUNK, remaining))
+            if not data:
+                break
+            _send_data(data)
+            sent += len(data)
+            remaining -= len(data)
+        send({"ev": "file_end", "size": sent})
+    finally:
+        os.close(fd)
+
+
+def _send_data(data):
+    with _out_lock:
+        _write_all([struct.pack(">I", len(data) + 1), b"D", data])
+
+
+def op_write(request):
+    import secrets
+
+    parents = bool(request.get("parents"))
+    resolved = resolve(request, make_parents=parents)
+    temp = None
+    fd = None
+    try:
+        try:
+            existing = _stat(resolved)
+        except FileError as exc:
+            if exc.kind != "not_found":
+                raise
+            existing = None
+        if existing is not None and existing["type"] == "directory":
+            raise FileError("is_a_directory", "%s: is a directory" % resolved.path)
+        mode = request.get("mode")
+        if mode is None:
+            mode = existing["mode"] if existing is not None else 0o644
+        temp = ".%s.evervm-%s" % (resolved.name[:64], secrets.token_hex(6))
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600, dir_fd=resolved.dir_fd)
+        except OSError as exc:
+            temp = None
+            raise _os_error(exc, resolved.path)
+        send({"ev": "file"})
+        failure = None
+        while True:
+            frame = CHANNEL.receive()
+            if frame is None:
+                return
+            if isinstance(frame, bytes):
+                if failure is None:
+                    try:
+                        view = memoryview(frame)
+                        while view:
+                            view = view[os.write(fd, view):]
+                    except OSError as exc:
+                        failure = _os_error(exc, resolved.path)
+                continue
+            op = frame.get("op")
+            if op == "write_end" and failure is None:
+                try:
+                    os.fchmod(fd, mode & 0o7777)
+                    os.close(fd)
+                    fd = None
+                    os.rename(temp, resolved.name, src_dir_fd=resolved.dir_fd,
+                              dst_dir_fd=resolved.dir_fd)
+                    temp = None
+                except OSError as exc:
+                    raise _os_error(exc, resolved.path)
+                send({"ev": "file", "info": _stat(resolved)})
+                return
+            if op in ("write_end", "write_abort"):
+                raise failure or FileError("aborted", "%s: the upload was abandoned" % resolved.path)
+    finally:
+        if fd is not None:
+            os.close(fd)
+        if temp is not None:
+            try:
+                os.unlink(temp, dir_fd=resolved.dir_fd)
+            except OSError:
+                pass
+        resolved.close()
+
+
+FILE_OPERATIONS = {
+    "stat": op_stat,
+    "list": op_list,
+    "mkdir": op_mkdir,
+    "remove": op_remove,
+    "read": op_read,
+    "write": op_write,
+}
+
+
+def file_operation(request):
+    try:
+        FILE_OPERATIONS[request["op"]](request)
+    except FileError as exc:
+        send({"ev": "file_error", "kind": exc.kind, "error": str(exc)})
+    except OSError as exc:
+        error = _os_error(exc, request.get("path"))
+        send({"ev": "file_error", "kind": error.kind, "error": str(error)})
+    except Exception as exc:
+        send({"ev": "file_error", "kind": "io", "error": "%s: %s" % (type(exc).__name__, exc)})
+
+
+
 def reseed():
     """New seeds from the kernel for the generators a copy of this process would share."""
     import random
@@ -641,7 +1061,7 @@ def next_request():
                 request = CHANNEL.receive()
             except Exception:
                 request = None
-        if request is None or request.get("op") != "interrupt":
+        if request is None or (isinstance(request, dict) and request.get("op") != "interrupt"):
             return request
 
 
@@ -682,6 +1102,8 @@ def main():
             elif request.get("op") == "reseed":
                 reseed()
                 send({"ev": "ready", "python": sys.version.split()[0], "pid": os.getpid()})
+            elif request.get("op") in FILE_OPERATIONS:
+                file_operation(request)
         except KeyboardInterrupt:
             continue
     os._exit(0)

@@ -1,10 +1,12 @@
-//! Framing of the agent channel: a 4-byte big-endian length, then that many bytes of UTF-8 JSON.
+//! Framing of the agent channel: a 4-byte big-endian length, then that many bytes: UTF-8 JSON, or
+//! a binary frame whose first byte says what it is (`O` output, `D` file data).
 //!
 //! Everything here treats the guest as hostile: lengths are checked before anything is buffered,
 //! and a frame that does not decode is an error for that machine only.
 
 use serde::{Deserialize, Serialize};
 
+use crate::files::{FileInfo, FileKind, MAX_LIST_ENTRIES, MAX_PATH_BYTES};
 use crate::types::{FailureCause, OutputStream};
 
 /// Largest frame either side accepts (a result can carry a large PNG).
@@ -96,6 +98,54 @@ pub enum AgentRequest {
     /// Reseed the interpreter's random generators (after a fork or a base snapshot's restore:
     /// every copy would draw the same numbers); the agent answers `ready`.
     Reseed,
+    /// File operations (between instructions): `path` is resolved by the agent under `roots`
+    /// (none: the machine's home). Answered by `file` or `file_error`.
+    Stat {
+        path: String,
+        roots: Vec<String>,
+    },
+    List {
+        path: String,
+        roots: Vec<String>,
+        limit: usize,
+    },
+    Mkdir {
+        path: String,
+        roots: Vec<String>,
+        parents: bool,
+    },
+    Remove {
+        path: String,
+        roots: Vec<String>,
+        recursive: bool,
+    },
+    /// Answered by `file` (with info), data frames, then `file_end`.
+    Read {
+        path: String,
+        roots: Vec<String>,
+        limit: u64,
+    },
+    /// Answered by `file` once the data may come (data frames, then `WriteEnd` or
+    /// `WriteAbort`), and after the end by `file` (with info) or `file_error`.
+    Write {
+        path: String,
+        roots: Vec<String>,
+        mode: Option<u32>,
+        parents: bool,
+    },
+    WriteEnd,
+    WriteAbort,
+}
+
+/// The header of a data frame carrying `len` bytes of file data: the length, then `D`.
+pub fn data_frame_header(len: usize) -> Result<[u8; 5], ProtocolError> {
+    if len >= MAX_FRAME {
+        return Err(ProtocolError::Oversized(len + 1));
+    }
+    let mut header = [0u8; 5];
+    header[..4].copy_from_slice(&((len + 1) as u32).to_be_bytes());
+    header[4] = b'D';
+    Ok(header)
 }
 
 impl AgentRequest {
@@ -124,7 +174,65 @@ pub enum AgentEvent {
         data: Option<serde_json::Value>,
         runtime_ms: u64,
     },
+    /// A file operation's answer: the file it concerned (none: a write may start), and for a
+    /// listing the directory's entries.
+    File {
+        info: Option<FileInfo>,
+        entries: Option<Vec<FileInfo>>,
+        truncated: bool,
+    },
+    FileError {
+        failure: FileFailure,
+        message: String,
+    },
+    /// A piece of a file being read.
+    FileData(Vec<u8>),
+    /// The end of a file being read, and how many bytes were sent.
+    FileEnd {
+        size: u64,
+    },
 }
+
+/// Why the agent refused or failed a file operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileFailure {
+    NotFound,
+    /// Outside the roots, or the machine's user may not.
+    Denied,
+    Exists,
+    NotEmpty,
+    IsADirectory,
+    NotADirectory,
+    /// The machine's filesystem is full.
+    NoSpace,
+    TooLarge,
+    /// The write was abandoned (the caller's data ended in an error).
+    Aborted,
+    Invalid,
+    /// Anything else (an I/O error, or a kind this engine does not know).
+    Io,
+}
+
+impl FileFailure {
+    fn parse(text: &str) -> Self {
+        match text {
+            "not_found" => FileFailure::NotFound,
+            "denied" => FileFailure::Denied,
+            "exists" => FileFailure::Exists,
+            "not_empty" => FileFailure::NotEmpty,
+            "is_a_directory" => FileFailure::IsADirectory,
+            "not_a_directory" => FileFailure::NotADirectory,
+            "no_space" => FileFailure::NoSpace,
+            "too_large" => FileFailure::TooLarge,
+            "aborted" => FileFailure::Aborted,
+            "invalid" => FileFailure::Invalid,
+            _ => FileFailure::Io,
+        }
+    }
+}
+
+/// The longest file error message kept from the agent.
+const MAX_FILE_ERROR_BYTES: usize = 8 * 1024;
 
 /// How the agent says an instruction ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -152,6 +260,66 @@ struct RawEvent {
     cause: Option<String>,
     #[serde(default)]
     runtime_ms: Option<u64>,
+    #[serde(default)]
+    info: Option<RawFileInfo>,
+    #[serde(default)]
+    entries: Option<Vec<RawFileInfo>>,
+    #[serde(default)]
+    truncated: Option<bool>,
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    size: Option<u64>,
+}
+
+/// A file as the agent describes it; checked by [`RawFileInfo::check`].
+#[derive(Deserialize)]
+struct RawFileInfo {
+    path: String,
+    #[serde(rename = "type")]
+    kind: String,
+    size: u64,
+    mode: u32,
+    mtime: f64,
+}
+
+impl RawFileInfo {
+    fn check(self) -> Result<FileInfo, ProtocolError> {
+        let malformed = |what: &str| ProtocolError::Malformed(format!("file info {what}"));
+        if self.path.len() > MAX_PATH_BYTES || !self.path.starts_with('/') {
+            return Err(malformed("has a path that is not absolute or is too long"));
+        }
+        let kind = FileKind::parse(&self.kind).ok_or_else(|| malformed("has an unknown type"))?;
+        if self.mode > 0o7777 {
+            return Err(malformed("has a mode beyond 7777"));
+        }
+        // To the microsecond (what a double holds of a time now); none before 1970 or after 2286.
+        let modified = (self.mtime.is_finite() && (0.0..1e10).contains(&self.mtime))
+            .then(|| {
+                let micros = (self.mtime * 1e6).round() as i64;
+                chrono::DateTime::from_timestamp_micros(micros)
+            })
+            .flatten();
+        Ok(FileInfo {
+            path: self.path,
+            kind,
+            size: self.size,
+            mode: self.mode,
+            modified,
+        })
+    }
+}
+
+/// Cuts a text the guest sent to at most `max` bytes, at a character boundary.
+fn bounded(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
 }
 
 /// Decodes a binary output frame: `O`, `o` or `e`, a big-endian i64 id (-1: none), UTF-8 text.
@@ -179,10 +347,22 @@ fn decode_output(payload: &[u8]) -> Result<AgentEvent, ProtocolError> {
     })
 }
 
-/// Decodes and validates one event payload: a binary output frame, or a JSON event.
+/// Decodes and validates one event payload taken whole from the channel (a file data frame
+/// keeps its buffer).
+pub fn decode_frame(mut payload: Vec<u8>) -> Result<AgentEvent, ProtocolError> {
+    if payload.first() == Some(&b'D') {
+        payload.remove(0);
+        return Ok(AgentEvent::FileData(payload));
+    }
+    decode_event(&payload)
+}
+
+/// Decodes and validates one event payload: a binary output or file data frame, or a JSON event.
 pub fn decode_event(payload: &[u8]) -> Result<AgentEvent, ProtocolError> {
-    if payload.first() == Some(&b'O') {
-        return decode_output(payload);
+    match payload.first() {
+        Some(&b'O') => return decode_output(payload),
+        Some(&b'D') => return Ok(AgentEvent::FileData(payload[1..].to_vec())),
+        _ => {}
     }
     let raw: RawEvent =
         serde_json::from_slice(payload).map_err(|e| ProtocolError::Malformed(e.to_string()))?;
@@ -235,6 +415,33 @@ pub fn decode_event(payload: &[u8]) -> Result<AgentEvent, ProtocolError> {
                 runtime_ms: raw.runtime_ms.unwrap_or(0),
             })
         }
+        "file" => {
+            let info = raw.info.map(RawFileInfo::check).transpose()?;
+            let entries = match raw.entries {
+                Some(entries) if entries.len() > MAX_LIST_ENTRIES => {
+                    return Err(malformed("lists too many entries"));
+                }
+                Some(entries) => Some(
+                    entries
+                        .into_iter()
+                        .map(RawFileInfo::check)
+                        .collect::<Result<Vec<_>, _>>()?,
+                ),
+                None => None,
+            };
+            Ok(AgentEvent::File {
+                info,
+                entries,
+                truncated: raw.truncated.unwrap_or(false),
+            })
+        }
+        "file_error" => Ok(AgentEvent::FileError {
+            failure: FileFailure::parse(raw.kind.as_deref().unwrap_or_default()),
+            message: bounded(raw.error.unwrap_or_default(), MAX_FILE_ERROR_BYTES),
+        }),
+        "file_end" => Ok(AgentEvent::FileEnd {
+            size: raw.size.ok_or_else(|| malformed("has no size"))?,
+        }),
         other => Err(ProtocolError::Malformed(format!(
             "unknown event type {other:?}"
         ))),
@@ -348,6 +555,60 @@ mod tests {
         );
         assert!(decode_event(b"Ox").is_err());
         assert!(decode_event(b"Oo123").is_err());
+    }
+
+    #[test]
+    fn decodes_file_events_and_refuses_bad_ones() {
+        let event = decode_event(
+            br#"{"ev":"file","info":{"path":"/tmp/a","type":"file","size":3,"mode":420,"mtime":1.5}}"#,
+        )
+        .unwrap();
+        let AgentEvent::File {
+            info: Some(info), ..
+        } = event
+        else {
+            panic!("not a file event: {event:?}");
+        };
+        assert_eq!(
+            (info.kind, info.size, info.mode),
+            (FileKind::File, 3, 0o644)
+        );
+        assert_eq!(
+            info.modified.map(|m| m.timestamp_millis()),
+            Some(1500),
+            "{info:?}"
+        );
+        for bad in [
+            r#"{"ev":"file","info":{"path":"tmp/a","type":"file","size":3,"mode":420,"mtime":1}}"#,
+            r#"{"ev":"file","info":{"path":"/a","type":"pipe","size":3,"mode":420,"mtime":1}}"#,
+            r#"{"ev":"file","info":{"path":"/a","type":"file","size":-1,"mode":420,"mtime":1}}"#,
+            r#"{"ev":"file","info":{"path":"/a","type":"file","size":1,"mode":99999,"mtime":1}}"#,
+            r#"{"ev":"file_end"}"#,
+        ] {
+            assert!(decode_event(bad.as_bytes()).is_err(), "{bad}");
+        }
+        let error = decode_event(br#"{"ev":"file_error","kind":"denied","error":"no"}"#).unwrap();
+        assert_eq!(
+            error,
+            AgentEvent::FileError {
+                failure: FileFailure::Denied,
+                message: "no".into()
+            }
+        );
+        assert_eq!(
+            decode_frame(b"Dabc".to_vec()).unwrap(),
+            AgentEvent::FileData(b"abc".to_vec())
+        );
+        let long = format!(
+            r#"{{"ev":"file_error","kind":"?","error":"{}"}}"#,
+            "é".repeat(9000)
+        );
+        let AgentEvent::FileError { failure, message } = decode_event(long.as_bytes()).unwrap()
+        else {
+            panic!("not a file error");
+        };
+        assert_eq!(failure, FileFailure::Io);
+        assert!(message.len() <= MAX_FILE_ERROR_BYTES);
     }
 
     proptest! {

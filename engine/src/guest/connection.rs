@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use super::channel::{AgentEvent, AgentRequest, FrameDecoder, decode_event};
+use super::channel::{AgentEvent, AgentRequest, FrameDecoder, decode_frame};
 use crate::error::{Error, Result};
 
 /// Boxed halves of a channel, as a sandbox hands them out.
@@ -147,6 +147,17 @@ impl AgentConnection {
             .map_err(|e| Error::crashed(format!("the agent channel is closed: {e}")))
     }
 
+    /// Sends a piece of file data (a write's), without copying it into a frame first.
+    pub async fn send_data(&mut self, data: &[u8]) -> Result<()> {
+        let header = super::channel::data_frame_header(data.len())
+            .map_err(|e| Error::invalid(e.to_string()))?;
+        let closed =
+            |e: std::io::Error| Error::crashed(format!("the agent channel is closed: {e}"));
+        self.writer.write_all(&header).await.map_err(closed)?;
+        self.writer.write_all(data).await.map_err(closed)?;
+        self.writer.flush().await.map_err(closed)
+    }
+
     /// The next event; `Err` when the channel broke or the agent misbehaved.
     pub async fn next_event(&mut self) -> Result<AgentEvent> {
         match self.events.recv().await {
@@ -187,7 +198,7 @@ async fn read_events(mut reader: ChannelReader, tx: mpsc::Sender<Result<AgentEve
         loop {
             let event = match decoder.next_frame() {
                 Ok(None) => break,
-                Ok(Some(payload)) => decode_event(&payload),
+                Ok(Some(payload)) => decode_frame(payload),
                 Err(e) => Err(e),
             };
             let failed = event.is_err();

@@ -2,6 +2,7 @@
 //! at a time, in the order they were accepted (`task.rs`), how it goes to disk and comes back
 //! (`swap.rs`), and the live state that streams read (`live.rs`).
 
+mod files;
 mod live;
 mod swap;
 mod task;
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 
+pub(crate) use self::files::{FileOperation, FileOutcome};
 pub(crate) use self::live::LiveInstruction;
 use crate::engine::EngineInner;
 use crate::error::{Error, Result};
@@ -37,10 +39,25 @@ struct Job {
     live: Arc<LiveInstruction>,
 }
 
+/// What waits in a machine's queue, in the order accepted.
+enum Work {
+    Instruction(Job),
+    Files(files::FileJob),
+}
+
+impl MachineState {
+    /// An instruction or a file operation is queued or running.
+    fn has_work(&self) -> bool {
+        self.running.is_some() || !self.queued.is_empty() || self.file_operations > 0
+    }
+}
+
 #[derive(Default)]
 struct MachineState {
     queued: HashSet<i64>,
     cancelled: HashSet<i64>,
+    /// File operations accepted and not yet finished.
+    file_operations: usize,
     running: Option<i64>,
     /// True while the machine has a sandbox.
     resident: bool,
@@ -96,7 +113,7 @@ pub(crate) struct MachineHandle {
     pub durability: Durability,
     /// Unbounded as a channel, bounded by [`crate::Limits::max_queued_instructions`]: an
     /// instruction is refused before it is sent when the queue is full.
-    jobs: mpsc::UnboundedSender<Job>,
+    jobs: mpsc::UnboundedSender<Work>,
     controls: mpsc::Sender<Control>,
     /// Held while an instruction gets its seq and its place in the queue, so that both agree.
     enqueueing: tokio::sync::Mutex<()>,
@@ -174,7 +191,7 @@ impl MachineHandle {
     /// Resident and waiting for work: it can be asked to swap out at once.
     pub(crate) fn idle_resident(&self) -> bool {
         let state = lock(&self.state);
-        state.resident && !state.busy && state.running.is_none() && state.queued.is_empty()
+        state.resident && !state.busy && !state.has_work()
     }
 
     /// Memory the machine's sandbox holds (a reading at most [`MEMORY_READING_TTL`] old); 0
@@ -221,6 +238,11 @@ impl MachineHandle {
     pub(crate) fn has_pending_instruction(&self) -> bool {
         let state = lock(&self.state);
         state.running.is_some() || !state.queued.is_empty()
+    }
+
+    /// An instruction or a file operation is queued or running.
+    pub(crate) fn has_pending_work(&self) -> bool {
+        lock(&self.state).has_work()
     }
 
     /// Whether the idle swapper may try to swap this machine out now (not while it backs off
@@ -323,10 +345,51 @@ impl MachineHandle {
             timeout,
             live,
         };
-        if self.jobs.send(job).is_err() {
+        if self.jobs.send(Work::Instruction(job)).is_err() {
             return Err(Error::machine_not_found(self.name.as_str()));
         }
         Ok(seq)
+    }
+
+    /// Runs a file operation in its turn among the machine's instructions (see `files.rs`).
+    /// Refused when [`crate::Limits::max_waiting_operations`] file operations already wait.
+    pub(crate) async fn file_operation(
+        &self,
+        engine: &EngineInner,
+        operation: FileOperation,
+    ) -> Result<FileOutcome> {
+        let (reply, answer) = oneshot::channel();
+        {
+            let _order = self.enqueueing.lock().await;
+            if self.deleted.load(Ordering::SeqCst) {
+                return Err(Error::machine_not_found(self.name.as_str()));
+            }
+            let limit = engine.config.limits.max_waiting_operations.max(1);
+            let mut state = lock(&self.state);
+            if state.file_operations >= limit {
+                return Err(Error::limit_exceeded(format!(
+                    "machine {} already has {limit} file operations waiting: try again when                      they are done",
+                    self.name
+                )));
+            }
+            state.file_operations += 1;
+            let job = files::FileJob { operation, reply };
+            if self.jobs.send(Work::Files(job)).is_err() {
+                state.file_operations -= 1;
+                return Err(Error::machine_not_found(self.name.as_str()));
+            }
+        }
+        self.touch();
+        let answered = answer
+            .await
+            .map_err(|_| Error::machine_not_found(self.name.as_str()))?;
+        self.touch();
+        answered
+    }
+
+    fn file_operation_done(&self) {
+        let mut state = lock(&self.state);
+        state.file_operations = state.file_operations.saturating_sub(1);
     }
 
     /// The live state of an instruction, if it is queued, running, or just finished and not
@@ -403,8 +466,7 @@ impl MachineHandle {
         idle_enough
             && !state.resident
             && !state.busy
-            && state.running.is_none()
-            && state.queued.is_empty()
+            && !state.has_work()
             && state.snapshot_at.is_some()
             && !state.snapshot_compressed
     }

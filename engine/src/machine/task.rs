@@ -12,9 +12,9 @@ use super::swap::{
     Save, acquire, become_resident, compress_swapped, copy_out, recovery_note, rollback, save,
     swap_out,
 };
-use super::{Control, Job, MachineHandle};
+use super::{Control, Job, MachineHandle, Work};
 use crate::engine::EngineInner;
-use crate::error::Error;
+use crate::error::{Error, Result};
 use crate::guest::channel::{AgentEvent, AgentOutcome, AgentRequest};
 use crate::pool::Resident;
 use crate::store::{OutputBatches, Pending};
@@ -27,7 +27,7 @@ const STORE_OUTPUT_EVERY_BYTES: usize = 1024 * 1024;
 pub(super) async fn run(
     engine: Arc<EngineInner>,
     machine: Arc<MachineHandle>,
-    mut queue: mpsc::UnboundedReceiver<Job>,
+    mut queue: mpsc::UnboundedReceiver<Work>,
     mut controls: mpsc::Receiver<Control>,
     eager: bool,
 ) {
@@ -54,8 +54,17 @@ pub(super) async fn run(
                 if machine.deleted.load(Ordering::SeqCst) { None } else { continue }
             }
         };
-        let Some(job) = job else { break };
+        let Some(work) = job else { break };
         machine.set_busy(true);
+        let job = match work {
+            Work::Instruction(job) => job,
+            Work::Files(file_job) => {
+                super::files::run(&engine, &machine, &mut resident, file_job).await;
+                machine.file_operation_done();
+                machine.set_resident(resident.as_ref());
+                continue;
+            }
+        };
         let mut result = if machine.start_job(&job) {
             if let Some(hook) = &engine.config.hooks.before_run {
                 hook(machine.name.to_string()).await;
@@ -91,11 +100,21 @@ pub(super) async fn run(
     }
     // Anything still queued (the machine was deleted) ends as interrupted.
     queue.close();
-    while let Ok(job) = queue.try_recv() {
-        job.live.finish(ExecResult::failure(
-            FailureCause::Interrupted,
-            "Instruction interrupted: the machine was deleted",
-        ));
+    while let Ok(work) = queue.try_recv() {
+        match work {
+            Work::Instruction(job) => {
+                job.live.finish(ExecResult::failure(
+                    FailureCause::Interrupted,
+                    "Instruction interrupted: the machine was deleted",
+                ));
+            }
+            Work::Files(file_job) => {
+                let _ = file_job
+                    .reply
+                    .send(Err(Error::machine_not_found(machine.name.as_str())));
+                machine.file_operation_done();
+            }
+        }
     }
     controls.close();
     while let Ok(control) = controls.try_recv() {
@@ -200,7 +219,7 @@ async fn handle_control(
         }
         Control::Compress(reply) => {
             // An instruction waiting goes first: the compression is tried again later.
-            let compressed = if resident.is_some() || machine.has_pending_instruction() {
+            let compressed = if resident.is_some() || machine.has_pending_work() {
                 Ok(false)
             } else {
                 compress_swapped(engine, machine, crate::sandbox::Effort::Small).await
@@ -285,31 +304,20 @@ async fn run_instruction(
     output: &mut OutputToStore,
 ) -> ExecResult {
     let note = recovery_note(engine, machine).await;
-    let mut current = match resident.take() {
-        Some(r) => r,
-        None => match acquire(engine, machine).await {
-            Ok(r) => {
-                machine.set_resident(Some(&r));
-                engine.keep_within_budget();
-                r
-            }
-            Err(e) => {
-                engine
-                    .record_machine_error(&machine.name, Some(&e.to_string()))
-                    .await;
-                return if e.kind() == crate::ErrorKind::LimitExceeded {
-                    ExecResult::failure(
-                        FailureCause::LimitExceeded,
-                        format!("LimitExceeded: the machine could not start: {e}"),
-                    )
-                } else {
-                    ExecResult::failure(
-                        FailureCause::MachineCrashed,
-                        format!("MachineCrashed: the machine could not start: {e}"),
-                    )
-                };
-            }
-        },
+    let mut current = match take_resident(engine, machine, resident).await {
+        Ok(current) => current,
+        Err(e) if e.kind() == crate::ErrorKind::LimitExceeded => {
+            return ExecResult::failure(
+                FailureCause::LimitExceeded,
+                format!("LimitExceeded: the machine could not start: {e}"),
+            );
+        }
+        Err(e) => {
+            return ExecResult::failure(
+                FailureCause::MachineCrashed,
+                format!("MachineCrashed: the machine could not start: {e}"),
+            );
+        }
     };
     if let Some(note) = note {
         job.live.push_chunks([(OutputStream::Stderr, note)]);
@@ -390,12 +398,50 @@ async fn run_instruction(
     }
 }
 
+/// The machine's sandbox: the one it has, or one acquired now (a restore, or a fresh start).
+pub(super) async fn take_resident(
+    engine: &Arc<EngineInner>,
+    machine: &MachineHandle,
+    resident: &mut Option<Resident>,
+) -> Result<Resident> {
+    if let Some(current) = resident.take() {
+        return Ok(current);
+    }
+    match acquire(engine, machine).await {
+        Ok(current) => {
+            machine.set_resident(Some(&current));
+            engine.keep_within_budget();
+            Ok(current)
+        }
+        Err(e) => {
+            engine
+                .record_machine_error(&machine.name, Some(&e.to_string()))
+                .await;
+            Err(e)
+        }
+    }
+}
+
 async fn crashed(
     engine: &EngineInner,
     machine: &MachineHandle,
     resident: Resident,
     error: String,
 ) -> ExecResult {
+    ExecResult::failure(
+        FailureCause::MachineCrashed,
+        lost(engine, machine, resident, error).await,
+    )
+}
+
+/// Stops a sandbox whose channel broke or whose agent misbehaved, notes why for the machine's
+/// next start, and returns the text that says so.
+pub(super) async fn lost(
+    engine: &EngineInner,
+    machine: &MachineHandle,
+    resident: Resident,
+    error: String,
+) -> String {
     // Give the sandbox a moment to finish exiting so that its exit status can be read.
     tokio::time::sleep(Duration::from_millis(20)).await;
     let reason = resident.kill().await;
@@ -408,5 +454,5 @@ async fn crashed(
         .record_machine_error(&machine.name, Some(&text))
         .await;
     lock(&machine.state).recovering_from = Some(cause);
-    ExecResult::failure(FailureCause::MachineCrashed, text)
+    text
 }

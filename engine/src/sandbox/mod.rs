@@ -51,6 +51,12 @@ pub trait SandboxBackend: Send + Sync + 'static {
 
     fn capabilities(&self) -> Capabilities;
 
+    /// The directories in a sandbox that callers' file operations may touch (the agent resolves
+    /// every path under them); none: the machine's home only.
+    fn file_roots(&self) -> &'static [&'static str] {
+        &[]
+    }
+
     /// Starts a sandbox running the agent.
     async fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>>;
 

@@ -355,6 +355,10 @@ impl SandboxBackend for GvisorBackend {
         "gvisor"
     }
 
+    fn file_roots(&self) -> &'static [&'static str] {
+        &[crate::guest::image::MACHINE_HOME, "/tmp"]
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             snapshots: true,
