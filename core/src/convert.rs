@@ -146,8 +146,9 @@ pub(crate) mod engine {
     use evervm_engine as engine;
 
     use crate::types::{
-        CheckpointInfo, CreateMachineOptions, ExecEvent, ExecResult, FailureCause, MachineInfo,
-        OutputChunk, OutputStream,
+        ByteStream, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecResult, FailureCause,
+        FileInfo, FileKind, FileList, FileRead, MachineInfo, OutputChunk, OutputStream,
+        WriteFileOptions,
     };
 
     impl From<engine::FailureCause> for FailureCause {
@@ -229,6 +230,66 @@ pub(crate) mod engine {
                 durability: Some(m.durability.as_str().to_owned()),
             }
         }
+    }
+
+    impl From<engine::FileKind> for FileKind {
+        fn from(kind: engine::FileKind) -> Self {
+            match kind {
+                engine::FileKind::File => FileKind::File,
+                engine::FileKind::Directory => FileKind::Directory,
+                engine::FileKind::Symlink => FileKind::Symlink,
+                engine::FileKind::Other => FileKind::Other,
+            }
+        }
+    }
+
+    impl From<engine::FileInfo> for FileInfo {
+        fn from(f: engine::FileInfo) -> Self {
+            FileInfo {
+                name: f.name().to_owned(),
+                kind: f.kind.into(),
+                size: f.size,
+                mode: f.mode,
+                modified_at: f.modified,
+                path: f.path,
+            }
+        }
+    }
+
+    impl From<engine::FileList> for FileList {
+        fn from(list: engine::FileList) -> Self {
+            FileList {
+                directory: list.directory.into(),
+                entries: list.entries.into_iter().map(Into::into).collect(),
+                truncated: list.truncated,
+            }
+        }
+    }
+
+    impl From<WriteFileOptions> for engine::WriteFileOptions {
+        fn from(options: WriteFileOptions) -> Self {
+            engine::WriteFileOptions {
+                mode: options.mode,
+                make_parents: options.make_parents,
+            }
+        }
+    }
+
+    impl From<engine::FileRead> for FileRead {
+        fn from(read: engine::FileRead) -> Self {
+            use futures::StreamExt;
+            FileRead {
+                info: read.info.into(),
+                data: read.data.map(|piece| piece.map_err(Into::into)).boxed(),
+            }
+        }
+    }
+
+    /// A caller's file data as the engine takes it.
+    pub(crate) fn byte_stream_to_engine(data: ByteStream) -> engine::ByteStream {
+        use futures::StreamExt;
+        data.map(|piece| piece.map_err(|e| engine::Error::new(e.kind(), e.message())))
+            .boxed()
     }
 
     impl From<engine::CheckpointInfo> for CheckpointInfo {

@@ -111,6 +111,85 @@ pub struct CheckpointInfo {
     pub disk_bytes: u64,
 }
 
+/// What a path in a machine names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum FileKind {
+    File,
+    Directory,
+    Symlink,
+    /// A device, a FIFO or a socket.
+    Other,
+}
+
+impl FileKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FileKind::File => "file",
+            FileKind::Directory => "directory",
+            FileKind::Symlink => "symlink",
+            FileKind::Other => "other",
+        }
+    }
+}
+
+/// A file or directory in a machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
+pub struct FileInfo {
+    /// Its absolute path in the machine (symlinks on the way resolved).
+    #[cfg_attr(feature = "server", schemars(example = &"/home/machine/data.csv"))]
+    pub path: String,
+    /// The last component of the path.
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: FileKind,
+    pub size: u64,
+    /// Permission bits, as a number (`420` is `0o644`).
+    pub mode: u32,
+    pub modified_at: Option<DateTime<Utc>>,
+}
+
+/// A directory's entries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
+pub struct FileList {
+    /// The directory itself.
+    pub directory: FileInfo,
+    /// By name; symlinks are listed as themselves, not followed.
+    pub entries: Vec<FileInfo>,
+    /// True when the directory holds more entries than a listing returns (10,000).
+    pub truncated: bool,
+}
+
+/// How a file is written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteFileOptions {
+    /// Permission bits (`0o600`); those of the file replaced, or `0o644`, when `None`.
+    pub mode: Option<u32>,
+    /// Make missing parent directories.
+    pub make_parents: bool,
+}
+
+/// File data on its way in or out of a machine, in pieces.
+pub type ByteStream = futures::stream::BoxStream<'static, Result<bytes::Bytes>>;
+
+/// A file being read: what it is, then its bytes. The stream ends in an error, never silently
+/// short, when the file cannot be read whole.
+pub struct FileRead {
+    pub info: FileInfo,
+    pub data: ByteStream,
+}
+
+impl std::fmt::Debug for FileRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileRead")
+            .field("info", &self.info)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Which stream a chunk of output came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -8,8 +8,8 @@ use futures::StreamExt;
 use super::{EventStream, SessionTransport, Transport};
 use crate::error::Result;
 use crate::types::{
-    Accepted, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult,
-    MachineInfo, Tags,
+    Accepted, ByteStream, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult,
+    FileInfo, FileList, FileRead, MachineInfo, Tags, WriteFileOptions,
 };
 use evervm_engine::{self as engine, Account, Engine, EngineConfig};
 
@@ -166,6 +166,62 @@ impl Transport for LocalTransport {
             .engine
             .delete_checkpoint(&self.account, name, checkpoint)
             .await?)
+    }
+
+    async fn write_file(
+        &self,
+        name: &str,
+        path: &str,
+        data: ByteStream,
+        _length: Option<u64>,
+        options: WriteFileOptions,
+    ) -> Result<FileInfo> {
+        let data = crate::convert::engine::byte_stream_to_engine(data);
+        let info = self
+            .engine
+            .write_file(&self.account, name, path, data, options.into())
+            .await?;
+        Ok(info.into())
+    }
+
+    async fn read_file(&self, name: &str, path: &str) -> Result<FileRead> {
+        Ok(self
+            .engine
+            .read_file(&self.account, name, path)
+            .await?
+            .into())
+    }
+
+    async fn stat_file(&self, name: &str, path: &str) -> Result<FileInfo> {
+        Ok(self
+            .engine
+            .stat_file(&self.account, name, path)
+            .await?
+            .into())
+    }
+
+    async fn list_files(&self, name: &str, path: &str) -> Result<FileList> {
+        Ok(self
+            .engine
+            .list_files(&self.account, name, path)
+            .await?
+            .into())
+    }
+
+    async fn make_dir(&self, name: &str, path: &str, parents: bool) -> Result<FileInfo> {
+        let info = self
+            .engine
+            .make_dir(&self.account, name, path, parents)
+            .await?;
+        Ok(info.into())
+    }
+
+    async fn remove_file(&self, name: &str, path: &str, recursive: bool) -> Result<FileInfo> {
+        let info = self
+            .engine
+            .remove_file(&self.account, name, path, recursive)
+            .await?;
+        Ok(info.into())
     }
 
     async fn shutdown(&self) {

@@ -1,6 +1,7 @@
 //! `Client`: one API over two transports, a remote server (HTTP + WebSocket) or the engine
 //! in-process. Every binding wraps exactly this type.
 
+mod files;
 #[cfg(feature = "local")]
 mod local;
 pub(crate) mod remote;
@@ -13,8 +14,8 @@ use futures::stream::BoxStream;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::types::{
-    Accepted, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult, Execution,
-    MachineInfo, OutputChunk, Tags,
+    Accepted, ByteStream, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult,
+    Execution, FileInfo, FileList, FileRead, MachineInfo, OutputChunk, Tags, WriteFileOptions,
 };
 
 #[cfg(feature = "local")]
@@ -46,6 +47,20 @@ pub(crate) trait Transport: Send + Sync + 'static {
     async fn list_checkpoints(&self, name: &str) -> Result<Vec<CheckpointInfo>>;
     async fn rollback(&self, name: &str, checkpoint: &str) -> Result<MachineInfo>;
     async fn delete_checkpoint(&self, name: &str, checkpoint: &str) -> Result<()>;
+    /// Writes `data` (of `length` bytes, when known) to `path` in the machine.
+    async fn write_file(
+        &self,
+        name: &str,
+        path: &str,
+        data: ByteStream,
+        length: Option<u64>,
+        options: WriteFileOptions,
+    ) -> Result<FileInfo>;
+    async fn read_file(&self, name: &str, path: &str) -> Result<FileRead>;
+    async fn stat_file(&self, name: &str, path: &str) -> Result<FileInfo>;
+    async fn list_files(&self, name: &str, path: &str) -> Result<FileList>;
+    async fn make_dir(&self, name: &str, path: &str, parents: bool) -> Result<FileInfo>;
+    async fn remove_file(&self, name: &str, path: &str, recursive: bool) -> Result<FileInfo>;
     /// Stops an in-process engine (machines go to disk where the backend can); nothing for a
     /// remote server.
     async fn shutdown(&self) {}

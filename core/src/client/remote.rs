@@ -17,8 +17,8 @@ use crate::protocol::{
     MessageFromServer, MessageToServer, WhoamiResponse, WireInstruction,
 };
 use crate::types::{
-    Accepted, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult,
-    MachineInfo, Tags,
+    Accepted, ByteStream, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult,
+    FileInfo, FileKind, FileList, FileRead, MachineInfo, Tags, WriteFileOptions,
 };
 
 pub(crate) struct RemoteTransport {
@@ -102,29 +102,35 @@ impl RemoteTransport {
         self.machine_url(name, &segments)
     }
 
+    /// The URL of a file's route: `/v1/machine/{name}/files/{path...}`, the path made plain
+    /// first (see [`file_segments`]).
+    fn file_url(&self, name: &str, path: &str) -> Result<Url> {
+        let segments = file_segments(path)?;
+        let mut rest = vec!["files"];
+        rest.extend(segments.iter().map(String::as_str));
+        self.machine_url(name, &rest)
+    }
+
+    fn request(&self, method: Method, url: Url) -> reqwest::RequestBuilder {
+        self.http
+            .request(method, url)
+            .bearer_auth(&self.token)
+            .header("x-forevervm-sdk", "evervm-rust")
+    }
+
     async fn send(
         &self,
         method: Method,
         url: Url,
         body: Option<&dyn erased::Body>,
     ) -> Result<reqwest::Response> {
-        let mut request = self
-            .http
-            .request(method, url)
-            .bearer_auth(&self.token)
-            .header("x-forevervm-sdk", "evervm-rust");
+        let mut request = self.request(method, url);
         if let Some(body) = body {
             request = request
                 .header("content-type", "application/json")
                 .body(body.to_json()?);
         }
-        let response = request.send().await?;
-        if response.status().is_success() {
-            return Ok(response);
-        }
-        let status = response.status();
-        let text = response.text().await.unwrap_or_default();
-        Err(api_error(status, &text))
+        finish(request).await
     }
 
     async fn call<T: DeserializeOwned>(
@@ -135,12 +141,7 @@ impl RemoteTransport {
     ) -> Result<T> {
         let path = url.path().to_owned();
         let response = self.send(method, url, body).await?;
-        let bytes = response.bytes().await?;
-        serde_json::from_slice(&bytes).map_err(|e| {
-            Error::transport(format!(
-                "the server's answer to {path} is not understood: {e}"
-            ))
-        })
+        decode(&path, response).await
     }
 
     /// The WebSocket URL of a machine's REPL; `None` asks for a new machine.
@@ -154,6 +155,100 @@ impl RemoteTransport {
             .map_err(|()| Error::invalid("cannot derive the WebSocket URL"))?;
         Ok(url)
     }
+}
+
+/// Sends a request; an answer other than a success is the error its body names.
+async fn finish(request: reqwest::RequestBuilder) -> Result<reqwest::Response> {
+    let response = request.send().await?;
+    if response.status().is_success() {
+        return Ok(response);
+    }
+    let status = response.status();
+    let text = response.text().await.unwrap_or_default();
+    Err(api_error(status, &text))
+}
+
+/// Decodes a JSON answer to the request for `path`.
+async fn decode<T: DeserializeOwned>(path: &str, response: reqwest::Response) -> Result<T> {
+    let bytes = response.bytes().await?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        Error::transport(format!(
+            "the server's answer to {path} is not understood: {e}"
+        ))
+    })
+}
+
+/// A machine path as the segments of its URL after `files/` (`/tmp/a` is `tmp`, `a`; a relative
+/// path or one starting with `~` starts with `~`, the home). `.` and `..` are resolved here, as
+/// text (a URL cannot carry them): a `..` above the home or above `/` is refused, as the machine
+/// would refuse it.
+pub(crate) fn file_segments(path: &str) -> Result<Vec<String>> {
+    evervm_engine::files::validate_path(path)?;
+    let (mut segments, rest) = if let Some(rest) = path.strip_prefix('/') {
+        (Vec::new(), rest)
+    } else if path == "~" {
+        (vec!["~".to_owned()], "")
+    } else if let Some(rest) = path.strip_prefix("~/") {
+        (vec!["~".to_owned()], rest)
+    } else {
+        (vec!["~".to_owned()], path)
+    };
+    let floor = segments.len();
+    for part in rest.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                if segments.len() == floor {
+                    return Err(Error::new(
+                        crate::ErrorKind::PermissionDenied,
+                        format!(
+                            "{path}: outside the directories files may be used in (`..` leaves \
+                             the {})",
+                            if floor == 0 { "root" } else { "home" }
+                        ),
+                    ));
+                }
+                segments.pop();
+            }
+            part => segments.push(part.to_owned()),
+        }
+    }
+    if segments.is_empty() {
+        return Err(Error::new(
+            crate::ErrorKind::PermissionDenied,
+            format!("{path}: the root directory is outside the directories files may be used in"),
+        ));
+    }
+    Ok(segments)
+}
+
+/// A file's info from the headers of its read.
+fn info_from_headers(headers: &reqwest::header::HeaderMap) -> Result<FileInfo> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let size = text("content-length")
+        .and_then(|v| v.parse::<u64>().ok())
+        .ok_or_else(|| Error::transport("the server sent a file without its length"))?;
+    let path: String = text("x-evervm-path")
+        .map(|v| {
+            url::form_urlencoded::parse(format!("p={v}").as_bytes())
+                .map(|(_, value)| value.into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mode = text("x-evervm-mode")
+        .and_then(|v| u32::from_str_radix(v, 8).ok())
+        .unwrap_or(0o644);
+    let modified_at = text("x-evervm-modified")
+        .and_then(|v| chrono::DateTime::parse_from_rfc3339(v).ok())
+        .map(|t| t.with_timezone(&chrono::Utc));
+    Ok(FileInfo {
+        name: path.rsplit('/').next().unwrap_or_default().to_owned(),
+        path,
+        kind: FileKind::File,
+        size,
+        mode,
+        modified_at,
+    })
 }
 
 /// Object-safe JSON bodies.
@@ -351,6 +446,101 @@ impl Transport for RemoteTransport {
             .call(Method::GET, self.machine_url(name, &["checkpoints"])?, None)
             .await?;
         Ok(answer.checkpoints)
+    }
+
+    async fn write_file(
+        &self,
+        name: &str,
+        path: &str,
+        data: ByteStream,
+        length: Option<u64>,
+        options: WriteFileOptions,
+    ) -> Result<FileInfo> {
+        let mut url = self.file_url(name, path)?;
+        {
+            let mut query = url.query_pairs_mut();
+            if let Some(mode) = options.mode {
+                query.append_pair("mode", &format!("{mode:o}"));
+            }
+            if options.make_parents {
+                query.append_pair("parents", "true");
+            }
+        }
+        let what = url.path().to_owned();
+        let body = reqwest::Body::wrap_stream(
+            data.map(|piece| piece.map_err(|e| std::io::Error::other(e.message().to_owned()))),
+        );
+        let mut request = self
+            .request(Method::PUT, url)
+            .header("content-type", "application/octet-stream")
+            .body(body);
+        if let Some(length) = length {
+            request = request.header("content-length", length);
+        }
+        decode(&what, finish(request).await?).await
+    }
+
+    async fn read_file(&self, name: &str, path: &str) -> Result<FileRead> {
+        let url = self.file_url(name, path)?;
+        let response = self.send(Method::GET, url, None).await?;
+        let info = info_from_headers(response.headers())?;
+        let expected = info.size;
+        let data = futures::stream::unfold(
+            (response.bytes_stream(), 0u64, false),
+            move |(mut bytes, received, done)| async move {
+                if done {
+                    return None;
+                }
+                match bytes.next().await {
+                    Some(Ok(piece)) => {
+                        let received = received + piece.len() as u64;
+                        Some((Ok(piece), (bytes, received, false)))
+                    }
+                    Some(Err(e)) => Some((Err(Error::from(e)), (bytes, received, true))),
+                    None if received == expected => None,
+                    None => Some((
+                        Err(Error::transport(format!(
+                            "the file arrived incomplete: {received} of {expected} bytes"
+                        ))),
+                        (bytes, received, true),
+                    )),
+                }
+            },
+        )
+        .boxed();
+        Ok(FileRead { info, data })
+    }
+
+    async fn stat_file(&self, name: &str, path: &str) -> Result<FileInfo> {
+        let mut url = self.file_url(name, path)?;
+        url.query_pairs_mut().append_pair("stat", "true");
+        self.call(Method::GET, url, None).await
+    }
+
+    async fn list_files(&self, name: &str, path: &str) -> Result<FileList> {
+        let mut url = self.machine_url(name, &["files"])?;
+        url.query_pairs_mut().append_pair("dir", path);
+        self.call(Method::GET, url, None).await
+    }
+
+    async fn make_dir(&self, name: &str, path: &str, parents: bool) -> Result<FileInfo> {
+        let mut url = self.file_url(name, path)?;
+        {
+            let mut query = url.query_pairs_mut();
+            query.append_pair("directory", "true");
+            if parents {
+                query.append_pair("parents", "true");
+            }
+        }
+        self.call(Method::PUT, url, None).await
+    }
+
+    async fn remove_file(&self, name: &str, path: &str, recursive: bool) -> Result<FileInfo> {
+        let mut url = self.file_url(name, path)?;
+        if recursive {
+            url.query_pairs_mut().append_pair("recursive", "true");
+        }
+        self.call(Method::DELETE, url, None).await
     }
 
     async fn rollback(&self, name: &str, checkpoint: &str) -> Result<MachineInfo> {

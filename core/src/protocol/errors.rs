@@ -172,7 +172,7 @@ mod tests {
         let kind = |status| ErrorCode::kind_of(None, status);
         assert_eq!(kind(404), ErrorKind::NotFound);
         assert_eq!(kind(400), ErrorKind::InvalidInput);
-        assert_eq!(kind(413), ErrorKind::InvalidInput);
+        assert_eq!(kind(413), ErrorKind::TooLarge);
         assert_eq!(kind(422), ErrorKind::InvalidInput);
         assert_eq!(kind(401), ErrorKind::Unauthorized);
         assert_eq!(kind(403), ErrorKind::Unauthorized);

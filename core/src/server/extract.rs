@@ -3,7 +3,7 @@
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{FromRequest, FromRequestParts, Path, Request};
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
@@ -21,6 +21,10 @@ pub(crate) struct OptionalJsonBody<T>(pub(crate) Option<T>);
 /// Path parameters.
 #[derive(Debug)]
 pub(crate) struct WirePath<T>(pub(crate) T);
+
+/// Query parameters.
+#[derive(Debug)]
+pub(crate) struct WireQuery<T>(pub(crate) T);
 
 fn body_failure(rejection: &BytesRejection) -> ApiFailure {
     if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
@@ -102,6 +106,17 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for WirePat
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         match Path::<T>::from_request_parts(parts, state).await {
             Ok(Path(value)) => Ok(WirePath(value)),
+            Err(rejection) => Err(ApiFailure::bad_request(rejection.body_text())),
+        }
+    }
+}
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for WireQuery<T> {
+    type Rejection = ApiFailure;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(value)) => Ok(WireQuery(value)),
             Err(rejection) => Err(ApiFailure::bad_request(rejection.body_text())),
         }
     }

@@ -28,6 +28,7 @@ mod auth;
 pub(crate) mod error;
 mod exec;
 pub(crate) mod extract;
+mod files;
 mod machines;
 mod open;
 mod openapi;
@@ -81,6 +82,12 @@ pub(crate) mod paths {
     pub(crate) const STREAM_RESULT: &str =
         "/v1/machine/{machine_name}/exec/{instruction_seq}/stream-result";
     pub(crate) const REPL: &str = "/v1/machine/{machine_name}/repl";
+    pub(crate) const FILES: &str = "/v1/machine/{machine_name}/files";
+    /// As `openapi.json` writes it; the router's pattern is [`FILE_ROUTE`] (the path may hold
+    /// `/`).
+    #[cfg(test)]
+    pub(crate) const FILE: &str = "/v1/machine/{machine_name}/files/{path}";
+    pub(crate) const FILE_ROUTE: &str = "/v1/machine/{machine_name}/files/{*path}";
 
     #[cfg(test)]
     pub(crate) const ALL: &[&str] = &[
@@ -101,6 +108,8 @@ pub(crate) mod paths {
         RESULT,
         STREAM_RESULT,
         REPL,
+        FILES,
+        FILE,
     ];
 }
 
@@ -145,6 +154,16 @@ pub fn router(engine: Engine) -> Router {
         .route(paths::RESULT, get(exec::result))
         .route(paths::STREAM_RESULT, get(exec::stream_result))
         .route(paths::REPL, get(repl::repl))
+        .route(paths::FILES, get(files::list))
+        .route(
+            paths::FILE_ROUTE,
+            get(files::read)
+                .head(files::head)
+                .put(files::write)
+                .delete(files::remove)
+                // A file's body is streamed to the machine, bounded by the file size limit.
+                .layer(DefaultBodyLimit::disable()),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))

@@ -71,6 +71,7 @@ mod tests {
         MessageFromServer, MessageToServer, SignupRequest, SwapResponse, WhoamiResponse,
     };
     use crate::server::paths;
+    use crate::types::{FileInfo, FileList};
 
     /// The schema of a body, added to a generator's definitions.
     type Body = fn(&mut SchemaGenerator) -> Schema;
@@ -87,6 +88,8 @@ mod tests {
         Required(Body),
         /// `OptionalJsonBody<T>` (an empty body, `null` or `T`): give the schema of `Option<T>`.
         Optional(Body),
+        /// Not JSON (a file's bytes): written by hand.
+        ByHand,
     }
 
     /// An operation's success answer: `200` and a media type, or anything else written by hand.
@@ -193,6 +196,11 @@ mod tests {
                 NdJson(body::<MessageFromServer>),
             ),
             ("get", paths::REPL, None, ByHand),
+            ("get", paths::FILES, None, Json(body::<FileList>)),
+            ("get", paths::FILE, None, ByHand),
+            ("head", paths::FILE, None, ByHand),
+            ("put", paths::FILE, Request::ByHand, Json(body::<FileInfo>)),
+            ("delete", paths::FILE, None, Json(body::<FileInfo>)),
         ]
     }
 
@@ -229,10 +237,12 @@ mod tests {
         let mut read = generator(SchemaSettings::draft2020_12().for_deserialize());
         let mut written = generator(SchemaSettings::draft2020_12().for_serialize());
         for (method, path, request, answer) in operations() {
+            // `None` inside: the request body is written by hand.
             let request = match request {
-                Request::None => None,
-                Request::Required(body) => Some((true, body(&mut read))),
-                Request::Optional(body) => Some((false, body(&mut read))),
+                Request::None => Some(None),
+                Request::ByHand => None,
+                Request::Required(body) => Some(Some((true, body(&mut read)))),
+                Request::Optional(body) => Some(Some((false, body(&mut read)))),
             };
             let answer = match answer {
                 Answer::Json(body) => Some(("application/json", body(&mut written))),
@@ -241,12 +251,13 @@ mod tests {
             };
             let operation = operation(&mut document, path, method);
             match request {
-                None => {
+                None => {}
+                Some(None) => {
                     if let Some(map) = operation.as_object_mut() {
                         map.remove("requestBody");
                     }
                 }
-                Some((required, schema)) => {
+                Some(Some((required, schema))) => {
                     let request = &mut operation["requestBody"];
                     request["required"] = json!(required);
                     request["content"] = json!({ "application/json": { "schema": schema } });
