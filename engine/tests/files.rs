@@ -146,7 +146,7 @@ async fn files_go_in_and_out_and_are_seen_by_the_machine() {
         .await
         .map(|r| r.info)
         .unwrap_err();
-    assert_eq!(directory.kind(), ErrorKind::InvalidInput, "{directory}");
+    assert_eq!(directory.kind(), ErrorKind::Conflict, "{directory}");
     engine.shutdown().await;
 }
 

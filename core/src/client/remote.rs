@@ -525,14 +525,10 @@ impl Transport for RemoteTransport {
 
     async fn make_dir(&self, name: &str, path: &str, parents: bool) -> Result<FileInfo> {
         let mut url = self.file_url(name, path)?;
-        {
-            let mut query = url.query_pairs_mut();
-            query.append_pair("directory", "true");
-            if parents {
-                query.append_pair("parents", "true");
-            }
+        if parents {
+            url.query_pairs_mut().append_pair("parents", "true");
         }
-        self.call(Method::PUT, url, None).await
+        self.call(Method::POST, url, None).await
     }
 
     async fn remove_file(&self, name: &str, path: &str, recursive: bool) -> Result<FileInfo> {

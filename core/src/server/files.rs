@@ -56,9 +56,13 @@ pub(crate) struct WriteQuery {
     /// Make missing parent directories.
     #[serde(default)]
     parents: bool,
-    /// Make a directory at the path (the body must be empty).
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct MakeDirQuery {
+    /// Make missing parent directories, and an existing directory is no error.
     #[serde(default)]
-    directory: bool,
+    parents: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -75,7 +79,10 @@ pub(crate) async fn list(
     WirePath(name): WirePath<String>,
     WireQuery(query): WireQuery<ListQuery>,
 ) -> ApiResult<FileList> {
-    let dir = query.dir.unwrap_or_else(|| "~".to_owned());
+    let dir = query
+        .dir
+        .filter(|dir| !dir.is_empty())
+        .unwrap_or_else(|| "~".to_owned());
     let list = state.engine.list_files(&account, &name, &dir).await?;
     Ok(Json(list.into()))
 }
@@ -160,8 +167,21 @@ fn parse_mode(text: &str) -> Result<u32, ApiFailure> {
         })
 }
 
-/// `PUT /v1/machine/{machine_name}/files/{path}`: writes the body to the file, streamed (or
-/// makes a directory, with `?directory=true`).
+/// `POST /v1/machine/{machine_name}/files/{path}`: makes a directory.
+pub(crate) async fn make_dir(
+    State(state): State<AppState>,
+    Authed(account): Authed,
+    WirePath((name, path)): WirePath<(String, String)>,
+    WireQuery(query): WireQuery<MakeDirQuery>,
+) -> ApiResult<FileInfo> {
+    let info = state
+        .engine
+        .make_dir(&account, &name, &machine_path(&path), query.parents)
+        .await?;
+    Ok(Json(info.into()))
+}
+
+/// `PUT /v1/machine/{machine_name}/files/{path}`: writes the body to the file, streamed.
 pub(crate) async fn write(
     State(state): State<AppState>,
     Authed(account): Authed,
@@ -175,18 +195,6 @@ pub(crate) async fn write(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if query.directory {
-        if length.is_some_and(|n| n > 0) {
-            return Err(ApiFailure::bad_request(
-                "a directory is made with an empty body",
-            ));
-        }
-        let info = state
-            .engine
-            .make_dir(&account, &name, &path, query.parents)
-            .await?;
-        return Ok(Json(info.into()));
-    }
     let limit = state.engine.limits().max_file_bytes;
     if let Some(length) = length
         && length > limit

@@ -160,6 +160,7 @@ pub fn router(engine: Engine) -> Router {
             get(files::read)
                 .head(files::head)
                 .put(files::write)
+                .post(files::make_dir)
                 .delete(files::remove)
                 // A file's body is streamed to the machine, bounded by the file size limit.
                 .layer(DefaultBodyLimit::disable()),

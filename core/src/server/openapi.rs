@@ -200,6 +200,7 @@ mod tests {
             ("get", paths::FILE, None, ByHand),
             ("head", paths::FILE, None, ByHand),
             ("put", paths::FILE, Request::ByHand, Json(body::<FileInfo>)),
+            ("post", paths::FILE, None, Json(body::<FileInfo>)),
             ("delete", paths::FILE, None, Json(body::<FileInfo>)),
         ]
     }

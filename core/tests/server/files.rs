@@ -105,7 +105,7 @@ async fn files_go_in_and_out_over_http() {
     assert_eq!(csv.text().await.unwrap(), "a,b\n1,2\n");
 
     // Directories and removal.
-    let made = ok(server.req(PUT, &format!("{files}/~/x/y?directory=true&parents=true"))).await;
+    let made = ok(server.req(POST, &format!("{files}/~/x/y?parents=true"))).await;
     assert_eq!(made["type"], "directory");
     fails(
         server.req(DELETE, &format!("{files}/~/x")),
@@ -173,8 +173,8 @@ async fn file_errors_are_clear() {
     .await;
     fails(
         server.req(GET, &format!("{files}/~")),
-        StatusCode::BAD_REQUEST,
-        "BadRequest",
+        StatusCode::CONFLICT,
+        "Conflict",
     )
     .await;
     // Another account's machine does not exist for bob.

@@ -229,10 +229,11 @@ fn refused(failure: FileFailure, message: String) -> Error {
     match failure {
         FileFailure::NotFound => Error::file_not_found(message),
         FileFailure::Denied => Error::new(ErrorKind::PermissionDenied, message),
-        FileFailure::Exists | FileFailure::NotEmpty => Error::new(ErrorKind::Conflict, message),
-        FileFailure::IsADirectory | FileFailure::NotADirectory | FileFailure::Invalid => {
-            Error::invalid(message)
-        }
+        FileFailure::Exists
+        | FileFailure::NotEmpty
+        | FileFailure::IsADirectory
+        | FileFailure::NotADirectory => Error::new(ErrorKind::Conflict, message),
+        FileFailure::Invalid => Error::invalid(message),
         FileFailure::NoSpace => {
             Error::limit_exceeded(format!("the machine's filesystem is full: {message}"))
         }
