@@ -233,12 +233,11 @@ fn refused(failure: FileFailure, message: String) -> Error {
         | FileFailure::NotEmpty
         | FileFailure::IsADirectory
         | FileFailure::NotADirectory => Error::new(ErrorKind::Conflict, message),
-        FileFailure::Invalid => Error::invalid(message),
+        FileFailure::Invalid | FileFailure::Aborted => Error::invalid(message),
         FileFailure::NoSpace => {
             Error::limit_exceeded(format!("the machine's filesystem is full: {message}"))
         }
         FileFailure::TooLarge => Error::too_large(message),
-        FileFailure::Aborted => Error::invalid(message),
         FileFailure::Io => Error::internal(format!("in the machine: {message}")),
     }
 }
