@@ -3,6 +3,7 @@
 
 mod client;
 mod faults;
+mod files;
 mod forever;
 mod gvisor;
 mod isolation;

@@ -1,0 +1,243 @@
+//! Files in and out of gVisor machines: a 100 MB file byte for byte, a CSV through pandas and a
+//! result file back, files kept across swap, engine restart, fork and rollback, and paths that
+//! leave the machine's home and `/tmp` refused (the process backend's own rules are tested in
+//! the engine's `files.rs`).
+
+use bytes::Bytes;
+use evervm::{Client, ErrorKind, FileKind, Machine, WriteFileOptions};
+use evervm_tests::backends;
+use futures::StreamExt;
+use sha2::{Digest, Sha256};
+
+fn gvisor_available() -> bool {
+    let available = backends().iter().any(|b| b == "gvisor");
+    if !available {
+        eprintln!("skipping: the gVisor backend is not available here");
+    }
+    available
+}
+
+async fn open(home: &std::path::Path) -> (evervm::engine::Engine, Client) {
+    let engine = evervm::engine::Engine::open(crate::gvisor_config(home))
+        .await
+        .unwrap();
+    let account = engine.ensure_account("local").await.unwrap();
+    let client = Client::from_engine(engine.clone(), account);
+    (engine, client)
+}
+
+async fn new_machine(client: &Client, image: Option<&str>) -> Machine {
+    client
+        .create_machine(evervm::CreateMachineOptions {
+            image: image.map(str::to_owned),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+}
+
+async fn value(machine: &Machine, code: &str) -> String {
+    let run = machine.exec(code).await.unwrap();
+    match (run.result.value, run.result.error) {
+        (Some(value), None) => value,
+        (None, None) => String::new(),
+        (_, Some(error)) => panic!("{code:?} failed: {error}"),
+    }
+}
+
+/// Piece `i` of the large file: 1 MiB of bytes that differ from every other piece's.
+fn piece(i: u32) -> Vec<u8> {
+    let mut data = vec![0u8; 1024 * 1024];
+    for (j, byte) in data.iter_mut().enumerate() {
+        *byte = ((j as u32).wrapping_mul(31) ^ i.wrapping_mul(2_654_435_761)) as u8;
+    }
+    data
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_100_mb_file_goes_in_and_out_byte_for_byte_and_a_csv_goes_through_pandas() {
+    if !gvisor_available() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let (engine, client) = open(home.path()).await;
+    let m = new_machine(&client, Some("data")).await;
+
+    const PIECES: u32 = 100;
+    let mut sent = Sha256::new();
+    for i in 0..PIECES {
+        sent.update(piece(i));
+    }
+    let data = futures::stream::iter(0..PIECES)
+        .map(|i| Ok(Bytes::from(piece(i))))
+        .boxed();
+    let size = u64::from(PIECES) * 1024 * 1024;
+    let written = m
+        .write_file_stream(
+            "big/blob.bin",
+            data,
+            Some(size),
+            WriteFileOptions {
+                mode: None,
+                make_parents: true,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (written.path.as_str(), written.size, written.kind),
+        ("/home/machine/big/blob.bin", size, FileKind::File)
+    );
+    let mut read = m
+        .read_file_stream("/home/machine/big/blob.bin")
+        .await
+        .unwrap();
+    let mut received = Sha256::new();
+    let mut count = 0u64;
+    while let Some(part) = read.data.next().await {
+        let part = part.unwrap();
+        count += part.len() as u64;
+        received.update(&part);
+    }
+    assert_eq!(count, size);
+    let digest = received.finalize();
+    assert_eq!(digest, sent.finalize(), "the file came back different");
+    let listed = m.list_files("big").await.unwrap();
+    assert_eq!(listed.entries.len(), 1);
+    assert_eq!(
+        (listed.entries[0].name.as_str(), listed.entries[0].size),
+        ("blob.bin", size)
+    );
+    let in_machine = value(
+        &m,
+        "import hashlib\nh = hashlib.sha256()\nwith open('big/blob.bin', 'rb') as f:\n    \
+         for b in iter(lambda: f.read(1 << 20), b''): h.update(b)\nh.hexdigest()",
+    )
+    .await;
+    assert_eq!(in_machine, format!("'{}'", hex(&digest)));
+    m.remove_file("big", true).await.unwrap();
+
+    // A CSV in, pandas in the machine, a result file out.
+    let csv: String = std::iter::once("city,temp\n".to_owned())
+        .chain((0..1000).map(|i| format!("c{},{}\n", i % 7, i % 40)))
+        .collect();
+    m.write_file("data.csv", csv.clone()).await.unwrap();
+    value(
+        &m,
+        "import pandas as pd\ndf = pd.read_csv('data.csv')\n\
+         df.groupby('city').temp.mean().round(3).to_csv('/tmp/means.csv')",
+    )
+    .await;
+    let means = String::from_utf8(m.read_file("/tmp/means.csv").await.unwrap()).unwrap();
+    let mut lines = means.lines();
+    assert_eq!(lines.next(), Some("city,temp"));
+    assert_eq!(lines.count(), 7, "{means}");
+    engine.shutdown().await;
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn files_survive_swap_restart_fork_and_rollback() {
+    if !gvisor_available() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let (engine, client) = open(home.path()).await;
+    let m = new_machine(&client, None).await;
+    m.write_file("kept.txt", "v1").await.unwrap();
+    m.write_file("/tmp/t.txt", "in tmp").await.unwrap();
+    let checkpoint = m.checkpoint(Some("v1")).await.unwrap();
+
+    // Swapped: a read restores the machine first.
+    m.swap_out().await.unwrap();
+    assert_eq!(m.info().await.unwrap().state.as_deref(), Some("swapped"));
+    assert_eq!(m.read_file("kept.txt").await.unwrap(), b"v1");
+    m.swap_out().await.unwrap();
+    m.write_file("kept.txt", "v2").await.unwrap();
+
+    // Fork: the fork has its own copy.
+    let fork = m.fork(None).await.unwrap();
+    fork.write_file("kept.txt", "fork's").await.unwrap();
+    assert_eq!(m.read_file("kept.txt").await.unwrap(), b"v2");
+    assert_eq!(fork.read_file("kept.txt").await.unwrap(), b"fork's");
+
+    // Engine restart.
+    let name = m.name().to_owned();
+    engine.shutdown().await;
+    drop((m, fork, client, engine));
+    let (engine, client) = open(home.path()).await;
+    let m = client.machine(&name);
+    assert_eq!(m.read_file("kept.txt").await.unwrap(), b"v2");
+    assert_eq!(m.read_file("/tmp/t.txt").await.unwrap(), b"in tmp");
+
+    // Rollback: the file is as it was at the checkpoint.
+    m.rollback(&checkpoint.name).await.unwrap();
+    assert_eq!(m.read_file("kept.txt").await.unwrap(), b"v1");
+    assert_eq!(value(&m, "open('kept.txt').read()").await, "'v1'");
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn paths_outside_the_home_and_tmp_are_refused() {
+    if !gvisor_available() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let (engine, client) = open(home.path()).await;
+    let m = new_machine(&client, None).await;
+    // Symlinks the guest planted: at /etc, at host paths (where an engine run by root keeps its
+    // home; the host's root through /proc), and up out of /tmp.
+    let host_path = "/root/.local/share/evervm";
+    value(
+        &m,
+        &format!(
+            "import os\nos.symlink('/etc', 'etc')\nos.symlink({host_path:?}, 'host')\n\
+             os.symlink('/proc/1/root', 'proc-root')\n\
+             os.symlink('..', '/tmp/up')\nos.symlink('/tmp', 'tmp')"
+        ),
+    )
+    .await;
+    for path in [
+        "../machine2/x",
+        "/etc/passwd",
+        "/home",
+        "etc/passwd",
+        "host/evervm.db",
+        "proc-root/etc/passwd",
+        "/proc/self/environ",
+        "/tmp/up/etc/passwd",
+        "/opt/evervm/agent.py",
+        "/",
+    ] {
+        let stat = m.stat_file(path).await.unwrap_err();
+        let read = m.read_file(path).await.unwrap_err();
+        let write = m.write_file(path, "x").await.unwrap_err();
+        for (what, error) in [("stat", &stat), ("read", &read), ("write", &write)] {
+            assert_eq!(
+                error.kind(),
+                ErrorKind::PermissionDenied,
+                "{what} {path}: {error}"
+            );
+        }
+    }
+    assert_eq!(
+        value(&m, "open('/etc/hostname').read()").await,
+        "'machine\\n'",
+        "the refused writes changed nothing"
+    );
+    // A symlink that stays inside is followed.
+    m.write_file("tmp/through-link.txt", "ok").await.unwrap();
+    assert_eq!(m.read_file("/tmp/through-link.txt").await.unwrap(), b"ok");
+    let listing = m.list_files("/tmp").await.unwrap();
+    assert!(
+        listing
+            .entries
+            .iter()
+            .any(|e| e.name == "up" && e.kind == FileKind::Symlink),
+        "{listing:?}"
+    );
+    engine.shutdown().await;
+}
