@@ -114,7 +114,7 @@ async fn a_100_mb_file_goes_in_and_out_byte_for_byte_and_a_csv_goes_through_pand
          for b in iter(lambda: f.read(1 << 20), b''): h.update(b)\nh.hexdigest()",
     )
     .await;
-    assert_eq!(in_machine, format!("'{}'", hex(&digest)));
+    assert_eq!(in_machine, format!("'{}'", hex::encode(digest)));
     m.remove_file("big", true).await.unwrap();
 
     // A CSV in, pandas in the machine, a result file out.
@@ -133,10 +133,6 @@ async fn a_100_mb_file_goes_in_and_out_byte_for_byte_and_a_csv_goes_through_pand
     assert_eq!(lines.next(), Some("city,temp"));
     assert_eq!(lines.count(), 7, "{means}");
     engine.shutdown().await;
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[tokio::test(flavor = "multi_thread")]
