@@ -41,7 +41,7 @@ impl Connection {
         })
     }
 
-    fn client(&self) -> PyResult<evervm::Client> {
+    pub(crate) fn client(&self) -> PyResult<evervm::Client> {
         let pid = std::process::id();
         let mut current = self
             .current
@@ -300,6 +300,15 @@ impl Machine {
     #[getter]
     fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The machine's files: `machine.files.write(path, data)`, `.read(path)`, `.list()`, ...
+    #[getter]
+    fn files(&self) -> crate::files::Files {
+        crate::files::Files {
+            conn: Arc::clone(&self.conn),
+            name: self.name.clone(),
+        }
     }
 
     /// Runs code and returns its result with everything it printed; `timeout` in seconds
@@ -666,6 +675,15 @@ impl AsyncMachine {
     #[getter]
     fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The machine's files, for asyncio: `await machine.files.read(path)`, ...
+    #[getter]
+    fn files(&self) -> crate::files::AsyncFiles {
+        crate::files::AsyncFiles {
+            conn: Arc::clone(&self.conn),
+            name: self.name.clone(),
+        }
     }
 
     #[pyo3(signature = (code, *, timeout=None, interrupt=false))]

@@ -3,6 +3,7 @@
 
 mod client;
 mod error;
+mod files;
 mod runtime;
 mod types;
 
@@ -20,6 +21,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<types::OutputChunk>()?;
     m.add_class::<types::MachineInfo>()?;
     m.add_class::<types::Checkpoint>()?;
+    m.add_class::<files::Files>()?;
+    m.add_class::<files::AsyncFiles>()?;
+    m.add_class::<files::FileInfo>()?;
+    m.add_class::<files::FileList>()?;
     error::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Seconds: what `timeout=None` means, and the longest timeout accepted.

@@ -8,6 +8,8 @@ functions and files persist across instructions.
     machine = client.create_machine(tags={"agent": "demo"})
     machine.exec("x = 20")
     print(machine.exec("x + 1").value)      # '21'
+    machine.files.write("data.csv", "a,b\n1,2\n")
+    print(machine.files.read_text("data.csv"))
 
 `AsyncClient` and `AsyncMachine` have the same methods for asyncio. Every error is an
 `EvervmError`, with one subclass per kind.
@@ -18,6 +20,7 @@ from evervm._native import (
     MAX_TIMEOUT,
     AsyncClient,
     AsyncExecStream,
+    AsyncFiles,
     AsyncMachine,
     Checkpoint,
     Client,
@@ -25,6 +28,9 @@ from evervm._native import (
     EvervmError,
     ExecResult,
     ExecStream,
+    FileInfo,
+    FileList,
+    Files,
     InternalError,
     InvalidInputError,
     LimitExceededError,
@@ -46,6 +52,7 @@ __all__ = [
     "MAX_TIMEOUT",
     "AsyncClient",
     "AsyncExecStream",
+    "AsyncFiles",
     "AsyncMachine",
     "Checkpoint",
     "Client",
@@ -53,6 +60,9 @@ __all__ = [
     "EvervmError",
     "ExecResult",
     "ExecStream",
+    "FileInfo",
+    "FileList",
+    "Files",
     "InternalError",
     "InvalidInputError",
     "LimitExceededError",
