@@ -111,7 +111,9 @@ fn data_of(data: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
 
 fn write_options(mode: Option<u32>, parents: bool) -> PyResult<evervm::WriteFileOptions> {
     if mode.is_some_and(|m| m > 0o7777) {
-        return Err(invalid_input("mode must be permission bits, at most 0o7777"));
+        return Err(invalid_input(
+            "mode must be permission bits, at most 0o7777",
+        ));
     }
     Ok(evervm::WriteFileOptions {
         mode,
@@ -127,8 +129,7 @@ async fn write(
 ) -> PyResult<FileInfo> {
     use futures::StreamExt;
     let length = data.len() as u64;
-    let stream =
-        futures::stream::once(async move { Ok(bytes::Bytes::from(data)) }).boxed();
+    let stream = futures::stream::once(async move { Ok(bytes::Bytes::from(data)) }).boxed();
     machine
         .write_file_stream(&path, stream, Some(length), options)
         .await
@@ -141,7 +142,11 @@ async fn read(machine: evervm::Machine, path: String) -> PyResult<Vec<u8>> {
 }
 
 async fn stat(machine: evervm::Machine, path: String) -> PyResult<FileInfo> {
-    machine.stat_file(&path).await.map(Into::into).map_err(to_py)
+    machine
+        .stat_file(&path)
+        .await
+        .map(Into::into)
+        .map_err(to_py)
 }
 
 async fn exists(machine: evervm::Machine, path: String) -> PyResult<bool> {
@@ -157,7 +162,11 @@ async fn exists(machine: evervm::Machine, path: String) -> PyResult<bool> {
 }
 
 async fn list(machine: evervm::Machine, path: String) -> PyResult<FileList> {
-    machine.list_files(&path).await.map(Into::into).map_err(to_py)
+    machine
+        .list_files(&path)
+        .await
+        .map(Into::into)
+        .map_err(to_py)
 }
 
 async fn mkdir(machine: evervm::Machine, path: String, parents: bool) -> PyResult<FileInfo> {

@@ -1,5 +1,6 @@
 //! `evervm`: run a server, manage machines, run Python in them.
 
+mod files;
 mod repl;
 
 use std::fmt::Write as _;
@@ -88,6 +89,15 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Copy a file into or out of a machine: `evervm cp data.csv MACHINE:` (into its home),
+    /// `evervm cp MACHINE:/tmp/out.png .`; `-` is standard input or output.
+    Cp(files::CopyArgs),
+    /// List a directory in a machine: `evervm ls MACHINE` (its home) or `evervm ls MACHINE:PATH`.
+    Ls(files::ListArgs),
+    /// Remove a file or directory in a machine: `evervm rm MACHINE:PATH`.
+    Rm(files::RemoveArgs),
+    /// Make a directory in a machine: `evervm mkdir MACHINE:PATH`.
+    Mkdir(files::MakeDirArgs),
     /// An interactive REPL on a machine (a new one when no name is given).
     Repl {
         machine: Option<String>,
@@ -301,6 +311,18 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
             client.shutdown().await;
             done
         }
+        Command::Cp(args) => {
+            with_client(target, |c| async move { files::copy(&c, args).await }).await
+        }
+        Command::Ls(args) => {
+            with_client(target, |c| async move { files::list(&c, args).await }).await
+        }
+        Command::Rm(args) => {
+            with_client(target, |c| async move { files::remove(&c, args).await }).await
+        }
+        Command::Mkdir(args) => {
+            with_client(target, |c| async move { files::make_dir(&c, args).await }).await
+        }
         Command::Repl { machine, timeout } => {
             let client = target.client().await?;
             let done = repl::run(client.clone(), machine, Duration::from_secs(timeout)).await;
@@ -309,6 +331,19 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Runs a file command on a client of `target`, and stops the client (an in-process engine saves
+/// its machines) whether it succeeded or not.
+async fn with_client<F, Fut>(target: &Target, command: F) -> Result<ExitCode>
+where
+    F: FnOnce(Client) -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let client = target.client().await?;
+    let done = command(client.clone()).await;
+    client.shutdown().await;
+    done.map(|()| ExitCode::SUCCESS)
 }
 
 /// `evervm token create|list|revoke`, on the home's database (also while a server runs there).

@@ -248,6 +248,67 @@ fn machines_exec_and_errors_through_the_cli() {
 }
 
 #[test]
+fn files_are_copied_listed_and_removed_through_the_cli() {
+    for backend in backends() {
+        let server = Server::start(&backend);
+        let name = ok(server.evervm(&["machine", "new"]));
+        let name = name.trim();
+        let local = tempfile::tempdir().unwrap();
+        let csv = local.path().join("table.csv");
+        std::fs::write(&csv, "a,b\n1,2\n").unwrap();
+
+        // Into the machine's home by its own name, and into a new directory.
+        let home_dest = format!("{name}:");
+        let csv_arg = csv.to_str().unwrap();
+        ok(server.evervm(&["cp", csv_arg, &home_dest]));
+        let nested = format!("{name}:data/in/t.csv");
+        ok(server.evervm(&["cp", "--parents", "--mode", "600", csv_arg, &nested]));
+        assert_eq!(
+            ok(server.evervm(&["exec", "--machine", name, "open('table.csv').read()"])),
+            "'a,b\\n1,2\\n'\n"
+        );
+        assert_eq!(ok(server.evervm(&["ls", name])), "data/\ntable.csv\n");
+        let long = ok(server.evervm(&["ls", "-l", &format!("{name}:data/in")]));
+        assert!(long.starts_with("-0600            8 "), "{long}");
+        assert!(long.trim_end().ends_with(" t.csv"), "{long}");
+
+        // Standard input in, standard output out, back to a local directory.
+        let piped = format!("{name}:~/piped.txt");
+        ok(server.evervm_with_input(&["cp", "-", &piped], "from stdin"));
+        assert_eq!(ok(server.evervm(&["cp", &piped, "-"])), "from stdin");
+        let out_dir = format!("{}/", local.path().join("out").display());
+        std::fs::create_dir(local.path().join("out")).unwrap();
+        ok(server.evervm(&["cp", &nested, &out_dir]));
+        assert_eq!(
+            std::fs::read_to_string(local.path().join("out/t.csv")).unwrap(),
+            "a,b\n1,2\n"
+        );
+
+        ok(server.evervm(&["mkdir", "-p", &format!("{name}:x/y")]));
+        ok(server.evervm(&["rm", "-r", &format!("{name}:x")]));
+        let listed: serde_json::Value =
+            serde_json::from_str(&ok(server.evervm(&["ls", "--json", name]))).unwrap();
+        let names: Vec<&str> = listed["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["data", "piped.txt", "table.csv"]);
+
+        let refused = server.evervm(&["cp", &format!("{name}:/etc/passwd"), "-"]);
+        assert!(!refused.status.success());
+        assert!(stderr(&refused).contains("outside"), "{}", stderr(&refused));
+        let missing = server.evervm(&["cp", &format!("{name}:nothing"), "-"]);
+        assert!(
+            stderr(&missing).contains("NotFound"),
+            "{}",
+            stderr(&missing)
+        );
+    }
+}
+
+#[test]
 fn local_mode_needs_no_server() {
     for backend in backends() {
         let home = tempfile::tempdir().unwrap();
