@@ -5,6 +5,7 @@
 //! Per backend: machine create latency (the API call; create plus the first instruction with the
 //! pool of ready sandboxes cold and warm), the round trip of `1+1` (p50/p99) in-process, over
 //! HTTP (exec then long-poll result) and over a WebSocket session, stdout throughput for 10 MB,
+//! file write and read throughput for 100 MiB (in-process and over HTTP),
 //! and the resident memory (PSS) of one idle machine's sandbox processes. On gVisor also: swap-out
 //! time, snapshot bytes (fresh REPL, after `x = list(range(10**6))`, `data` after `import
 //! pandas`), restore plus first instruction, fork latency, the cost of `durability =
@@ -13,7 +14,8 @@
 //! their state, with the peak memory of the engine and its sandboxes.
 //!
 //! `--only swap` (or `density`) runs just that part on gVisor; `--only exec` the in-process
-//! round trip and stdout throughput on every backend given.
+//! round trip and stdout throughput on every backend given; `--only files` the file write and
+//! read throughput (100 MiB, in-process and over HTTP) on every backend given.
 #![allow(clippy::print_stdout)]
 
 use std::time::{Duration, Instant};
@@ -158,6 +160,73 @@ async fn throughput(client: &Client) -> Result<Throughput> {
     })
 }
 
+/// Bytes of the file the file figures write and read.
+const FILE_BYTES: usize = 100 * 1024 * 1024;
+
+/// Writing a 100 MiB file into a machine (1 MiB pieces from memory) and reading it back; MB/s
+/// for each, printed as `label`.
+async fn file_throughput(client: &Client, label: &str) -> Result<()> {
+    use futures::StreamExt;
+    let machine = client
+        .create_machine(CreateMachineOptions::default())
+        .await?;
+    machine.exec("1").await?;
+    let piece = bytes::Bytes::from(vec![7u8; 1024 * 1024]);
+    let mut writes = Vec::new();
+    let mut reads = Vec::new();
+    for round in 0..3 {
+        let pieces = futures::stream::iter(
+            std::iter::repeat_n(piece.clone(), FILE_BYTES / piece.len()).map(Ok),
+        )
+        .boxed();
+        let path = format!("bench-{round}.bin");
+        let started = Instant::now();
+        let info = machine
+            .write_file_stream(
+                &path,
+                pieces,
+                Some(FILE_BYTES as u64),
+                evervm::WriteFileOptions::default(),
+            )
+            .await?;
+        writes.push(started.elapsed());
+        if info.size != FILE_BYTES as u64 {
+            bail!("wrote {} bytes, expected {FILE_BYTES}", info.size);
+        }
+        let started = Instant::now();
+        let mut read = machine.read_file_stream(&path).await?;
+        let mut received = 0;
+        while let Some(part) = read.data.next().await {
+            received += part?.len();
+        }
+        reads.push(started.elapsed());
+        if received != FILE_BYTES {
+            bail!("read {received} bytes, expected {FILE_BYTES}");
+        }
+        machine.remove_file(&path, false).await?;
+    }
+    let best = |times: &[Duration]| {
+        let fastest = times.iter().min().copied().unwrap_or_default();
+        FILE_BYTES as f64 / 1e6 / fastest.as_secs_f64().max(1e-9)
+    };
+    let median = |times: &mut Vec<Duration>| {
+        times.sort();
+        FILE_BYTES as f64 / 1e6 / times[times.len() / 2].as_secs_f64().max(1e-9)
+    };
+    println!(
+        "  file 100 MiB write ({label:<11})                {:>8.1} MB/s  (median of 3; best {:.1})",
+        median(&mut writes.clone()),
+        best(&writes)
+    );
+    println!(
+        "  file 100 MiB read  ({label:<11})                {:>8.1} MB/s  (median of 3; best {:.1})",
+        median(&mut reads.clone()),
+        best(&reads)
+    );
+    machine.delete().await?;
+    Ok(())
+}
+
 /// An in-process client on a fresh home with this pool size.
 async fn local(backend: &str, pool_size: usize) -> Result<(Client, Engine, tempfile::TempDir)> {
     let home = tempfile::tempdir()?;
@@ -230,6 +299,9 @@ async fn bench_backend(backend: &str, rounds: usize) -> Result<()> {
 
     for (label, client) in [("in-process", &cold), ("HTTP stream", &remote)] {
         throughput(client).await?.print(label);
+    }
+    for (label, client) in [("in-process", &cold), ("HTTP", &remote)] {
+        file_throughput(client, label).await?;
     }
     drop(server);
     cold_engine.shutdown().await;
@@ -528,6 +600,16 @@ async fn main() -> Result<()> {
         std::thread::available_parallelism().map_or(0, std::num::NonZero::get)
     );
     for backend in &args.backends {
+        if args.only.as_deref() == Some("files") {
+            let (client, engine, _home) = local(backend, 0).await?;
+            let server = TestServer::start(backend);
+            println!("backend {backend}");
+            file_throughput(&client, "in-process").await?;
+            file_throughput(&server.client(), "HTTP").await?;
+            drop(server);
+            engine.shutdown().await;
+            continue;
+        }
         if args.only.as_deref() == Some("exec") {
             let (client, engine, _home) = local(backend, 0).await?;
             println!("backend {backend}");
