@@ -148,12 +148,16 @@ fn create_options(
     memory_mb: Option<u32>,
     image: Option<String>,
     durability: Option<String>,
+    env: Option<Tags>,
+    secret_env: Option<Tags>,
 ) -> evervm::CreateMachineOptions {
     evervm::CreateMachineOptions {
         tags: tags.unwrap_or_default(),
         memory_mb,
         image,
         durability,
+        env: env.unwrap_or_default(),
+        secret_env: evervm::SecretEnv(secret_env.unwrap_or_default()),
     }
 }
 
@@ -210,7 +214,9 @@ impl Client {
         )
     }
 
-    #[pyo3(signature = (*, tags=None, memory_mb=None, image=None, durability=None))]
+    // One parameter per keyword argument of the Python method.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (*, tags=None, memory_mb=None, image=None, durability=None, env=None, secret_env=None))]
     fn create_machine(
         &self,
         py: Python<'_>,
@@ -218,8 +224,10 @@ impl Client {
         memory_mb: Option<u32>,
         image: Option<String>,
         durability: Option<String>,
+        env: Option<Tags>,
+        secret_env: Option<Tags>,
     ) -> PyResult<Machine> {
-        let options = create_options(tags, memory_mb, image, durability);
+        let options = create_options(tags, memory_mb, image, durability, env, secret_env);
         let inner = wait(py, create_machine(self.checked()?, options), None)?;
         Ok(Machine {
             name: inner.name().to_owned(),
@@ -586,7 +594,9 @@ impl AsyncClient {
         awaitable(py, async move { client.whoami().await.map_err(to_py) })
     }
 
-    #[pyo3(signature = (*, tags=None, memory_mb=None, image=None, durability=None))]
+    // One parameter per keyword argument of the Python method.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (*, tags=None, memory_mb=None, image=None, durability=None, env=None, secret_env=None))]
     fn create_machine<'py>(
         &self,
         py: Python<'py>,
@@ -594,8 +604,10 @@ impl AsyncClient {
         memory_mb: Option<u32>,
         image: Option<String>,
         durability: Option<String>,
+        env: Option<Tags>,
+        secret_env: Option<Tags>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let options = create_options(tags, memory_mb, image, durability);
+        let options = create_options(tags, memory_mb, image, durability, env, secret_env);
         let client = self.checked()?;
         let conn = Arc::clone(&self.conn);
         awaitable(py, async move {

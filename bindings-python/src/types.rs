@@ -176,6 +176,10 @@ pub(crate) struct MachineInfo {
     pub disk_bytes: Option<u64>,
     pub resident_bytes: Option<u64>,
     pub durability: Option<String>,
+    /// Its environment variables that are not secret.
+    pub env: Py<PyDict>,
+    /// The names of its secret environment variables (never their values).
+    pub secret_env: Vec<String>,
 }
 
 #[pymethods]
@@ -194,6 +198,10 @@ impl MachineInfo {
         for (k, v) in &m.tags {
             tags.set_item(k, v)?;
         }
+        let env = PyDict::new(py);
+        for (k, v) in &m.env {
+            env.set_item(k, v)?;
+        }
         Ok(Self {
             name: m.name,
             created_at: m.created_at.to_rfc3339(),
@@ -210,6 +218,8 @@ impl MachineInfo {
             disk_bytes: m.disk_bytes,
             resident_bytes: m.resident_bytes,
             durability: m.durability,
+            env: env.unbind(),
+            secret_env: m.secret_env,
         })
     }
 }

@@ -207,3 +207,15 @@ def test_after_fork_a_child_uses_the_server_or_is_told_why_not(client: evervm.Cl
     else:
         assert answer == "10"
     assert machine.exec("z").value == "5"
+
+
+def test_environment_and_secrets(client: evervm.Client) -> None:
+    machine = client.create_machine(env={"STAGE": "py"}, secret_env={"API_KEY": "k-987654"})
+    assert machine.exec("import os\n(os.environ['STAGE'], os.environ['API_KEY'])").value == "('py', 'k-987654')"
+    info = machine.info()
+    assert info.env == {"STAGE": "py"} and info.secret_env == ["API_KEY"]
+    listed = [m for m in client.list_machines() if m.name == machine.name][0]
+    assert listed.secret_env == ["API_KEY"] and "k-987654" not in repr(listed.env)
+    with pytest.raises(evervm.InvalidInputError):
+        client.create_machine(env={"BAD-NAME": "x"})
+    machine.delete()

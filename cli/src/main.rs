@@ -156,6 +156,14 @@ enum MachineCommand {
         /// instruction, before its result is reported; slower).
         #[arg(long)]
         durability: Option<String>,
+        /// An environment variable of the machine, KEY=VALUE (repeatable).
+        #[arg(long = "env", value_name = "KEY=VALUE")]
+        env: Vec<String>,
+        /// A secret environment variable (repeatable): KEY takes the value of KEY in this
+        /// command's own environment (so that it appears in no command line), KEY=VALUE gives
+        /// it. `info` and lists show its name only.
+        #[arg(long = "secret-env", value_name = "KEY[=VALUE]")]
+        secret_env: Vec<String>,
     },
     /// List machines, newest first; with --tag only those carrying every tag.
     List {
@@ -214,6 +222,28 @@ fn parse_tags(pairs: &[String]) -> Result<Tags> {
         tags.insert(key, value);
     }
     Ok(tags)
+}
+
+/// `KEY=VALUE` pairs; with `from_own_environment`, a bare `KEY` takes this command's `$KEY`.
+fn parse_env(
+    pairs: &[String],
+    from_own_environment: bool,
+) -> Result<std::collections::BTreeMap<String, String>> {
+    let mut env = std::collections::BTreeMap::new();
+    for pair in pairs {
+        let (key, value) = match pair.split_once('=') {
+            Some((key, value)) => (key.to_owned(), value.to_owned()),
+            None if from_own_environment => {
+                let value = std::env::var(pair).with_context(|| {
+                    format!("--secret-env {pair}: ${pair} is not set in this command's environment")
+                })?;
+                (pair.clone(), value)
+            }
+            None => bail!("--env {pair:?} has no '=': write KEY=VALUE"),
+        };
+        env.insert(key, value);
+    }
+    Ok(env)
 }
 
 impl Target {
@@ -492,6 +522,12 @@ fn print_machine(info: &evervm::MachineInfo) {
     for (key, value) in &info.tags {
         println!("  tag:          {key}={value}");
     }
+    for (key, value) in &info.env {
+        println!("  env:          {key}={value}");
+    }
+    for key in &info.secret_env {
+        println!("  secret env:   {key} (value not shown)");
+    }
     if let Some(error) = &info.last_error {
         println!("  last error:   {error}");
     }
@@ -504,6 +540,8 @@ async fn machine(command: MachineCommand, client: &Client) -> Result<ExitCode> {
             memory_mb,
             image,
             durability,
+            env,
+            secret_env,
         } => {
             let machine = client
                 .create_machine(CreateMachineOptions {
@@ -511,6 +549,8 @@ async fn machine(command: MachineCommand, client: &Client) -> Result<ExitCode> {
                     memory_mb,
                     image,
                     durability,
+                    env: parse_env(&env, false)?,
+                    secret_env: evervm::SecretEnv(parse_env(&secret_env, true)?),
                 })
                 .await?;
             println!("{}", machine.name());

@@ -40,6 +40,8 @@ struct Server {
     url: String,
     token: String,
     home: tempfile::TempDir,
+    /// What the server logged (at debug level), on its stderr.
+    log: tempfile::NamedTempFile,
 }
 
 impl Server {
@@ -50,6 +52,7 @@ impl Server {
     /// Starts a server on `home`; `token` is known when the home was used before (the server
     /// prints a token on its first start only).
     fn start_in(backend: &str, home: tempfile::TempDir, token: Option<String>) -> Self {
+        let log = tempfile::NamedTempFile::new().unwrap();
         let mut child = Command::new(EVERVM)
             .args([
                 "serve",
@@ -62,8 +65,9 @@ impl Server {
             .arg(home.path())
             .env_remove("EVERVM_URL")
             .env_remove("EVERVM_TOKEN")
+            .env("EVERVM_LOG", "debug")
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(log.reopen().unwrap())
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
@@ -88,6 +92,7 @@ impl Server {
             url: url.unwrap(),
             token: token.unwrap(),
             home,
+            log,
         }
     }
 
@@ -305,6 +310,63 @@ fn files_are_copied_listed_and_removed_through_the_cli() {
             "{}",
             stderr(&missing)
         );
+    }
+}
+
+#[test]
+fn secret_environment_values_are_seen_by_the_machine_only() {
+    for backend in backends() {
+        let server = Server::start(&backend);
+        let secret = "s3cr3t-value-that-must-not-leak";
+        let output = run_with_input(
+            Command::new(EVERVM)
+                .args([
+                    "machine",
+                    "new",
+                    "--env",
+                    "STAGE=ci",
+                    "--secret-env",
+                    "DB_PASSWORD",
+                ])
+                .env("DB_PASSWORD", secret)
+                .env("EVERVM_URL", &server.url)
+                .env("EVERVM_TOKEN", &server.token),
+            "",
+        );
+        let name = ok(output);
+        let name = name.trim();
+        assert_eq!(
+            ok(server.evervm(&[
+                "exec",
+                "--machine",
+                name,
+                "import os; os.environ['DB_PASSWORD'] == 'SECRET', os.environ['STAGE']"
+                    .replace("SECRET", secret)
+                    .as_str()
+            ])),
+            "(True, 'ci')\n"
+        );
+        let info = ok(server.evervm(&["machine", "info", name]));
+        assert!(info.contains("env:          STAGE=ci"), "{info}");
+        assert!(info.contains("DB_PASSWORD (value not shown)"), "{info}");
+        let json = ok(server.evervm(&["machine", "info", name, "--json"]));
+        let list = ok(server.evervm(&["machine", "list", "--json"]));
+        let log = std::fs::read_to_string(server.log.path()).unwrap();
+        assert!(
+            log.contains(name),
+            "the log has the machine's requests: {log}"
+        );
+        for (what, text) in [
+            ("info", &info),
+            ("json", &json),
+            ("list", &list),
+            ("log", &log),
+        ] {
+            assert!(
+                !text.contains(secret),
+                "the secret is in the {what}: {text}"
+            );
+        }
     }
 }
 

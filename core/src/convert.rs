@@ -114,6 +114,8 @@ impl From<ApiMachine> for MachineInfo {
             disk_bytes: m.disk_bytes,
             resident_bytes: m.resident_bytes,
             durability: m.durability,
+            env: m.env,
+            secret_env: m.secret_env,
         }
     }
 }
@@ -137,6 +139,8 @@ impl From<MachineInfo> for ApiMachine {
             disk_bytes: m.disk_bytes,
             resident_bytes: m.resident_bytes,
             durability: m.durability,
+            env: m.env,
+            secret_env: m.secret_env,
         }
     }
 }
@@ -228,6 +232,8 @@ pub(crate) mod engine {
                 disk_bytes: Some(m.disk_bytes),
                 resident_bytes: Some(m.resident_bytes),
                 durability: Some(m.durability.as_str().to_owned()),
+                env: m.env,
+                secret_env: m.secret_env,
             }
         }
     }
@@ -307,6 +313,30 @@ pub(crate) mod engine {
     pub(crate) fn create_machine_to_engine(
         options: CreateMachineOptions,
     ) -> engine::Result<engine::CreateMachine> {
+        let mut env = engine::Env::new();
+        for (name, value) in options.env {
+            env.insert(
+                name,
+                engine::EnvVar {
+                    value,
+                    secret: false,
+                },
+            );
+        }
+        for (name, value) in options.secret_env.0 {
+            if env.contains_key(&name) {
+                return Err(engine::Error::invalid(format!(
+                    "environment variable {name} is given both in env and in secret_env"
+                )));
+            }
+            env.insert(
+                name,
+                engine::EnvVar {
+                    value,
+                    secret: true,
+                },
+            );
+        }
         Ok(engine::CreateMachine {
             tags: options.tags,
             memory_mb: options.memory_mb,
@@ -316,6 +346,7 @@ pub(crate) mod engine {
                 .as_deref()
                 .map(engine::Durability::parse)
                 .transpose()?,
+            env,
         })
     }
 }
@@ -390,6 +421,8 @@ pub(crate) mod server {
             memory_mb: request.memory_mb,
             image: request.image,
             durability: request.durability,
+            env: request.env.unwrap_or_default(),
+            secret_env: request.secret_env.unwrap_or_default(),
         })
     }
 
@@ -457,9 +490,31 @@ pub(crate) mod server {
                 memory_mb: Some(256),
                 image: Some("data".into()),
                 durability: Some("instruction".into()),
+                env: Some([("PLAIN".to_owned(), "1".to_owned())].into()),
+                secret_env: Some(crate::types::SecretEnv(
+                    [("TOKEN".to_owned(), "s3cret".to_owned())].into(),
+                )),
             }))
             .unwrap();
             assert_eq!(create.tags.get("a").map(String::as_str), Some("b"));
+            assert_eq!(
+                create
+                    .env
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.value.as_str(), v.secret))
+                    .collect::<Vec<_>>(),
+                [("PLAIN", "1", false), ("TOKEN", "s3cret", true)]
+            );
+            assert!(!format!("{create:?}").contains("s3cret"));
+            let both = create_machine_from_wire(Some(CreateMachineRequest {
+                env: Some([("X".to_owned(), "1".to_owned())].into()),
+                secret_env: Some(crate::types::SecretEnv(
+                    [("X".to_owned(), "2".to_owned())].into(),
+                )),
+                ..CreateMachineRequest::default()
+            }))
+            .unwrap_err();
+            assert!(both.message().contains("both"), "{both}");
             assert_eq!(create.memory_mb, Some(256));
             assert_eq!(create.image.as_deref(), Some("data"));
             assert_eq!(create.durability, Some(engine::Durability::Instruction));

@@ -31,6 +31,23 @@ pub struct CreateMachineOptions {
     /// engine stop) or `instruction` (also after every instruction, before its result is
     /// reported; costs a snapshot and a restore per instruction).
     pub durability: Option<String>,
+    /// Environment variables the machine's interpreter has (`os.environ`, inherited by its
+    /// subprocesses), kept across swap, restart and fork; shown by `info`.
+    pub env: BTreeMap<String, String>,
+    /// Environment variables whose values are never shown (`info` and lists give their names
+    /// only, logs neither).
+    pub secret_env: SecretEnv,
+}
+
+/// Environment variables whose values are secrets: `Debug` shows their names only.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SecretEnv(pub BTreeMap<String, String>);
+
+impl std::fmt::Debug for SecretEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
 }
 
 /// Options for one instruction.
@@ -90,6 +107,10 @@ pub struct MachineInfo {
     pub resident_bytes: Option<u64>,
     /// `idle` or `instruction`.
     pub durability: Option<String>,
+    /// Its environment variables that are not secret.
+    pub env: BTreeMap<String, String>,
+    /// The names of its secret environment variables.
+    pub secret_env: Vec<String>,
 }
 
 /// A named, kept snapshot of a machine.

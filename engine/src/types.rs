@@ -76,6 +76,74 @@ fn validate_tag_key(key: &str) -> Result<()> {
     Ok(())
 }
 
+/// A machine's environment variables, set at creation.
+pub type Env = BTreeMap<String, EnvVar>;
+
+/// One environment variable. A secret's value reaches the machine's interpreter and the store,
+/// never `info`, lists or logs.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnvVar {
+    pub value: String,
+    #[serde(default)]
+    pub secret: bool,
+}
+
+impl fmt::Debug for EnvVar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let value: &dyn fmt::Debug = if self.secret {
+            &"<secret>"
+        } else {
+            &self.value
+        };
+        f.debug_struct("EnvVar")
+            .field("value", value)
+            .field("secret", &self.secret)
+            .finish()
+    }
+}
+
+/// Environment limits.
+pub const MAX_ENV_VARS: usize = 128;
+pub const MAX_ENV_NAME_BYTES: usize = 256;
+pub const MAX_ENV_BYTES: usize = 256 * 1024;
+
+/// Checks a machine's environment: at most [`MAX_ENV_VARS`] variables of at most
+/// [`MAX_ENV_BYTES`] together; names are 1 to [`MAX_ENV_NAME_BYTES`] bytes of ASCII letters,
+/// digits and `_`, not starting with a digit; values have no NUL. A secret's value is never
+/// named in the error.
+pub fn validate_env(env: &Env) -> Result<()> {
+    if env.len() > MAX_ENV_VARS {
+        return Err(Error::invalid(format!(
+            "too many environment variables: {} (at most {MAX_ENV_VARS})",
+            env.len()
+        )));
+    }
+    let total: usize = env.iter().map(|(k, v)| k.len() + v.value.len()).sum();
+    if total > MAX_ENV_BYTES {
+        return Err(Error::invalid(format!(
+            "the environment is {total} bytes (at most {MAX_ENV_BYTES})"
+        )));
+    }
+    for (name, var) in env {
+        let valid = !name.is_empty()
+            && name.len() <= MAX_ENV_NAME_BYTES
+            && !name.starts_with(|c: char| c.is_ascii_digit())
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return Err(Error::invalid(format!(
+                "environment variable name {name:?}: names are letters, digits and '_', not \
+                 starting with a digit"
+            )));
+        }
+        if var.value.contains('\0') {
+            return Err(Error::invalid(format!(
+                "environment variable {name}: the value contains a NUL character"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Parses `KEY=VALUE` (the CLI's `--tag` syntax).
 pub fn parse_tag(text: &str) -> Result<(String, String)> {
     let Some((key, value)) = text.split_once('=') else {
@@ -154,6 +222,8 @@ pub struct CreateMachine {
     pub image: Option<String>,
     /// When the machine's state is saved to disk; `idle` when `None`.
     pub durability: Option<Durability>,
+    /// Environment variables its interpreter starts with (kept across swap, restart and fork).
+    pub env: Env,
 }
 
 /// What a fork of a machine gets.
@@ -276,6 +346,10 @@ pub struct MachineInfo {
     /// not resident.
     pub resident_bytes: u64,
     pub durability: Durability,
+    /// Its environment variables that are not secret, with their values.
+    pub env: BTreeMap<String, String>,
+    /// The names of its secret environment variables (never their values).
+    pub secret_env: Vec<String>,
 }
 
 /// One instruction to run.

@@ -407,3 +407,72 @@ async fn code_that_takes_sigalrm_keeps_its_timers_and_its_timeouts() {
     let result = run(&engine, &account, &name, ExecRequest::new("len(fired)")).await;
     assert_eq!(value(&result).as_deref(), Some("1"));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn environment_reaches_the_interpreter_and_secrets_stay_hidden() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(&dir).await;
+    let account = engine.ensure_account("test").await.unwrap();
+    let var = |value: &str, secret: bool| evervm_engine::EnvVar {
+        value: value.to_owned(),
+        secret,
+    };
+    let env: evervm_engine::Env = [
+        ("REGION".to_owned(), var("eu-north", false)),
+        ("API_TOKEN".to_owned(), var("tok-12345", true)),
+    ]
+    .into();
+    let info = engine
+        .create_machine(
+            &account,
+            CreateMachine {
+                env,
+                ..CreateMachine::default()
+            },
+        )
+        .await
+        .unwrap();
+    let name = info.name.as_str();
+    assert_eq!(info.env.get("REGION").map(String::as_str), Some("eu-north"));
+    assert_eq!(info.secret_env, ["API_TOKEN"]);
+    let seq = engine
+        .exec(
+            &account,
+            name,
+            ExecRequest::new(
+                "import os, subprocess\n(os.environ['REGION'], os.environ['API_TOKEN'], \
+                 subprocess.run(['sh', '-c', 'echo $REGION'], capture_output=True, \
+                 text=True).stdout.strip(), os.getcwd() == os.path.expanduser('~'))",
+            ),
+        )
+        .await
+        .unwrap()
+        .seq;
+    assert_eq!(
+        value(&engine.result(&account, name, seq).await.unwrap()).as_deref(),
+        Some("('eu-north', 'tok-12345', 'eu-north', True)")
+    );
+    let shown = format!(
+        "{:?} {:?}",
+        engine.machine_info(&account, name).await.unwrap(),
+        engine.list_machines(&account, &Tags::new()).await.unwrap()
+    );
+    assert!(shown.contains("API_TOKEN"), "{shown}");
+    assert!(!shown.contains("tok-12345"), "{shown}");
+
+    let bad = |name: &str| -> evervm_engine::Env { [(name.to_owned(), var("x", false))].into() };
+    for wrong in ["1ABC", "A-B", "", "A B"] {
+        let refused = engine
+            .create_machine(
+                &account,
+                CreateMachine {
+                    env: bad(wrong),
+                    ..CreateMachine::default()
+                },
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(refused.kind(), ErrorKind::InvalidInput, "{wrong:?}");
+    }
+    engine.shutdown().await;
+}

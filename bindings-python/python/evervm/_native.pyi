@@ -92,6 +92,10 @@ class MachineInfo:
     def resident_bytes(self) -> Optional[int]: ...
     @property
     def durability(self) -> Optional[str]: ...
+    @property
+    def env(self) -> dict[str, str]: ...
+    @property
+    def secret_env(self) -> list[str]: ...
 
 @final
 class Checkpoint:
@@ -222,6 +226,8 @@ class Client:
         memory_mb: Optional[int] = None,
         image: Optional[str] = None,
         durability: Optional[str] = None,
+        env: Optional[dict[str, str]] = None,
+        secret_env: Optional[dict[str, str]] = None,
     ) -> Machine: ...
     def list_machines(self, *, tags: Optional[dict[str, str]] = None) -> list[MachineInfo]: ...
     def machine(self, name: str) -> Machine: ...
@@ -272,6 +278,8 @@ class AsyncClient:
         memory_mb: Optional[int] = None,
         image: Optional[str] = None,
         durability: Optional[str] = None,
+        env: Optional[dict[str, str]] = None,
+        secret_env: Optional[dict[str, str]] = None,
     ) -> Awaitable[AsyncMachine]: ...
     def list_machines(
         self, *, tags: Optional[dict[str, str]] = None

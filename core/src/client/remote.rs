@@ -287,6 +287,8 @@ impl Transport for RemoteTransport {
             memory_mb: options.memory_mb,
             image: options.image,
             durability: options.durability,
+            env: (!options.env.is_empty()).then_some(options.env),
+            secret_env: (!options.secret_env.0.is_empty()).then_some(options.secret_env),
         };
         let answer: CreateMachineResponse = self
             .call(

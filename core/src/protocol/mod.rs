@@ -89,6 +89,19 @@ pub struct CreateMachineRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "server", schemars(with = "Option<schema::Durability>"))]
     pub durability: Option<String>,
+    /// evervm: environment variables of the machine's interpreter (`os.environ`, inherited by
+    /// its subprocesses), kept across swap, restart and fork; returned by `info`. Names are
+    /// letters, digits and `_`; at most 128 variables, 256 KiB together (with `secret_env`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<BTreeMap<String, String>>,
+    /// evervm: environment variables whose values are secrets: set like `env`, but `info` and
+    /// lists give only their names, and the server never logs them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "server",
+        schemars(with = "Option<BTreeMap<String, String>>")
+    )]
+    pub secret_env: Option<crate::types::SecretEnv>,
 }
 
 /// The new machine's name.
@@ -170,6 +183,13 @@ pub struct ApiMachine {
     /// `CreateMachineRequest.durability`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub durability: Option<String>,
+    /// evervm: the machine's environment variables that are not secret; absent when none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// evervm: the names of its secret environment variables (never their values); absent
+    /// when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_env: Vec<String>,
 }
 
 /// An instruction: code and a timeout in seconds ([`DEFAULT_TIMEOUT_SECONDS`] when absent).

@@ -26,6 +26,7 @@ impl Engine {
     ) -> Result<MachineInfo> {
         self.refuse_when_closed()?;
         validate_tags(&request.tags)?;
+        crate::types::validate_env(&request.env)?;
         let limits = &self.inner.config.limits;
         let memory_mb = request
             .memory_mb
@@ -65,6 +66,8 @@ impl Engine {
             durability,
             unsaved_since: None,
             snapshot_at: None,
+            env: request.env,
+            expires_at: None,
         };
         self.insert_machine(&record).await?;
         let handle = self.spawn_handle(&record, true);
@@ -422,5 +425,17 @@ pub(super) fn info_of(
             (false, Some(Err(reason))) => Some(reason.clone()),
             _ => record.last_error.clone(),
         },
+        env: record
+            .env
+            .iter()
+            .filter(|(_, var)| !var.secret)
+            .map(|(name, var)| (name.clone(), var.value.clone()))
+            .collect(),
+        secret_env: record
+            .env
+            .iter()
+            .filter(|(_, var)| var.secret)
+            .map(|(name, _)| name.clone())
+            .collect(),
     }
 }

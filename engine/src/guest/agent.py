@@ -12,6 +12,8 @@ Host -> agent:
   {"op": "exec", "id": N, "code": "...", "timeout_ms": T}
   {"op": "interrupt", "id": N}
   {"op": "reseed"}   (after a fork: new seeds for random and numpy.random; answered by `ready`)
+  {"op": "configure", "env": {...}}   (a fresh interpreter becomes a machine's: its environment
+  variables are set and the home is the working directory; answered by `ready`)
   File operations, between instructions, each with "path" and "roots" (the directories the
   caller may touch; a path is resolved here, one component at a time, and refused if it or a
   symlink on its way leaves them):
@@ -1050,6 +1052,20 @@ def reseed():
             pass
 
 
+def configure(request):
+    """Makes a fresh interpreter a given machine's: the home as the working directory, then the
+    machine's environment variables (which child processes inherit too)."""
+    try:
+        os.chdir(os.path.expanduser("~"))
+    except OSError:
+        pass
+    env = request.get("env")
+    if isinstance(env, dict):
+        for name, value in env.items():
+            if isinstance(name, str) and isinstance(value, str):
+                os.environ[name] = value
+
+
 def next_request():
     """The next request for the main thread: one the watcher kept, else one from the channel.
     Interrupts for instructions that already ended are dropped."""
@@ -1101,6 +1117,9 @@ def main():
                 run_instruction(machine, captures, request)
             elif request.get("op") == "reseed":
                 reseed()
+                send({"ev": "ready", "python": sys.version.split()[0], "pid": os.getpid()})
+            elif request.get("op") == "configure":
+                configure(request)
                 send({"ev": "ready", "python": sys.version.split()[0], "pid": os.getpid()})
             elif request.get("op") in FILE_OPERATIONS:
                 file_operation(request)

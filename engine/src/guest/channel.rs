@@ -98,6 +98,11 @@ pub enum AgentRequest {
     /// Reseed the interpreter's random generators (after a fork or a base snapshot's restore:
     /// every copy would draw the same numbers); the agent answers `ready`.
     Reseed,
+    /// Make a fresh interpreter a machine's: its environment variables, the home as working
+    /// directory; the agent answers `ready`.
+    Configure {
+        env: EnvValues,
+    },
     /// File operations (between instructions): `path` is resolved by the agent under `roots`
     /// (none: the machine's home). Answered by `file` or `file_error`.
     Stat {
@@ -135,6 +140,18 @@ pub enum AgentRequest {
     },
     WriteEnd,
     WriteAbort,
+}
+
+/// Environment variables on their way to the agent: their values may be secrets, so they are
+/// never shown (`Debug` lists the names only).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct EnvValues(pub std::collections::BTreeMap<String, String>);
+
+impl std::fmt::Debug for EnvValues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
 }
 
 /// The header of a data frame carrying `len` bytes of file data: the length, then `D`.

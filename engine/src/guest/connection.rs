@@ -85,18 +85,43 @@ impl AgentConnection {
     /// Asks a restored agent to reseed its random generators and waits for its answer, which
     /// also proves it alive.
     pub async fn reseed(&mut self, timeout: Duration) -> Result<()> {
-        self.send(&AgentRequest::Reseed).await?;
+        self.ready_after(&AgentRequest::Reseed, "a reseed", timeout)
+            .await
+    }
+
+    /// Makes a fresh interpreter a machine's (its environment, its home as working directory)
+    /// and waits for the agent's answer.
+    pub async fn configure(
+        &mut self,
+        env: std::collections::BTreeMap<String, String>,
+        timeout: Duration,
+    ) -> Result<()> {
+        let request = AgentRequest::Configure {
+            env: super::channel::EnvValues(env),
+        };
+        self.ready_after(&request, "its configuration", timeout)
+            .await
+    }
+
+    /// Sends `request` and waits for the agent's `ready`.
+    async fn ready_after(
+        &mut self,
+        request: &AgentRequest,
+        what: &str,
+        timeout: Duration,
+    ) -> Result<()> {
+        self.send(request).await?;
         match tokio::time::timeout(timeout, self.next_event()).await {
             Ok(Ok(AgentEvent::Ready { python })) => {
                 self.python = python;
                 Ok(())
             }
             Ok(Ok(other)) => Err(Error::crashed(format!(
-                "the restored agent answered a reseed with {other:?}"
+                "the agent answered {what} with {other:?}"
             ))),
-            Ok(Err(e)) => Err(e.context("the restored agent did not answer")),
+            Ok(Err(e)) => Err(e.context(format!("the agent did not answer {what}"))),
             Err(_) => Err(Error::crashed(format!(
-                "the restored agent did not answer within {} s",
+                "the agent did not answer {what} within {} s",
                 timeout.as_secs_f32()
             ))),
         }

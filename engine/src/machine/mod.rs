@@ -111,6 +111,8 @@ pub(crate) struct MachineHandle {
     pub shape: Shape,
     state: Mutex<MachineState>,
     pub durability: Durability,
+    /// The environment a fresh interpreter of this machine gets (secrets included).
+    env: crate::types::Env,
     /// Unbounded as a channel, bounded by [`crate::Limits::max_queued_instructions`]: an
     /// instruction is refused before it is sent when the queue is full.
     jobs: mpsc::UnboundedSender<Work>,
@@ -159,6 +161,7 @@ impl MachineHandle {
             account_id: record.account_id,
             shape,
             durability: record.durability,
+            env: record.env.clone(),
             state: Mutex::new(state),
             jobs,
             controls,

@@ -87,7 +87,7 @@ pub(super) async fn acquire(
             let _ = std::fs::create_dir_all(&dir);
             return Err(refuse(e));
         }
-        return Pool::take(engine, machine.shape).await;
+        return fresh_interpreter(engine, machine).await;
     };
     // The checksum is computed while runsc starts (most of a restore is starting its processes);
     // nothing talks to the restored sandbox before it matched.
@@ -121,6 +121,30 @@ pub(super) async fn acquire(
 
 /// What the next instruction's output starts with after the machine's sandbox ended
 /// abnormally (or its state was lost): how it came back.
+/// A fresh interpreter from the pool, made the machine's: its environment, its home.
+async fn fresh_interpreter(engine: &Arc<EngineInner>, machine: &MachineHandle) -> Result<Resident> {
+    let mut resident = Pool::take(engine, machine.shape).await?;
+    if machine.env.is_empty() {
+        return Ok(resident);
+    }
+    let env = machine
+        .env
+        .iter()
+        .map(|(name, var)| (name.clone(), var.value.clone()))
+        .collect();
+    match resident
+        .agent
+        .configure(env, engine.config.ready_timeout)
+        .await
+    {
+        Ok(()) => Ok(resident),
+        Err(e) => {
+            resident.kill().await;
+            Err(e)
+        }
+    }
+}
+
 pub(super) async fn recovery_note(engine: &EngineInner, machine: &MachineHandle) -> Option<String> {
     let why = lock(&machine.state).recovering_from.take()?;
     let dir = snapshot::snapshot_dir(&engine.config.home, machine.name.as_str());

@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::guest::image::Profile;
-use crate::types::{Account, Durability, MachineName, Tags, TokenInfo};
+use crate::types::{Account, Durability, Env, MachineName, Tags, TokenInfo};
 
 mod history;
 mod schema;
@@ -41,6 +41,10 @@ pub struct MachineRecord {
     /// When its snapshot was last written (`None`: it never had one). A machine that had one
     /// and finds none on disk is damaged, not silently fresh.
     pub snapshot_at: Option<DateTime<Utc>>,
+    /// Environment variables its interpreter starts with (secrets included).
+    pub env: Env,
+    /// When it is deleted (`None`: never).
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 /// A checkpoint's row.
@@ -272,9 +276,12 @@ impl Store {
     pub fn insert_machine(&mut self, record: &MachineRecord) -> Result<()> {
         let tags = serde_json::to_string(&record.tags)
             .map_err(|e| Error::internal(format!("cannot encode tags: {e}")))?;
+        let env = serde_json::to_string(&record.env)
+            .map_err(|e| Error::internal(format!("cannot encode the environment: {e}")))?;
         self.conn.execute(
             "INSERT INTO machines (name, account_id, created_at, tags, memory_mb, image, backend,
-             next_seq, durability, snapshot_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 0, ?8, ?9)",
+             next_seq, durability, snapshot_at, env, expires_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 0, ?8, ?9, ?10, ?11)",
             params![
                 record.name.as_str(),
                 record.account_id,
@@ -284,7 +291,9 @@ impl Store {
                 record.image.as_str(),
                 record.backend,
                 record.durability.as_str(),
-                record.snapshot_at.map(stored)
+                record.snapshot_at.map(stored),
+                env,
+                record.expires_at.map(stored)
             ],
         )?;
         Ok(())
@@ -305,12 +314,14 @@ impl Store {
             durability: row.get(10)?,
             unsaved_since: row.get(11)?,
             snapshot_at: row.get(12)?,
+            env: row.get(13)?,
+            expires_at: row.get(14)?,
         })
     }
 
     const MACHINE_COLUMNS: &'static str = "name, account_id, created_at, tags, memory_mb, \
         backend, next_seq, last_used_at, last_error, image, durability, unsaved_since, \
-        snapshot_at";
+        snapshot_at, env, expires_at";
 
     pub fn machine(&self, name: &str) -> Result<Option<MachineRecord>> {
         let raw = self
@@ -420,12 +431,21 @@ struct RawMachine {
     durability: String,
     unsaved_since: Option<String>,
     snapshot_at: Option<String>,
+    env: String,
+    expires_at: Option<String>,
 }
 
 impl RawMachine {
     fn into_record(self) -> Result<MachineRecord> {
         let tags: Tags = serde_json::from_str(&self.tags).map_err(|e| {
             Error::internal(format!("stored tags of {} are unreadable: {e}", self.name))
+        })?;
+        // The error names no part of the text: it may hold secrets.
+        let env: Env = serde_json::from_str(&self.env).map_err(|_| {
+            Error::internal(format!(
+                "the stored environment of {} is unreadable",
+                self.name
+            ))
         })?;
         Ok(MachineRecord {
             name: MachineName::parse(&self.name)?,
@@ -441,6 +461,8 @@ impl RawMachine {
             durability: Durability::parse(&self.durability)?,
             unsaved_since: self.unsaved_since.as_deref().map(parse_time).transpose()?,
             snapshot_at: self.snapshot_at.as_deref().map(parse_time).transpose()?,
+            env,
+            expires_at: self.expires_at.as_deref().map(parse_time).transpose()?,
         })
     }
 }
@@ -470,6 +492,8 @@ mod tests {
                     durability: Durability::Idle,
                     unsaved_since: None,
                     snapshot_at: None,
+                    env: Env::new(),
+                    expires_at: None,
                 })
                 .unwrap();
         }

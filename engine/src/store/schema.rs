@@ -2,13 +2,14 @@
 //!
 //! Version 4 gave every row that belongs to a machine a foreign key with `ON DELETE CASCADE`, so
 //! that no instruction, output or checkpoint outlives its machine (a delete racing an insert
-//! can no longer leave orphans: the insert fails instead).
+//! can no longer leave orphans: the insert fails instead). Version 5 gave machines their
+//! environment (`env`, JSON) and an expiry time (`expires_at`).
 
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::error::{Error, Result};
 
-pub(super) const VERSION: i64 = 4;
+pub(super) const VERSION: i64 = 5;
 
 /// Tables that do not depend on a machine: created as they are in every version.
 const BASE: &str = r"
@@ -42,7 +43,9 @@ CREATE TABLE IF NOT EXISTS machines (
     last_error TEXT,
     durability TEXT NOT NULL DEFAULT 'idle',
     unsaved_since TEXT,
-    snapshot_at TEXT
+    snapshot_at TEXT,
+    env TEXT NOT NULL DEFAULT '{}',
+    expires_at TEXT
 );
 ";
 
@@ -140,10 +143,40 @@ fn migrate(conn: &mut Connection, from: i64) -> Result<()> {
                      instruction_count INTEGER NOT NULL, PRIMARY KEY (machine, name));",
             )?;
         }
-        // Version 4: tokens may expire; machines say whether they may hold unsaved state and when their snapshot
-        // was written (the engine fills that in for existing snapshots when it opens); the
-        // machine's rows get foreign keys; rows whose machine is gone (left by
-        // a delete that raced an insert) are dropped on the way.
+        if from < 4 {
+            to_version_4(&tx)?;
+        }
+        // Version 5: machines have an environment and may expire.
+        tx.execute_batch(
+            "ALTER TABLE machines ADD COLUMN env TEXT NOT NULL DEFAULT '{}';
+             ALTER TABLE machines ADD COLUMN expires_at TEXT;",
+        )?;
+        tx.execute(
+            "UPDATE meta SET value = ?1 WHERE key = 'schema_version'",
+            params![VERSION.to_string()],
+        )?;
+        let violations: i64 =
+            tx.query_row("SELECT COUNT(*) FROM pragma_foreign_key_check", [], |r| {
+                r.get(0)
+            })?;
+        if violations > 0 {
+            return Err(Error::internal(format!(
+                "{violations} rows break a foreign key after the upgrade"
+            )));
+        }
+        tx.commit()?;
+        Ok(())
+    })();
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    migrated
+}
+
+/// Version 4: tokens may expire; machines say whether they may hold unsaved state and when their
+/// snapshot was written (the engine fills that in for existing snapshots when it opens); the
+/// machine's rows get foreign keys; rows whose machine is gone (left by a delete that raced an
+/// insert) are dropped on the way.
+fn to_version_4(tx: &rusqlite::Transaction<'_>) -> Result<()> {
+    {
         tx.execute_batch(
             "ALTER TABLE tokens ADD COLUMN expires_at TEXT;
              ALTER TABLE machines ADD COLUMN unsaved_since TEXT;
@@ -172,22 +205,6 @@ fn migrate(conn: &mut Connection, from: i64) -> Result<()> {
              DROP TABLE old_checkpoints;
              DROP TABLE old_outputs;",
         )?;
-        tx.execute(
-            "UPDATE meta SET value = ?1 WHERE key = 'schema_version'",
-            params![VERSION.to_string()],
-        )?;
-        let violations: i64 =
-            tx.query_row("SELECT COUNT(*) FROM pragma_foreign_key_check", [], |r| {
-                r.get(0)
-            })?;
-        if violations > 0 {
-            return Err(Error::internal(format!(
-                "{violations} rows break a foreign key after the upgrade"
-            )));
-        }
-        tx.commit()?;
-        Ok(())
-    })();
-    conn.pragma_update(None, "foreign_keys", "ON")?;
-    migrated
+    }
+    Ok(())
 }

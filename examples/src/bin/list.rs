@@ -66,6 +66,8 @@ fn populate(home: &std::path::Path, count: usize, runtime: &str) -> Result<Vec<S
             durability: Durability::Idle,
             unsaved_since: None,
             snapshot_at: Some(chrono::Utc::now()),
+            env: evervm::engine::Env::new(),
+            expires_at: None,
         })?;
         let dir = evervm::engine::snapshot::snapshot_dir(home, &name);
         std::fs::create_dir_all(&dir)?;

@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod client;
+mod environment;
 mod faults;
 mod files;
 mod forever;
