@@ -93,14 +93,13 @@ pub struct CreateMachineRequest {
     /// its subprocesses), kept across swap, restart and fork; returned by `info`. Names are
     /// letters, digits and `_`; at most 128 variables, 256 KiB together (with `secret_env`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "server", schemars(with = "Option<schema::Env>"))]
     pub env: Option<BTreeMap<String, String>>,
     /// evervm: environment variables whose values are secrets: set like `env`, but `info` and
-    /// lists give only their names, and the server never logs them.
+    /// lists give only their names, and the server never logs them. A name in both maps is
+    /// secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(
-        feature = "server",
-        schemars(with = "Option<BTreeMap<String, String>>")
-    )]
+    #[cfg_attr(feature = "server", schemars(with = "Option<schema::Env>"))]
     pub secret_env: Option<crate::types::SecretEnv>,
 }
 

@@ -67,6 +67,34 @@ impl JsonSchema for Tags {
     }
 }
 
+/// A machine's environment variables (`env`, `secret_env`) as a new machine takes them.
+pub(crate) struct Env;
+
+impl JsonSchema for Env {
+    fn schema_name() -> Cow<'static, str> {
+        "Env".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        schema(json!({
+            "type": "object",
+            "description": format!(
+                "Environment variables: names of letters, digits and `_`, not starting with a \
+                 digit, at most {} bytes; values without NUL; at most {} variables and {} bytes \
+                 together (with the other map).",
+                engine::MAX_ENV_NAME_BYTES,
+                engine::MAX_ENV_VARS,
+                engine::MAX_ENV_BYTES,
+            ),
+            "maxProperties": engine::MAX_ENV_VARS,
+            "propertyNames": {
+                "pattern": format!("^[A-Za-z_][A-Za-z0-9_]{{0,{}}}$", engine::MAX_ENV_NAME_BYTES - 1)
+            },
+            "additionalProperties": { "type": "string", "pattern": "^[^\\u0000]*$" },
+        }))
+    }
+}
+
 /// An instruction's code: at most [`engine::MAX_CODE_BYTES`] bytes (the schema can only count
 /// characters), no NUL.
 pub(crate) struct Code;
@@ -160,6 +188,48 @@ mod tests {
             }
         }
         false
+    }
+
+    #[test]
+    fn env_names_follow_the_engine() {
+        // The schema's pattern, by hand: a letter or `_`, then letters, digits and `_`.
+        let by_pattern = |name: &str| {
+            let mut chars = name.chars();
+            chars
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && name.len() <= engine::MAX_ENV_NAME_BYTES
+        };
+        let long = "A".repeat(engine::MAX_ENV_NAME_BYTES);
+        let too_long = "A".repeat(engine::MAX_ENV_NAME_BYTES + 1);
+        for name in [
+            "A",
+            "_x9",
+            "a-b",
+            "9a",
+            "",
+            "é",
+            "A B",
+            long.as_str(),
+            too_long.as_str(),
+        ] {
+            let env = engine::Env::from([(
+                name.to_owned(),
+                engine::EnvVar {
+                    value: String::new(),
+                    secret: false,
+                },
+            )]);
+            assert_eq!(
+                engine::validate_env(&env).is_ok(),
+                by_pattern(name),
+                "{name:?}"
+            );
+        }
+        let text =
+            serde_json::to_string(&Env::json_schema(&mut SchemaGenerator::default())).unwrap();
+        assert!(text.contains("^[A-Za-z_][A-Za-z0-9_]{0,255}$"), "{text}");
     }
 
     #[test]
