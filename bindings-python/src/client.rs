@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 
 use crate::error::{invalid_input, to_py};
 use crate::runtime::{awaitable, wait};
-use crate::types::{Checkpoint, ExecResult, MachineInfo, OutputChunk};
+use crate::types::{Checkpoint, ExecResult, MachineInfo, MachinePage, OutputChunk};
 
 type Tags = BTreeMap<String, String>;
 
@@ -119,6 +119,28 @@ async fn list_machines(client: evervm::Client, tags: Tags) -> PyResult<Vec<Machi
     })
 }
 
+async fn list_machines_page(
+    client: evervm::Client,
+    tags: Tags,
+    limit: u32,
+    cursor: Option<String>,
+) -> PyResult<MachinePage> {
+    let page = client
+        .list_machines_page(&tags, limit, cursor.as_deref())
+        .await
+        .map_err(to_py)?;
+    Python::attach(|py| {
+        Ok(MachinePage {
+            machines: page
+                .machines
+                .into_iter()
+                .map(|m| MachineInfo::new(py, m).and_then(|info| Py::new(py, info)))
+                .collect::<PyResult<_>>()?,
+            next_cursor: page.next_cursor,
+        })
+    })
+}
+
 async fn exec(
     machine: evervm::Machine,
     code: String,
@@ -150,15 +172,30 @@ fn create_options(
     durability: Option<String>,
     env: Option<Tags>,
     secret_env: Option<Tags>,
-) -> evervm::CreateMachineOptions {
-    evervm::CreateMachineOptions {
+    ttl_seconds: Option<f64>,
+) -> PyResult<evervm::CreateMachineOptions> {
+    let ttl = ttl_seconds
+        .map(|seconds| {
+            std::time::Duration::try_from_secs_f64(seconds.ceil())
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    invalid_input(format!(
+                        "ttl_seconds={seconds}: give a positive number of seconds"
+                    ))
+                })
+        })
+        .transpose()?;
+    Ok(evervm::CreateMachineOptions {
         tags: tags.unwrap_or_default(),
         memory_mb,
         image,
         durability,
         env: env.unwrap_or_default(),
         secret_env: evervm::SecretEnv(secret_env.unwrap_or_default()),
-    }
+        ttl,
+        expires_at: None,
+    })
 }
 
 // --- blocking -------------------------------------------------------------------------------
@@ -216,7 +253,7 @@ impl Client {
 
     // One parameter per keyword argument of the Python method.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (*, tags=None, memory_mb=None, image=None, durability=None, env=None, secret_env=None))]
+    #[pyo3(signature = (*, tags=None, memory_mb=None, image=None, durability=None, env=None, secret_env=None, ttl_seconds=None))]
     fn create_machine(
         &self,
         py: Python<'_>,
@@ -226,8 +263,17 @@ impl Client {
         durability: Option<String>,
         env: Option<Tags>,
         secret_env: Option<Tags>,
+        ttl_seconds: Option<f64>,
     ) -> PyResult<Machine> {
-        let options = create_options(tags, memory_mb, image, durability, env, secret_env);
+        let options = create_options(
+            tags,
+            memory_mb,
+            image,
+            durability,
+            env,
+            secret_env,
+            ttl_seconds,
+        )?;
         let inner = wait(py, create_machine(self.checked()?, options), None)?;
         Ok(Machine {
             name: inner.name().to_owned(),
@@ -241,6 +287,24 @@ impl Client {
         wait(
             py,
             list_machines(self.checked()?, tags.unwrap_or_default()),
+            None,
+        )
+    }
+
+    /// One page of the machines carrying every given tag, newest first: at most `limit` (1 to
+    /// 1000), after `cursor` (an earlier page's `next_cursor`).
+    #[pyo3(signature = (*, tags=None, limit=100, cursor=None))]
+    fn list_machines_page(
+        &self,
+        py: Python<'_>,
+        tags: Option<Tags>,
+        limit: u32,
+        cursor: Option<String>,
+    ) -> PyResult<MachinePage> {
+        let client = self.checked()?;
+        wait(
+            py,
+            list_machines_page(client, tags.unwrap_or_default(), limit, cursor),
             None,
         )
     }
@@ -596,7 +660,7 @@ impl AsyncClient {
 
     // One parameter per keyword argument of the Python method.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (*, tags=None, memory_mb=None, image=None, durability=None, env=None, secret_env=None))]
+    #[pyo3(signature = (*, tags=None, memory_mb=None, image=None, durability=None, env=None, secret_env=None, ttl_seconds=None))]
     fn create_machine<'py>(
         &self,
         py: Python<'py>,
@@ -606,8 +670,17 @@ impl AsyncClient {
         durability: Option<String>,
         env: Option<Tags>,
         secret_env: Option<Tags>,
+        ttl_seconds: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let options = create_options(tags, memory_mb, image, durability, env, secret_env);
+        let options = create_options(
+            tags,
+            memory_mb,
+            image,
+            durability,
+            env,
+            secret_env,
+            ttl_seconds,
+        )?;
         let client = self.checked()?;
         let conn = Arc::clone(&self.conn);
         awaitable(py, async move {
@@ -626,6 +699,21 @@ impl AsyncClient {
         tags: Option<Tags>,
     ) -> PyResult<Bound<'py, PyAny>> {
         awaitable(py, list_machines(self.checked()?, tags.unwrap_or_default()))
+    }
+
+    #[pyo3(signature = (*, tags=None, limit=100, cursor=None))]
+    fn list_machines_page<'py>(
+        &self,
+        py: Python<'py>,
+        tags: Option<Tags>,
+        limit: u32,
+        cursor: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.checked()?;
+        awaitable(
+            py,
+            list_machines_page(client, tags.unwrap_or_default(), limit, cursor),
+        )
     }
 
     fn machine(&self, name: &str) -> AsyncMachine {

@@ -180,6 +180,34 @@ pub(crate) struct MachineInfo {
     pub env: Py<PyDict>,
     /// The names of its secret environment variables (never their values).
     pub secret_env: Vec<String>,
+    /// When it is deleted (ISO 8601, UTC); `None`: never.
+    pub expires_at: Option<String>,
+    /// How its current (or last) interpreter began: `"booted"`, `"restored"` or
+    /// `"restarted_after_crash"`; `None` before its first start under this engine or server.
+    pub interpreter: Option<String>,
+    /// When that interpreter began (ISO 8601, UTC).
+    pub interpreter_started_at: Option<String>,
+    /// When the snapshot it came from was written; `None` when it began fresh.
+    pub interpreter_snapshot_at: Option<String>,
+}
+
+/// One page of a machine list, newest first.
+#[pyclass(module = "evervm", frozen, get_all)]
+pub(crate) struct MachinePage {
+    pub machines: Vec<Py<MachineInfo>>,
+    /// Pass it as `cursor` for the next page; `None` after the last page.
+    pub next_cursor: Option<String>,
+}
+
+#[pymethods]
+impl MachinePage {
+    fn __repr__(&self) -> String {
+        format!(
+            "MachinePage(machines={}, next_cursor={:?})",
+            self.machines.len(),
+            self.next_cursor
+        )
+    }
 }
 
 #[pymethods]
@@ -220,6 +248,14 @@ impl MachineInfo {
             durability: m.durability,
             env: env.unbind(),
             secret_env: m.secret_env,
+            expires_at: m.expires_at.map(|t| t.to_rfc3339()),
+            interpreter: m.interpreter.as_ref().map(|i| i.began.clone()),
+            interpreter_started_at: m.interpreter.as_ref().map(|i| i.started_at.to_rfc3339()),
+            interpreter_snapshot_at: m
+                .interpreter
+                .as_ref()
+                .and_then(|i| i.snapshot_at)
+                .map(|t| t.to_rfc3339()),
         })
     }
 }

@@ -219,3 +219,20 @@ def test_environment_and_secrets(client: evervm.Client) -> None:
     with pytest.raises(evervm.InvalidInputError):
         client.create_machine(env={"BAD-NAME": "x"})
     machine.delete()
+
+
+def test_expiry_and_pages(client: evervm.Client) -> None:
+    brief = client.create_machine(ttl_seconds=3600, tags={"suite": "pages"})
+    assert brief.info().expires_at
+    others = [client.create_machine(tags={"suite": "pages"}) for _ in range(2)]
+    first = client.list_machines_page(tags={"suite": "pages"}, limit=2)
+    assert [m.name for m in first.machines] == [others[1].name, others[0].name]
+    assert first.next_cursor
+    rest = client.list_machines_page(tags={"suite": "pages"}, limit=2, cursor=first.next_cursor)
+    assert [m.name for m in rest.machines] == [brief.name] and rest.next_cursor is None
+    brief.exec("1")
+    assert brief.info().interpreter == "booted"
+    with pytest.raises(evervm.InvalidInputError):
+        client.create_machine(ttl_seconds=-5)
+    for machine in [brief, *others]:
+        machine.delete()

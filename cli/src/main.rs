@@ -164,6 +164,9 @@ enum MachineCommand {
         /// it. `info` and lists show its name only.
         #[arg(long = "secret-env", value_name = "KEY[=VALUE]")]
         secret_env: Vec<String>,
+        /// Delete the machine this long after its creation: a number and s, m, h or d (`2h`).
+        #[arg(long)]
+        ttl: Option<String>,
     },
     /// List machines, newest first; with --tag only those carrying every tag.
     List {
@@ -172,6 +175,12 @@ enum MachineCommand {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// At most this many (1 to 1000); the cursor of the next page goes to stderr.
+        #[arg(long)]
+        limit: Option<u32>,
+        /// Start after an earlier page (the cursor it printed).
+        #[arg(long, requires = "limit")]
+        cursor: Option<String>,
     },
     /// Show everything about a machine.
     Info {
@@ -522,6 +531,22 @@ fn print_machine(info: &evervm::MachineInfo) {
     for (key, value) in &info.tags {
         println!("  tag:          {key}={value}");
     }
+    println!(
+        "  expires:      {}",
+        info.expires_at
+            .map_or_else(|| "never".to_owned(), |t| t.to_rfc3339())
+    );
+    if let Some(interpreter) = &info.interpreter {
+        let from = interpreter
+            .snapshot_at
+            .map(|t| format!(" from its snapshot of {}", t.to_rfc3339()))
+            .unwrap_or_default();
+        println!(
+            "  interpreter:  {}{from}, at {}",
+            interpreter.began,
+            interpreter.started_at.to_rfc3339()
+        );
+    }
     for (key, value) in &info.env {
         println!("  env:          {key}={value}");
     }
@@ -542,6 +567,7 @@ async fn machine(command: MachineCommand, client: &Client) -> Result<ExitCode> {
             durability,
             env,
             secret_env,
+            ttl,
         } => {
             let machine = client
                 .create_machine(CreateMachineOptions {
@@ -551,12 +577,34 @@ async fn machine(command: MachineCommand, client: &Client) -> Result<ExitCode> {
                     durability,
                     env: parse_env(&env, false)?,
                     secret_env: evervm::SecretEnv(parse_env(&secret_env, true)?),
+                    ttl: ttl
+                        .as_deref()
+                        .map(evervm::admin::parse_duration)
+                        .transpose()?,
+                    expires_at: None,
                 })
                 .await?;
             println!("{}", machine.name());
         }
-        MachineCommand::List { tags, json } => {
-            let machines = client.list_machines(&parse_tags(&tags)?).await?;
+        MachineCommand::List {
+            tags,
+            json,
+            limit,
+            cursor,
+        } => {
+            let tags = parse_tags(&tags)?;
+            let machines = match limit {
+                None => client.list_machines(&tags).await?,
+                Some(limit) => {
+                    let page = client
+                        .list_machines_page(&tags, limit, cursor.as_deref())
+                        .await?;
+                    if let Some(next) = &page.next_cursor {
+                        eprintln!("next page: --cursor {next}");
+                    }
+                    page.machines
+                }
+            };
             if json {
                 println!("{}", serde_json::to_string_pretty(&machines)?);
             } else if machines.is_empty() {

@@ -327,6 +327,8 @@ fn secret_environment_values_are_seen_by_the_machine_only() {
                     "STAGE=ci",
                     "--secret-env",
                     "DB_PASSWORD",
+                    "--ttl",
+                    "2h",
                 ])
                 .env("DB_PASSWORD", secret)
                 .env("EVERVM_URL", &server.url)
@@ -349,6 +351,20 @@ fn secret_environment_values_are_seen_by_the_machine_only() {
         let info = ok(server.evervm(&["machine", "info", name]));
         assert!(info.contains("env:          STAGE=ci"), "{info}");
         assert!(info.contains("DB_PASSWORD (value not shown)"), "{info}");
+        assert!(
+            info.lines()
+                .any(|l| l.starts_with("  expires:") && !l.contains("never")),
+            "{info}"
+        );
+        ok(server.evervm(&["machine", "new"]));
+        let page = server.evervm(&["machine", "list", "--limit", "1", "--json"]);
+        assert!(
+            stderr(&page).contains("next page: --cursor m"),
+            "{}",
+            stderr(&page)
+        );
+        let listed: serde_json::Value = serde_json::from_str(&ok(page)).unwrap();
+        assert_eq!(listed.as_array().unwrap().len(), 1);
         let json = ok(server.evervm(&["machine", "info", name, "--json"]));
         let list = ok(server.evervm(&["machine", "list", "--json"]));
         let log = std::fs::read_to_string(server.log.path()).unwrap();

@@ -116,6 +116,8 @@ impl From<ApiMachine> for MachineInfo {
             durability: m.durability,
             env: m.env,
             secret_env: m.secret_env,
+            expires_at: m.expires_at,
+            interpreter: m.interpreter,
         }
     }
 }
@@ -127,7 +129,7 @@ impl From<MachineInfo> for ApiMachine {
             created_at: m.created_at,
             running: m.running,
             has_pending_instruction: m.has_pending_instruction,
-            expires_at: None,
+            expires_at: m.expires_at,
             tags: m.tags,
             memory_mb: m.memory_mb,
             image: m.image,
@@ -141,6 +143,7 @@ impl From<MachineInfo> for ApiMachine {
             durability: m.durability,
             env: m.env,
             secret_env: m.secret_env,
+            interpreter: m.interpreter,
         }
     }
 }
@@ -151,8 +154,8 @@ pub(crate) mod engine {
 
     use crate::types::{
         ByteStream, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecResult, FailureCause,
-        FileInfo, FileKind, FileList, FileRead, MachineInfo, OutputChunk, OutputStream,
-        WriteFileOptions,
+        FileInfo, FileKind, FileList, FileRead, InterpreterInfo, MachineInfo, MachinePage,
+        OutputChunk, OutputStream, WriteFileOptions,
     };
 
     impl From<engine::FailureCause> for FailureCause {
@@ -234,6 +237,21 @@ pub(crate) mod engine {
                 durability: Some(m.durability.as_str().to_owned()),
                 env: m.env,
                 secret_env: m.secret_env,
+                expires_at: m.expires_at,
+                interpreter: m.interpreter.map(|start| InterpreterInfo {
+                    began: start.as_str().to_owned(),
+                    started_at: m.interpreter_started_at.unwrap_or(m.created_at),
+                    snapshot_at: start.snapshot_at(),
+                }),
+            }
+        }
+    }
+
+    impl From<engine::MachinePage> for MachinePage {
+        fn from(page: engine::MachinePage) -> Self {
+            MachinePage {
+                machines: page.machines.into_iter().map(Into::into).collect(),
+                next_cursor: page.next_cursor.map(engine::ListCursor::encode),
             }
         }
     }
@@ -333,7 +351,28 @@ pub(crate) mod engine {
                 },
             );
         }
+        let expires_at = match (options.ttl, options.expires_at) {
+            (Some(_), Some(_)) => {
+                return Err(engine::Error::invalid(
+                    "give a machine ttl_seconds or expires_at, not both",
+                ));
+            }
+            (Some(ttl), None) => {
+                if ttl.is_zero() || ttl > engine::MAX_LIFETIME {
+                    return Err(engine::Error::invalid(format!(
+                        "ttl of {} s: a machine may be given 1 s to {} days",
+                        ttl.as_secs(),
+                        engine::MAX_LIFETIME.as_secs() / 86_400
+                    )));
+                }
+                chrono::Duration::from_std(ttl)
+                    .ok()
+                    .map(|ttl| chrono::Utc::now() + ttl)
+            }
+            (None, at) => at,
+        };
         Ok(engine::CreateMachine {
+            expires_at,
             tags: options.tags,
             memory_mb: options.memory_mb,
             image: options.image,
@@ -419,6 +458,8 @@ pub(crate) mod server {
             durability: request.durability,
             env: request.env.unwrap_or_default(),
             secret_env: request.secret_env.unwrap_or_default(),
+            ttl: request.ttl_seconds.map(Duration::from_secs),
+            expires_at: None,
         })
     }
 
@@ -482,6 +523,7 @@ pub(crate) mod server {
             assert_eq!(create.memory_mb, None);
             assert_eq!(create.durability, None);
             let create = create_machine_from_wire(Some(CreateMachineRequest {
+                ttl_seconds: Some(60),
                 tags: Some([("a".to_owned(), "b".to_owned())].into()),
                 memory_mb: Some(256),
                 image: Some("data".into()),
@@ -493,6 +535,16 @@ pub(crate) mod server {
             }))
             .unwrap();
             assert_eq!(create.tags.get("a").map(String::as_str), Some("b"));
+            let in_a_minute = create.expires_at.unwrap() - chrono::Utc::now();
+            assert!(
+                (55..=60).contains(&in_a_minute.num_seconds()),
+                "{in_a_minute}"
+            );
+            let endless = create_machine_from_wire(Some(CreateMachineRequest {
+                ttl_seconds: Some(u64::MAX / 2),
+                ..CreateMachineRequest::default()
+            }));
+            assert!(endless.is_err());
             assert_eq!(
                 create
                     .env
@@ -524,7 +576,7 @@ pub(crate) mod server {
             .unwrap_err();
             assert!(err.message().contains("sometimes"), "{err}");
             assert!(list_filter_from_wire(None).is_empty());
-            assert!(list_filter_from_wire(Some(ListMachinesRequest { tags: None })).is_empty());
+            assert!(list_filter_from_wire(Some(ListMachinesRequest::default())).is_empty());
         }
 
         #[test]

@@ -37,6 +37,32 @@ pub struct CreateMachineOptions {
     /// Environment variables whose values are never shown (`info` and lists give their names
     /// only, logs neither).
     pub secret_env: SecretEnv,
+    /// The machine is deleted this long after its creation (give this or `expires_at`).
+    pub ttl: Option<Duration>,
+    /// The machine is deleted at this time (a server is sent the seconds until it).
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// How a machine's current (or last) interpreter began.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
+pub struct InterpreterInfo {
+    /// `booted` (a fresh interpreter), `restored` (from the machine's snapshot) or
+    /// `restarted_after_crash` (after its sandbox ended abnormally: from its snapshot, or fresh
+    /// when it had none).
+    #[cfg_attr(feature = "server", schemars(example = &"restored"))]
+    pub began: String,
+    pub started_at: DateTime<Utc>,
+    /// When the snapshot it came from was written; null when it began fresh.
+    pub snapshot_at: Option<DateTime<Utc>>,
+}
+
+/// One page of a machine list, newest first.
+#[derive(Debug, Clone)]
+pub struct MachinePage {
+    pub machines: Vec<MachineInfo>,
+    /// Where the next page starts (pass it back as the cursor); `None` after the last page.
+    pub next_cursor: Option<String>,
 }
 
 /// Environment variables whose values are secrets: `Debug` shows their names only.
@@ -111,6 +137,11 @@ pub struct MachineInfo {
     pub env: BTreeMap<String, String>,
     /// The names of its secret environment variables.
     pub secret_env: Vec<String>,
+    /// When the machine is deleted; `None`: never.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// How its current interpreter (or its last, when it is not resident) began; `None` before
+    /// its first start under the current engine, and from servers that do not say.
+    pub interpreter: Option<InterpreterInfo>,
 }
 
 /// A named, kept snapshot of a machine.

@@ -936,3 +936,60 @@ async fn serve_stops_on_its_signal() {
     assert!(result.is_ok(), "{result:?}");
     assert!(reqwest::get(&health).await.is_err());
 }
+
+/// Lists in pages (GET and POST), an expiry time at creation, and how the interpreter began.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_page_and_machines_carry_their_expiry() {
+    let server = Server::start().await;
+    let mut made = Vec::new();
+    for _ in 0..5 {
+        made.push(server.new_machine(json!({"tags": {"batch": "p"}})).await);
+    }
+    made.reverse();
+    let first = ok(server.req(GET, "/v1/machine/list?limit=2")).await;
+    assert_eq!(names(&first), made[..2]);
+    let cursor = first["next_cursor"].as_str().unwrap().to_owned();
+    let second = ok(server.req(GET, &format!("/v1/machine/list?limit=2&cursor={cursor}"))).await;
+    assert_eq!(names(&second), made[2..4]);
+    let body = json!({"tags": {"batch": "p"}, "limit": 2, "cursor": second["next_cursor"]});
+    let last = ok(server.req(POST, "/v1/machine/list").json(&body)).await;
+    assert_eq!(names(&last), made[4..]);
+    assert!(last.get("next_cursor").is_none(), "{last}");
+    // Without a limit, the ForeverVM answer as it was: every machine, no cursor.
+    let all = ok(server.req(GET, "/v1/machine/list")).await;
+    assert_eq!(names(&all), made);
+    assert!(all.get("next_cursor").is_none());
+    fails(
+        server.req(GET, "/v1/machine/list?limit=2&cursor=bogus"),
+        StatusCode::BAD_REQUEST,
+        "BadRequest",
+    )
+    .await;
+    fails(
+        server.req(GET, "/v1/machine/list?limit=0"),
+        StatusCode::BAD_REQUEST,
+        "BadRequest",
+    )
+    .await;
+
+    let brief = server.new_machine(json!({"ttl_seconds": 3600})).await;
+    let info = server.info(&brief).await;
+    let expires: chrono::DateTime<chrono::Utc> =
+        info["expires_at"].as_str().unwrap().parse().unwrap();
+    let left = expires - chrono::Utc::now();
+    assert!((3590..=3600).contains(&left.num_seconds()), "{info}");
+    fails(
+        server
+            .req(POST, "/v1/machine/new")
+            .json(&json!({"ttl_seconds": 0})),
+        StatusCode::BAD_REQUEST,
+        "BadRequest",
+    )
+    .await;
+    let seq = server.exec(&brief, "1").await;
+    server.result(&brief, seq).await;
+    let info = server.info(&brief).await;
+    assert_eq!(info["interpreter"]["began"], "booted", "{info}");
+    assert!(info["interpreter"]["snapshot_at"].is_null(), "{info}");
+    server.stop().await;
+}

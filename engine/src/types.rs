@@ -224,6 +224,79 @@ pub struct CreateMachine {
     pub durability: Option<Durability>,
     /// Environment variables its interpreter starts with (kept across swap, restart and fork).
     pub env: Env,
+    /// When the machine is deleted (`None`: never). At most [`MAX_LIFETIME`] from now.
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// The longest a machine may be given to live with an expiry.
+pub const MAX_LIFETIME: Duration = Duration::from_secs(10 * 366 * 24 * 3600);
+
+/// The most machines one page of a list holds.
+pub const MAX_PAGE: usize = 1000;
+
+/// Where a page of a list starts: after the machine an earlier page ended with. Opaque to
+/// callers; stable while machines are created and deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListCursor(pub(crate) i64);
+
+impl ListCursor {
+    /// The text form callers pass back.
+    pub fn encode(self) -> String {
+        format!("m{}", self.0)
+    }
+
+    pub fn parse(text: &str) -> Result<Self> {
+        text.strip_prefix('m')
+            .and_then(|n| n.parse::<i64>().ok())
+            .filter(|n| *n > 0)
+            .map(ListCursor)
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "cursor {text:?} is not one a list returned: pass `next_cursor` back as it \
+                     came"
+                ))
+            })
+    }
+}
+
+/// One page of machines, newest first, and where the next page starts (`None`: this was the
+/// last).
+#[derive(Debug, Clone)]
+pub struct MachinePage {
+    pub machines: Vec<MachineInfo>,
+    pub next_cursor: Option<ListCursor>,
+}
+
+/// How a machine's current (or last) interpreter began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InterpreterStart {
+    /// A fresh interpreter (the machine's first, or one after a restart without a snapshot).
+    Booted,
+    /// From the machine's snapshot, written at `snapshot_at`.
+    Restored { snapshot_at: DateTime<Utc> },
+    /// After its sandbox ended abnormally (a crash, an out-of-memory kill, an instruction that
+    /// ignored its timeout, an engine that stopped without saving it): from its snapshot of
+    /// `snapshot_at`, or fresh when it had none.
+    RestartedAfterCrash { snapshot_at: Option<DateTime<Utc>> },
+}
+
+impl InterpreterStart {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InterpreterStart::Booted => "booted",
+            InterpreterStart::Restored { .. } => "restored",
+            InterpreterStart::RestartedAfterCrash { .. } => "restarted_after_crash",
+        }
+    }
+
+    /// The snapshot it came from, if any.
+    pub fn snapshot_at(self) -> Option<DateTime<Utc>> {
+        match self {
+            InterpreterStart::Booted => None,
+            InterpreterStart::Restored { snapshot_at } => Some(snapshot_at),
+            InterpreterStart::RestartedAfterCrash { snapshot_at } => snapshot_at,
+        }
+    }
 }
 
 /// What a fork of a machine gets.
@@ -350,6 +423,13 @@ pub struct MachineInfo {
     pub env: BTreeMap<String, String>,
     /// The names of its secret environment variables (never their values).
     pub secret_env: Vec<String>,
+    /// When it is deleted (`None`: never).
+    pub expires_at: Option<DateTime<Utc>>,
+    /// How its current interpreter (or its last, when it is not resident) began; `None` before
+    /// its first start under this engine.
+    pub interpreter: Option<InterpreterStart>,
+    /// When that interpreter began.
+    pub interpreter_started_at: Option<DateTime<Utc>>,
 }
 
 /// One instruction to run.

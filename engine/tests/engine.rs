@@ -476,3 +476,157 @@ async fn environment_reaches_the_interpreter_and_secrets_stay_hidden() {
     }
     engine.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn machines_expire_and_lists_page_through_a_thousand() {
+    let dir = tempfile::tempdir().unwrap();
+    // A thousand machines, written to the store the engine opens (no sandboxes started).
+    {
+        let mut store = evervm_engine::store::Store::open(&dir.path().join("evervm.db")).unwrap();
+        let account = store.ensure_account("test").unwrap();
+        for i in 0..1000 {
+            let mut tags = Tags::new();
+            tags.insert(
+                "parity".into(),
+                if i % 2 == 0 { "even" } else { "odd" }.into(),
+            );
+            store
+                .insert_machine(&evervm_engine::store::MachineRecord {
+                    name: evervm_engine::MachineName::parse(&format!("m{i:04}")).unwrap(),
+                    account_id: account.id,
+                    created_at: chrono::Utc::now(),
+                    tags,
+                    memory_mb: 512,
+                    image: evervm_engine::guest::image::Profile::Minimal,
+                    backend: "process".into(),
+                    next_seq: 0,
+                    last_used_at: None,
+                    last_error: None,
+                    durability: evervm_engine::Durability::Idle,
+                    unsaved_since: None,
+                    snapshot_at: None,
+                    env: evervm_engine::Env::new(),
+                    expires_at: None,
+                    position: 0,
+                })
+                .unwrap();
+        }
+    }
+    let mut config = EngineConfig::new(dir.path());
+    config.backend = evervm_engine::BackendChoice::parse("process");
+    config.limits.max_machines_per_account = 2000;
+    let engine = Engine::open(config).await.unwrap();
+    let account = engine.ensure_account("test").await.unwrap();
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    let mut pages = 0;
+    loop {
+        let page = engine
+            .list_machines_page(&account, &Tags::new(), 300, cursor)
+            .await
+            .unwrap();
+        pages += 1;
+        seen.extend(page.machines.iter().map(|m| m.name.to_string()));
+        // A machine created between pages comes before the first page: never in a later one.
+        if pages == 1 {
+            engine
+                .create_machine(&account, CreateMachine::default())
+                .await
+                .unwrap();
+        }
+        match page.next_cursor {
+            Some(next) => cursor = Some(evervm_engine::ListCursor::parse(&next.encode()).unwrap()),
+            None => break,
+        }
+    }
+    assert_eq!(pages, 4);
+    let expected: Vec<String> = (0..1000).rev().map(|i| format!("m{i:04}")).collect();
+    assert_eq!(seen, expected, "every machine once, newest first");
+    let odd = engine
+        .list_machines_page(
+            &account,
+            &Tags::from([("parity".into(), "odd".into())]),
+            1000,
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!((odd.machines.len(), odd.next_cursor), (500, None));
+    assert!(
+        engine
+            .list_machines_page(&account, &Tags::new(), 0, None)
+            .await
+            .is_err()
+    );
+    assert!(evervm_engine::ListCursor::parse("nonsense").is_err());
+
+    // A machine given a second to live is deleted soon after, with its history.
+    let brief = engine
+        .create_machine(
+            &account,
+            CreateMachine {
+                expires_at: Some(chrono::Utc::now() + chrono::Duration::seconds(1)),
+                ..CreateMachine::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(brief.expires_at.is_some());
+    let name = brief.name.to_string();
+    let mut gone = false;
+    for _ in 0..100 {
+        // The sweeper looks once a second; this waits up to 10 s for it.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        if let Err(e) = engine.machine_info(&account, &name).await {
+            assert_eq!(e.kind(), ErrorKind::NotFound);
+            gone = true;
+            break;
+        }
+    }
+    assert!(gone, "the expired machine is still there");
+    let past = engine
+        .create_machine(
+            &account,
+            CreateMachine {
+                expires_at: Some(chrono::Utc::now() - chrono::Duration::seconds(1)),
+                ..CreateMachine::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(past.kind(), ErrorKind::InvalidInput);
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn info_says_how_the_interpreter_began() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(&dir).await;
+    let account = engine.ensure_account("test").await.unwrap();
+    let name = machine_after(&engine, &account, "x = 1").await;
+    let info = engine.machine_info(&account, &name).await.unwrap();
+    assert_eq!(
+        info.interpreter,
+        Some(evervm_engine::InterpreterStart::Booted)
+    );
+    assert!(info.interpreter_started_at.is_some());
+    // A crash: the next interpreter is a restart after it.
+    let seq = engine
+        .exec(&account, &name, ExecRequest::new("import os; os._exit(3)"))
+        .await
+        .unwrap()
+        .seq;
+    engine.result(&account, &name, seq).await.unwrap();
+    let seq = engine
+        .exec(&account, &name, ExecRequest::new("1"))
+        .await
+        .unwrap()
+        .seq;
+    engine.result(&account, &name, seq).await.unwrap();
+    let info = engine.machine_info(&account, &name).await.unwrap();
+    assert_eq!(
+        info.interpreter,
+        Some(evervm_engine::InterpreterStart::RestartedAfterCrash { snapshot_at: None })
+    );
+    engine.shutdown().await;
+}

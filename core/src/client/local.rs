@@ -9,7 +9,7 @@ use super::{EventStream, SessionTransport, Transport};
 use crate::error::Result;
 use crate::types::{
     Accepted, ByteStream, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult,
-    FileInfo, FileList, FileRead, MachineInfo, Tags, WriteFileOptions,
+    FileInfo, FileList, FileRead, MachineInfo, MachinePage, Tags, WriteFileOptions,
 };
 use evervm_engine::{self as engine, Account, Engine, EngineConfig};
 
@@ -85,6 +85,20 @@ impl Transport for LocalTransport {
             .into_iter()
             .map(Into::into)
             .collect())
+    }
+
+    async fn list_machines_page(
+        &self,
+        tags: &Tags,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<MachinePage> {
+        let cursor = cursor.map(engine::ListCursor::parse).transpose()?;
+        let page = self
+            .engine
+            .list_machines_page(&self.account, tags, limit as usize, cursor)
+            .await?;
+        Ok(page.into())
     }
 
     async fn machine_info(&self, name: &str) -> Result<MachineInfo> {

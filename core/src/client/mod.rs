@@ -15,7 +15,8 @@ use futures::stream::BoxStream;
 use crate::error::{Error, ErrorKind, Result};
 use crate::types::{
     Accepted, ByteStream, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult,
-    Execution, FileInfo, FileList, FileRead, MachineInfo, OutputChunk, Tags, WriteFileOptions,
+    Execution, FileInfo, FileList, FileRead, MachineInfo, MachinePage, OutputChunk, Tags,
+    WriteFileOptions,
 };
 
 #[cfg(feature = "local")]
@@ -31,6 +32,12 @@ pub(crate) trait Transport: Send + Sync + 'static {
     async fn whoami(&self) -> Result<String>;
     async fn create_machine(&self, options: CreateMachineOptions) -> Result<String>;
     async fn list_machines(&self, tags: &Tags) -> Result<Vec<MachineInfo>>;
+    async fn list_machines_page(
+        &self,
+        tags: &Tags,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<MachinePage>;
     async fn machine_info(&self, name: &str) -> Result<MachineInfo>;
     async fn exec(&self, name: &str, code: &str, options: &ExecOptions) -> Result<Accepted>;
     async fn result(&self, name: &str, seq: i64) -> Result<ExecResult>;
@@ -155,6 +162,18 @@ impl Client {
     /// Machines carrying every given tag (all machines for an empty filter), newest first.
     pub async fn list_machines(&self, tags: &Tags) -> Result<Vec<MachineInfo>> {
         self.transport.list_machines(tags).await
+    }
+
+    /// One page of the machines carrying every tag, newest first: at most `limit` (1 to 1000),
+    /// after `cursor` (a `next_cursor` an earlier page gave; `None` for the first page). The
+    /// order is stable while machines come and go: none is listed twice.
+    pub async fn list_machines_page(
+        &self,
+        tags: &Tags,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<MachinePage> {
+        self.transport.list_machines_page(tags, limit, cursor).await
     }
 
     /// A handle on an existing machine. Nothing is checked until it is used.

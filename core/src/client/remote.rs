@@ -18,7 +18,7 @@ use crate::protocol::{
 };
 use crate::types::{
     Accepted, ByteStream, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult,
-    FileInfo, FileKind, FileList, FileRead, MachineInfo, Tags, WriteFileOptions,
+    FileInfo, FileKind, FileList, FileRead, MachineInfo, MachinePage, Tags, WriteFileOptions,
 };
 
 pub(crate) struct RemoteTransport {
@@ -157,6 +157,30 @@ impl RemoteTransport {
     }
 }
 
+/// A new machine's lifetime as the wire takes it (seconds from now): an expiry time is sent as
+/// the seconds until it.
+fn remote_ttl(
+    ttl: Option<std::time::Duration>,
+    expires_at: Option<chrono::DateTime<chrono::Utc>>,
+) -> Result<Option<u64>> {
+    match (ttl, expires_at) {
+        (Some(_), Some(_)) => Err(Error::invalid(
+            "give a machine a ttl or an expiry time, not both",
+        )),
+        (Some(ttl), None) => Ok(Some(ttl.as_secs_f64().ceil().max(1.0) as u64)),
+        (None, Some(at)) => {
+            let millis = (at - chrono::Utc::now()).num_milliseconds();
+            if millis <= 0 {
+                return Err(Error::invalid(format!(
+                    "expires_at {at} is not in the future"
+                )));
+            }
+            Ok(Some((millis as u64).div_ceil(1000)))
+        }
+        (None, None) => Ok(None),
+    }
+}
+
 /// Sends a request; an answer other than a success is the error its body names.
 async fn finish(request: reqwest::RequestBuilder) -> Result<reqwest::Response> {
     let response = request.send().await?;
@@ -289,6 +313,7 @@ impl Transport for RemoteTransport {
             durability: options.durability,
             env: (!options.env.is_empty()).then_some(options.env),
             secret_env: (!options.secret_env.0.is_empty()).then_some(options.secret_env),
+            ttl_seconds: remote_ttl(options.ttl, options.expires_at)?,
         };
         let answer: CreateMachineResponse = self
             .call(
@@ -303,6 +328,7 @@ impl Transport for RemoteTransport {
     async fn list_machines(&self, tags: &Tags) -> Result<Vec<MachineInfo>> {
         let request = ListMachinesRequest {
             tags: (!tags.is_empty()).then(|| tags.clone()),
+            ..ListMachinesRequest::default()
         };
         let answer: ListMachinesResponse = self
             .call(
@@ -312,6 +338,30 @@ impl Transport for RemoteTransport {
             )
             .await?;
         Ok(answer.machines.into_iter().map(Into::into).collect())
+    }
+
+    async fn list_machines_page(
+        &self,
+        tags: &Tags,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<MachinePage> {
+        let request = ListMachinesRequest {
+            tags: (!tags.is_empty()).then(|| tags.clone()),
+            limit: Some(limit),
+            cursor: cursor.map(str::to_owned),
+        };
+        let answer: ListMachinesResponse = self
+            .call(
+                Method::POST,
+                self.url(&["v1", "machine", "list"])?,
+                Some(body(&request)),
+            )
+            .await?;
+        Ok(MachinePage {
+            machines: answer.machines.into_iter().map(Into::into).collect(),
+            next_cursor: answer.next_cursor,
+        })
     }
 
     async fn machine_info(&self, name: &str) -> Result<MachineInfo> {

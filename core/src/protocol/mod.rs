@@ -101,6 +101,15 @@ pub struct CreateMachineRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "server", schemars(with = "Option<schema::Env>"))]
     pub secret_env: Option<crate::types::SecretEnv>,
+    /// evervm: the machine is deleted this many seconds after its creation (at most ten years);
+    /// its `expires_at` then says when.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "integral::optional"
+    )]
+    #[cfg_attr(feature = "server", schemars(range(min = 1, max = 316_224_000)))]
+    pub ttl_seconds: Option<u64>,
 }
 
 /// The new machine's name.
@@ -119,6 +128,18 @@ pub struct ListMachinesRequest {
     /// A machine is listed when it carries every given pair.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tags: Option<WireTags>,
+    /// evervm: at most this many machines (1 to 1000); every machine when absent.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "integral::optional"
+    )]
+    #[cfg_attr(feature = "server", schemars(range(min = 1, max = 1000)))]
+    pub limit: Option<u32>,
+    /// evervm: start after the machines of an earlier page: its `next_cursor`, as it came.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "server", schemars(regex(pattern = r"^m[1-9][0-9]{0,17}$")))]
+    pub cursor: Option<String>,
 }
 
 /// Machines, newest first.
@@ -126,6 +147,10 @@ pub struct ListMachinesRequest {
 #[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 pub struct ListMachinesResponse {
     pub machines: Vec<ApiMachine>,
+    /// evervm: with a `limit`, where the next page starts (pass it as `cursor`); absent after
+    /// the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
 }
 
 /// A machine. The fields marked evervm are absent from other servers' answers; evervm sets them
@@ -143,7 +168,7 @@ pub struct ApiMachine {
     pub running: bool,
     /// An instruction is queued or running. Singular, as the ForeverVM CLI requires.
     pub has_pending_instruction: bool,
-    /// Always null from evervm: machines never expire.
+    /// When the machine is deleted; null: never.
     pub expires_at: Option<DateTime<Utc>>,
     #[serde(default)]
     pub tags: WireTags,
@@ -189,6 +214,10 @@ pub struct ApiMachine {
     /// when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secret_env: Vec<String>,
+    /// evervm: how its current interpreter (or its last, when it is not resident) began;
+    /// absent before its first start under the running server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interpreter: Option<crate::types::InterpreterInfo>,
 }
 
 /// An instruction: code and a timeout in seconds ([`DEFAULT_TIMEOUT_SECONDS`] when absent).

@@ -8,7 +8,7 @@ use evervm_engine::Tags;
 use super::AppState;
 use super::auth::Authed;
 use super::error::ApiFailure;
-use super::extract::{OptionalJsonBody, WirePath};
+use super::extract::{OptionalJsonBody, WirePath, WireQuery};
 use crate::convert::server::{create_machine_from_wire, list_filter_from_wire, machine_to_wire};
 use crate::protocol::{
     ApiCheckpoint, CreateCheckpointRequest, CreateMachineRequest, CreateMachineResponse,
@@ -41,35 +41,71 @@ pub(crate) async fn create(
     }))
 }
 
+/// A page of a list (evervm): at most `limit` machines, after `cursor`.
+#[derive(Debug, Default, serde::Deserialize)]
+pub(crate) struct PageQuery {
+    limit: Option<u32>,
+    cursor: Option<String>,
+}
+
 async fn list(
     state: &AppState,
     account: &evervm_engine::Account,
     filter: &Tags,
+    page: PageQuery,
 ) -> ApiResult<ListMachinesResponse> {
-    let machines = state.engine.list_machines(account, filter).await?;
+    let (machines, next_cursor) = match page {
+        PageQuery {
+            limit: None,
+            cursor: None,
+        } => (state.engine.list_machines(account, filter).await?, None),
+        PageQuery { limit, cursor } => {
+            let cursor = cursor
+                .as_deref()
+                .map(evervm_engine::ListCursor::parse)
+                .transpose()?;
+            let limit = limit.map_or(evervm_engine::MAX_PAGE, |n| n as usize);
+            let page = state
+                .engine
+                .list_machines_page(account, filter, limit, cursor)
+                .await?;
+            (
+                page.machines,
+                page.next_cursor.map(evervm_engine::ListCursor::encode),
+            )
+        }
+    };
     Ok(Json(ListMachinesResponse {
         machines: machines
             .into_iter()
             .map(|m| machine_to_wire(m, &state.redactor))
             .collect(),
+        next_cursor,
     }))
 }
 
-/// `GET /v1/machine/list`: every machine of the account, newest first.
+/// `GET /v1/machine/list`: every machine of the account, newest first (a page of them with
+/// `?limit=` and `?cursor=`).
 pub(crate) async fn list_all(
     State(state): State<AppState>,
     Authed(account): Authed,
+    WireQuery(page): WireQuery<PageQuery>,
 ) -> ApiResult<ListMachinesResponse> {
-    list(&state, &account, &Tags::new()).await
+    list(&state, &account, &Tags::new(), page).await
 }
 
-/// `POST /v1/machine/list`: the machines carrying every given tag, newest first.
+/// `POST /v1/machine/list`: the machines carrying every given tag, newest first (a page of them
+/// with `limit` and `cursor`).
 pub(crate) async fn list_filtered(
     State(state): State<AppState>,
     Authed(account): Authed,
     OptionalJsonBody(request): OptionalJsonBody<ListMachinesRequest>,
 ) -> ApiResult<ListMachinesResponse> {
-    list(&state, &account, &list_filter_from_wire(request)).await
+    let page = PageQuery {
+        limit: request.as_ref().and_then(|r| r.limit),
+        cursor: request.as_ref().and_then(|r| r.cursor.clone()),
+    };
+    list(&state, &account, &list_filter_from_wire(request), page).await
 }
 
 /// `GET /v1/machine/{machine_name}` (evervm): everything about one machine.

@@ -27,6 +27,7 @@ impl Engine {
         self.refuse_when_closed()?;
         validate_tags(&request.tags)?;
         crate::types::validate_env(&request.env)?;
+        let expires_at = super::lifecycle::check_expiry(request.expires_at)?;
         let limits = &self.inner.config.limits;
         let memory_mb = request
             .memory_mb
@@ -67,7 +68,8 @@ impl Engine {
             unsaved_since: None,
             snapshot_at: None,
             env: request.env,
-            expires_at: None,
+            expires_at,
+            position: 0,
         };
         self.insert_machine(&record).await?;
         let handle = self.spawn_handle(&record, true);
@@ -238,6 +240,11 @@ impl Engine {
             .into_iter()
             .filter(|r| filter.iter().all(|(k, v)| r.tags.get(k) == Some(v)))
             .collect();
+        self.infos(records).await
+    }
+
+    /// The infos of these machines, with what their disks hold (remembered) and their memory.
+    pub(super) async fn infos(&self, records: Vec<MachineRecord>) -> Result<Vec<MachineInfo>> {
         let handles: Vec<Option<Arc<MachineHandle>>> = {
             let machines = lock(&self.inner.machines);
             records
@@ -401,6 +408,7 @@ pub(super) fn info_of(
     let (resident, pending) = handle.map_or((false, false), |h| {
         (h.resident(), h.has_pending_instruction())
     });
+    let interpreter = handle.and_then(MachineHandle::interpreter);
     MachineInfo {
         name: record.name.clone(),
         created_at: record.created_at,
@@ -437,5 +445,8 @@ pub(super) fn info_of(
             .filter(|(_, var)| var.secret)
             .map(|(name, _)| name.clone())
             .collect(),
+        expires_at: record.expires_at,
+        interpreter: interpreter.map(|(start, _)| start),
+        interpreter_started_at: interpreter.map(|(_, at)| at),
     }
 }

@@ -11,6 +11,7 @@ mod files;
 mod forever;
 mod home;
 mod inner;
+mod lifecycle;
 mod machines;
 
 use std::path::Path;
@@ -75,6 +76,9 @@ impl Engine {
             inner: Arc::new(inner),
         };
         Pool::refill(&engine.inner, engine.default_shape());
+        tokio::spawn(lifecycle::delete_expired_machines(Arc::downgrade(
+            &engine.inner,
+        )));
         let config = &engine.inner.config;
         let compress_after = (config.compress_swaps && !config.compress_after.is_zero())
             .then_some(config.compress_after);

@@ -71,6 +71,13 @@ struct MachineState {
     live: HashMap<i64, Arc<LiveInstruction>>,
     /// Why the machine's last sandbox ended abnormally, until its next start says so.
     recovering_from: Option<String>,
+    /// Its last sandbox ended abnormally, until its next interpreter starts.
+    ended_abnormally: bool,
+    /// How its current (or last) interpreter began, and when.
+    interpreter: Option<(
+        crate::types::InterpreterStart,
+        chrono::DateTime<chrono::Utc>,
+    )>,
     /// The last reading of the sandbox's memory, and when it was taken.
     memory_reading: Option<(Instant, u64)>,
     /// Failed swap-outs in a row, and when the idle swapper may try again.
@@ -150,6 +157,7 @@ impl MachineHandle {
                 )
             }),
             marked_unsaved: record.unsaved_since.is_some(),
+            ended_abnormally: record.unsaved_since.is_some(),
             snapshot_at: record.snapshot_at,
             ..MachineState::default()
         };
@@ -264,6 +272,36 @@ impl MachineHandle {
             .min(SWAP_RETRY_MAX);
         state.swap_retry_at = Some(Instant::now() + wait);
         wait
+    }
+
+    /// Notes that the machine's sandbox ended abnormally: its next start says so (`why`), and
+    /// its next interpreter counts as restarted after a crash.
+    fn ended_abnormally(&self, why: String) {
+        let mut state = lock(&self.state);
+        state.recovering_from = Some(why);
+        state.ended_abnormally = true;
+    }
+
+    /// Notes that a new interpreter started, from the snapshot of `snapshot_at` or fresh.
+    fn interpreter_started(&self, snapshot_at: Option<chrono::DateTime<chrono::Utc>>) {
+        use crate::types::InterpreterStart;
+        let mut state = lock(&self.state);
+        let start = match (std::mem::take(&mut state.ended_abnormally), snapshot_at) {
+            (true, snapshot_at) => InterpreterStart::RestartedAfterCrash { snapshot_at },
+            (false, Some(snapshot_at)) => InterpreterStart::Restored { snapshot_at },
+            (false, None) => InterpreterStart::Booted,
+        };
+        state.interpreter = Some((start, chrono::Utc::now()));
+    }
+
+    /// How its current (or last) interpreter began, and when.
+    pub(crate) fn interpreter(
+        &self,
+    ) -> Option<(
+        crate::types::InterpreterStart,
+        chrono::DateTime<chrono::Utc>,
+    )> {
+        lock(&self.state).interpreter
     }
 
     /// Notes (in the store, once until the next save) that the machine may now hold state that

@@ -87,7 +87,9 @@ pub(super) async fn acquire(
             let _ = std::fs::create_dir_all(&dir);
             return Err(refuse(e));
         }
-        return fresh_interpreter(engine, machine).await;
+        let fresh = fresh_interpreter(engine, machine).await?;
+        machine.interpreter_started(None);
+        return Ok(fresh);
     };
     // The checksum is computed while runsc starts (most of a restore is starting its processes);
     // nothing talks to the restored sandbox before it matched.
@@ -116,7 +118,11 @@ pub(super) async fn acquire(
         (Err(_), Err(e)) => return Err(refuse(e)),
         (Err(e), Ok(())) => return Err(e),
     };
-    connect_restored(engine, sandbox, snapshot::needs_reseed(&dir)).await
+    let restored = connect_restored(engine, sandbox, snapshot::needs_reseed(&dir)).await?;
+    let snapshot_at = chrono::DateTime::parse_from_rfc3339(&manifest.created_at)
+        .map_or_else(|_| chrono::Utc::now(), |t| t.with_timezone(&chrono::Utc));
+    machine.interpreter_started(Some(snapshot_at));
+    Ok(restored)
 }
 
 /// What the next instruction's output starts with after the machine's sandbox ended
@@ -177,7 +183,7 @@ async fn state_lost(engine: &EngineInner, machine: &MachineHandle, why: String) 
     engine
         .record_machine_error(&machine.name, Some(&text))
         .await;
-    lock(&machine.state).recovering_from = Some(why);
+    machine.ended_abnormally(why);
 }
 
 /// Records a swap-out that failed with the machine still resident: the idle swapper waits
@@ -524,7 +530,11 @@ pub(super) async fn rollback(
     .and_then(|r| r);
     engine.forget_disk_facts(machine.name.as_str());
     if copied.is_ok() {
-        lock(&machine.state).recovering_from = None;
+        {
+            let mut state = lock(&machine.state);
+            state.recovering_from = None;
+            state.ended_abnormally = false;
+        }
         machine.mark_saved(engine).await;
         engine.record_machine_error(&machine.name, None).await;
     }

@@ -387,8 +387,7 @@ async fn run_instruction(
                     engine.state_loss_note(),
                 );
                 engine.record_machine_error(&machine.name, Some(&text)).await;
-                lock(&machine.state).recovering_from =
-                    Some(format!("an instruction {what} and did not stop"));
+                machine.ended_abnormally(format!("an instruction {what} and did not stop"));
                 let cause = if interrupted_by_request { FailureCause::Interrupted } else { FailureCause::Timeout };
                 let mut result = ExecResult::failure(cause, text);
                 result.runtime_ms = started.elapsed().as_millis() as u64;
@@ -453,6 +452,6 @@ pub(super) async fn lost(
     engine
         .record_machine_error(&machine.name, Some(&text))
         .await;
-    lock(&machine.state).recovering_from = Some(cause);
+    machine.ended_abnormally(cause);
     text
 }

@@ -45,6 +45,8 @@ pub struct MachineRecord {
     pub env: Env,
     /// When it is deleted (`None`: never).
     pub expires_at: Option<DateTime<Utc>>,
+    /// Its place in the order machines were created (set by the store; 0 before it is stored).
+    pub position: i64,
 }
 
 /// A checkpoint's row.
@@ -316,12 +318,13 @@ impl Store {
             snapshot_at: row.get(12)?,
             env: row.get(13)?,
             expires_at: row.get(14)?,
+            position: row.get(15)?,
         })
     }
 
     const MACHINE_COLUMNS: &'static str = "name, account_id, created_at, tags, memory_mb, \
         backend, next_seq, last_used_at, last_error, image, durability, unsaved_since, \
-        snapshot_at, env, expires_at";
+        snapshot_at, env, expires_at, position";
 
     pub fn machine(&self, name: &str) -> Result<Option<MachineRecord>> {
         let raw = self
@@ -350,6 +353,18 @@ impl Store {
             machines.push(row?.into_record()?);
         }
         Ok(machines)
+    }
+
+    /// Machines whose expiry time has come (`(account id, name)`), at most `limit`.
+    pub fn expired_machines(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<(i64, String)>> {
+        let mut statement = self.conn.prepare_cached(
+            "SELECT account_id, name FROM machines WHERE expires_at IS NOT NULL
+             AND expires_at <= ?1 ORDER BY expires_at LIMIT ?2",
+        )?;
+        let rows = statement.query_map(params![stored(now), limit as i64], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?;
+        Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
     }
 
     /// Notes that the machine may now hold state that is not on disk (unless already noted).
@@ -433,6 +448,7 @@ struct RawMachine {
     snapshot_at: Option<String>,
     env: String,
     expires_at: Option<String>,
+    position: i64,
 }
 
 impl RawMachine {
@@ -463,6 +479,7 @@ impl RawMachine {
             snapshot_at: self.snapshot_at.as_deref().map(parse_time).transpose()?,
             env,
             expires_at: self.expires_at.as_deref().map(parse_time).transpose()?,
+            position: self.position,
         })
     }
 }
@@ -494,6 +511,7 @@ mod tests {
                     snapshot_at: None,
                     env: Env::new(),
                     expires_at: None,
+                    position: 0,
                 })
                 .unwrap();
         }

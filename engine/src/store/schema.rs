@@ -100,12 +100,12 @@ pub(super) fn prepare(conn: &mut Connection, path: &std::path::Path) -> Result<(
                 "INSERT INTO meta (key, value) VALUES ('schema_version', ?1)",
                 params![VERSION.to_string()],
             )?;
-            return Ok(());
+            return indexes(conn);
         }
         Some(v) => v.parse::<i64>().unwrap_or(-1),
     };
     if version == VERSION {
-        return Ok(());
+        return indexes(conn);
     }
     if !(1..VERSION).contains(&version) {
         return Err(Error::internal(format!(
@@ -119,7 +119,17 @@ pub(super) fn prepare(conn: &mut Connection, path: &std::path::Path) -> Result<(
             "upgrading {} from schema {version}",
             path.display()
         ))
-    })
+    })?;
+    indexes(conn)
+}
+
+/// Indexes on columns of the latest version (made after any upgrade has added them).
+fn indexes(conn: &Connection) -> Result<()> {
+    conn.execute_batch(
+        "CREATE INDEX IF NOT EXISTS machines_by_expiry ON machines(expires_at)
+         WHERE expires_at IS NOT NULL;",
+    )?;
+    Ok(())
 }
 
 /// One transaction from `from` to [`VERSION`]; nothing changes if any step fails.

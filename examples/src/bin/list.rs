@@ -68,6 +68,7 @@ fn populate(home: &std::path::Path, count: usize, runtime: &str) -> Result<Vec<S
             snapshot_at: Some(chrono::Utc::now()),
             env: evervm::engine::Env::new(),
             expires_at: None,
+            position: 0,
         })?;
         let dir = evervm::engine::snapshot::snapshot_dir(home, &name);
         std::fs::create_dir_all(&dir)?;

@@ -1,4 +1,4 @@
-//! A machine's environment on gVisor: set at creation (on a sandbox restored from the image's
+//! A machine's environment on gVisor (and how its interpreter began): set at creation (on a sandbox restored from the image's
 //! base snapshot, so set after the interpreter started), kept across swap, engine restart and
 //! fork; secret values never shown.
 
@@ -55,6 +55,14 @@ async fn the_environment_survives_swap_restart_and_fork_and_secrets_stay_hidden(
 
     m.swap_out().await.unwrap();
     assert_eq!(value(&m, SEEN).await, EXPECTED);
+    // Its interpreter came back from the snapshot the swap-out wrote.
+    let interpreter = m.info().await.unwrap().interpreter.unwrap();
+    assert_eq!(interpreter.began, "restored");
+    assert!(
+        interpreter
+            .snapshot_at
+            .is_some_and(|at| at <= interpreter.started_at)
+    );
     let fork = m.fork(None).await.unwrap();
     assert_eq!(value(&fork, SEEN).await, EXPECTED);
     assert_eq!(fork.info().await.unwrap().secret_env, ["DB_PASSWORD"]);

@@ -1,0 +1,118 @@
+//! A machine's life: an expiry time given at creation after which the engine deletes it, and
+//! lists in pages.
+
+use std::sync::Weak;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::{Engine, EngineInner};
+use crate::error::{Error, Result};
+use crate::types::{Account, ListCursor, MAX_LIFETIME, MAX_PAGE, MachinePage, Tags};
+
+/// How often the engine looks for machines whose time has come: an expired machine is deleted
+/// within about this long.
+const EXPIRY_CHECK: Duration = Duration::from_secs(1);
+/// Machines deleted per look (the rest wait for the next).
+const EXPIRED_PER_CHECK: usize = 64;
+
+/// Checks a new machine's expiry time: in the future, at most [`MAX_LIFETIME`] from now.
+pub(super) fn check_expiry(expires_at: Option<DateTime<Utc>>) -> Result<Option<DateTime<Utc>>> {
+    let Some(at) = expires_at else {
+        return Ok(None);
+    };
+    let now = Utc::now();
+    if at <= now {
+        return Err(Error::invalid(format!(
+            "expires_at {} is not in the future",
+            at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        )));
+    }
+    let longest = chrono::Duration::from_std(MAX_LIFETIME).unwrap_or(chrono::Duration::MAX);
+    if at - now > longest {
+        return Err(Error::invalid(format!(
+            "expires_at {} is more than {} days away",
+            at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            MAX_LIFETIME.as_secs() / 86_400
+        )));
+    }
+    Ok(Some(at))
+}
+
+/// Until the engine is gone: deletes the machines whose expiry time has come.
+pub(super) async fn delete_expired_machines(engine: Weak<EngineInner>) {
+    loop {
+        tokio::time::sleep(EXPIRY_CHECK).await;
+        let Some(inner) = engine.upgrade() else {
+            return;
+        };
+        if inner.closing() {
+            return;
+        }
+        let expired = inner
+            .store
+            .call(|store| store.expired_machines(Utc::now(), EXPIRED_PER_CHECK))
+            .await;
+        let engine_now = Engine { inner };
+        match expired {
+            Ok(expired) => {
+                for (account_id, name) in expired {
+                    let account = Account {
+                        id: account_id,
+                        name: String::new(),
+                    };
+                    match engine_now.delete_machine(&account, &name).await {
+                        Ok(()) => tracing::info!(machine = %name, "deleted: its time was up"),
+                        Err(e) if e.kind() == crate::ErrorKind::NotFound => {}
+                        Err(e) => {
+                            tracing::warn!(machine = %name, "deleting an expired machine: {e}");
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("looking for expired machines failed: {e}"),
+        }
+    }
+}
+
+impl Engine {
+    /// A page of the account's machines that carry every tag of `filter`, newest first: at most
+    /// `limit` (at most [`MAX_PAGE`]), starting after `cursor` (from the start when `None`).
+    /// The order is stable: machines created meanwhile come before the first page, deleted
+    /// ones are skipped, none is listed twice.
+    pub async fn list_machines_page(
+        &self,
+        account: &Account,
+        filter: &Tags,
+        limit: usize,
+        cursor: Option<ListCursor>,
+    ) -> Result<MachinePage> {
+        if limit == 0 || limit > MAX_PAGE {
+            return Err(Error::invalid(format!(
+                "limit {limit}: a page holds 1 to {MAX_PAGE} machines"
+            )));
+        }
+        let account_id = account.id;
+        let records = self
+            .inner
+            .store
+            .call(move |store| store.machines(account_id))
+            .await?;
+        let mut page: Vec<_> = records
+            .into_iter()
+            .filter(|r| cursor.is_none_or(|c| r.position < c.0))
+            .filter(|r| filter.iter().all(|(k, v)| r.tags.get(k) == Some(v)))
+            .take(limit + 1)
+            .collect();
+        let more = page.len() > limit;
+        page.truncate(limit);
+        let next_cursor = more
+            .then(|| page.last().map(|r| ListCursor(r.position)))
+            .flatten();
+        let machines = self.infos(page).await?;
+        Ok(MachinePage {
+            machines,
+            next_cursor,
+        })
+    }
+}
