@@ -183,13 +183,28 @@ impl GvisorSandbox {
         if self.runsc.compression_flag {
             command.arg("--compression=none");
         }
-        let output = command
+        command
             .arg(format!("--image-path={}", dir.display()))
-            .arg(&self.id)
-            .output()
-            .await
-            .map_err(|e| Error::internal(format!("cannot run runsc checkpoint: {e}")))?;
-        check_finished("runsc checkpoint", &output)?;
-        Ok(())
+            .arg(&self.id);
+        // A plain `runsc restore` (Debian's runsc) records the container in runsc's state a
+        // moment after the sandbox answers: a checkpoint that comes sooner finds no container
+        // and is tried again, for at most about 2 s.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let output = command
+                .output()
+                .await
+                .map_err(|e| Error::internal(format!("cannot run runsc checkpoint: {e}")))?;
+            let not_yet_recorded = !output.status.success()
+                && String::from_utf8_lossy(&output.stderr).contains("loading container")
+                && attempt < 40
+                && self.exit_reason().is_none();
+            if !not_yet_recorded {
+                return check_finished("runsc checkpoint", &output);
+            }
+            tracing::debug!(sandbox = %self.id, attempt, "runsc has not recorded the container yet");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
     }
 }
