@@ -993,3 +993,60 @@ async fn lists_page_and_machines_carry_their_expiry() {
     assert!(info["interpreter"]["snapshot_at"].is_null(), "{info}");
     server.stop().await;
 }
+
+/// `/metrics` behind its own token: refused without it (an account's token is not it), served
+/// with it, counting what happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_behind_their_own_token() {
+    let home = tempfile::tempdir().unwrap();
+    let engine = Engine::open(engine_config(&home)).await.unwrap();
+    let token = engine.create_token("alice").await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = evervm::server::router_with_metrics_token(engine.clone(), Some("m-secret".into()));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let http = reqwest::Client::new();
+    let client = evervm::Client::remote(&base, &token).unwrap();
+    let machine = client
+        .create_machine(evervm::CreateMachineOptions::default())
+        .await
+        .unwrap();
+    machine.exec("1 + 1").await.unwrap();
+    machine.exec("1 / 0").await.unwrap();
+    for bearer in [None, Some(token.as_str()), Some("m-secre")] {
+        let mut request = http.get(format!("{base}/metrics"));
+        if let Some(bearer) = bearer {
+            request = request.bearer_auth(bearer);
+        }
+        let answer = request.send().await.unwrap();
+        assert_eq!(answer.status(), StatusCode::UNAUTHORIZED, "{bearer:?}");
+    }
+    let answer = http
+        .get(format!("{base}/metrics"))
+        .bearer_auth("m-secret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+    assert!(
+        answer.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/openmetrics-text")
+    );
+    let text = answer.text().await.unwrap();
+    for line in [
+        "evervm_instructions_total{outcome=\"value\"} 1",
+        "evervm_instructions_total{outcome=\"exception\"} 1",
+        "evervm_account_instructions_total{account=\"alice\"} 2",
+        "evervm_account_machines{account=\"alice\"} 1",
+        "evervm_instruction_duration_seconds_count 2",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "{line} is missing:\n{text}"
+        );
+    }
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    engine.shutdown().await;
+}

@@ -11,6 +11,7 @@ pub mod fsutil;
 pub mod fuzz_targets;
 pub mod guest;
 mod machine;
+mod metrics;
 mod pool;
 pub mod sandbox;
 pub mod snapshot;

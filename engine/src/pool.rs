@@ -67,6 +67,12 @@ pub(crate) fn sandbox_id() -> String {
 /// A ready sandbox: restored from the shape's base snapshot where the backend has snapshots
 /// (the base is made first if needed), else booted.
 pub(crate) async fn start_sandbox(engine: &EngineInner, shape: Shape) -> Result<Resident> {
+    let started = start_sandbox_unmeasured(engine, shape).await;
+    engine.metrics.sandbox_started(started.is_ok());
+    started
+}
+
+async fn start_sandbox_unmeasured(engine: &EngineInner, shape: Shape) -> Result<Resident> {
     if !engine.backend.capabilities().snapshots {
         return boot_sandbox(engine, shape).await;
     }

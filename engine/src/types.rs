@@ -529,6 +529,19 @@ pub enum FailureCause {
     LimitExceeded,
 }
 
+impl FailureCause {
+    /// Its name on the wire (`machine_crashed`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureCause::Exception => "exception",
+            FailureCause::Timeout => "timeout",
+            FailureCause::Interrupted => "interrupted",
+            FailureCause::MachineCrashed => "machine_crashed",
+            FailureCause::LimitExceeded => "limit_exceeded",
+        }
+    }
+}
+
 /// How an instruction ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

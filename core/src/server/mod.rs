@@ -64,6 +64,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// that the two agree).
 pub(crate) mod paths {
     pub(crate) const HEALTHZ: &str = "/healthz";
+    pub(crate) const METRICS: &str = "/metrics";
     pub(crate) const OPENAPI: &str = "/openapi.json";
     pub(crate) const SIGNUP: &str = "/internal/signup";
     pub(crate) const WHOAMI: &str = "/v1/whoami";
@@ -92,6 +93,7 @@ pub(crate) mod paths {
     #[cfg(test)]
     pub(crate) const ALL: &[&str] = &[
         HEALTHZ,
+        METRICS,
         OPENAPI,
         SIGNUP,
         WHOAMI,
@@ -121,17 +123,30 @@ pub(crate) struct AppState {
     pub(crate) redactor: Arc<Redactor>,
     /// The OpenAPI document, with this server's settings in it.
     pub(crate) openapi: Arc<str>,
+    /// The token `/metrics` asks for (`EVERVM_METRICS_TOKEN`); none: `/metrics` is open.
+    pub(crate) metrics_token: Option<Arc<str>>,
 }
 
-/// The whole API for `engine`, ready for `axum::serve`.
+/// The whole API for `engine`, ready for `axum::serve`; `/metrics` asks for the token in
+/// `EVERVM_METRICS_TOKEN` when it is set.
 pub fn router(engine: Engine) -> Router {
+    let token = std::env::var("EVERVM_METRICS_TOKEN")
+        .ok()
+        .filter(|t| !t.trim().is_empty());
+    router_with_metrics_token(engine, token)
+}
+
+/// The whole API for `engine`; `/metrics` asks for `metrics_token` (none: it is open).
+pub fn router_with_metrics_token(engine: Engine, metrics_token: Option<String>) -> Router {
     let state = AppState {
         redactor: Arc::new(Redactor::for_engine(&engine)),
         openapi: openapi::document_for(engine.limits()).into(),
+        metrics_token: metrics_token.map(Into::into),
         engine,
     };
     let api = Router::new()
         .route(paths::HEALTHZ, get(healthz))
+        .route(paths::METRICS, get(metrics))
         .route(paths::OPENAPI, get(openapi::openapi))
         .route(paths::SIGNUP, post(signup))
         .route(paths::WHOAMI, get(machines::whoami))
@@ -320,6 +335,42 @@ async fn log_request(request: Request, next: Next) -> Response {
         "request"
     );
     response
+}
+
+/// `GET /metrics`: the engine's metrics in the OpenMetrics text format (which Prometheus
+/// scrapes), behind `EVERVM_METRICS_TOKEN` when it is set.
+async fn metrics(
+    State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
+) -> Result<Response, ApiFailure> {
+    use axum::response::IntoResponse;
+    if let Some(expected) = &state.metrics_token {
+        let given = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        if !constant_time_eq(given.as_bytes(), expected.as_bytes()) {
+            return Err(ApiFailure::unauthorized(
+                "/metrics needs the metrics token (EVERVM_METRICS_TOKEN on the server) as a \
+                 bearer token",
+            ));
+        }
+    }
+    let text = state.engine.metrics_text().await?;
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}
+
+/// Compares two secrets in a time that depends on their lengths only.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 async fn healthz(State(state): State<AppState>) -> axum::Json<HealthResponse> {

@@ -108,6 +108,7 @@ mod tests {
         vec![
             ("get", paths::HEALTHZ, None, Json(body::<HealthResponse>)),
             ("get", paths::OPENAPI, None, ByHand),
+            ("get", paths::METRICS, None, ByHand),
             (
                 "post",
                 paths::SIGNUP,

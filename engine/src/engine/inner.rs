@@ -57,6 +57,7 @@ pub(crate) struct EngineInner {
     pub(crate) home_lock: Mutex<Option<File>>,
     disk: Mutex<HashMap<String, DiskFacts>>,
     rates: Mutex<HashMap<i64, Bucket>>,
+    pub(crate) metrics: crate::metrics::Metrics,
 }
 
 impl EngineInner {
@@ -79,6 +80,7 @@ impl EngineInner {
             home_lock: Mutex::new(Some(home_lock)),
             disk: Mutex::new(HashMap::new()),
             rates: Mutex::new(HashMap::new()),
+            metrics: crate::metrics::Metrics::default(),
         }
     }
 

@@ -1,13 +1,15 @@
 //! A machine's life: an expiry time given at creation after which the engine deletes it, and
 //! lists in pages.
 
-use std::sync::Weak;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
 use super::{Engine, EngineInner};
 use crate::error::{Error, Result};
+use crate::sync::lock;
 use crate::types::{Account, ListCursor, MAX_LIFETIME, MAX_PAGE, MachinePage, Tags};
 
 /// How often the engine looks for machines whose time has come: an expired machine is deleted
@@ -76,6 +78,46 @@ pub(super) async fn delete_expired_machines(engine: Weak<EngineInner>) {
 }
 
 impl Engine {
+    /// Every metric in the Prometheus (OpenMetrics) text format: counters and histograms kept
+    /// as things happen, and machines by state and by account, and the bytes of snapshots, as
+    /// they are now.
+    pub async fn metrics_text(&self) -> Result<String> {
+        let machines = self
+            .inner
+            .store
+            .call(|store| store.machine_accounts())
+            .await?;
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || {
+            let mut by_state: BTreeMap<&str, i64> = ["resident", "swapped", "damaged", "stopped"]
+                .into_iter()
+                .map(|state| (state, 0))
+                .collect();
+            let mut by_account: BTreeMap<String, i64> = BTreeMap::new();
+            let mut snapshot_bytes = 0u64;
+            for (name, account) in machines {
+                let resident = lock(&inner.machines)
+                    .get(&name)
+                    .is_some_and(|handle| handle.resident());
+                let facts = inner.disk_facts(&name);
+                snapshot_bytes += facts.disk_bytes;
+                let state = match (resident, &facts.snapshot) {
+                    (true, _) => "resident",
+                    (false, Some(Err(_))) => "damaged",
+                    (false, Some(Ok(()))) => "swapped",
+                    (false, None) => "stopped",
+                };
+                *by_state.entry(state).or_default() += 1;
+                *by_account.entry(account).or_default() += 1;
+            }
+            let by_state: Vec<(&str, i64)> = by_state.into_iter().collect();
+            let by_account: Vec<(String, i64)> = by_account.into_iter().collect();
+            inner.metrics.encode(&by_state, &by_account, snapshot_bytes)
+        })
+        .await
+        .map_err(|e| Error::internal(format!("reading the metrics stopped: {e}")))
+    }
+
     /// A page of the account's machines that carry every tag of `filter`, newest first: at most
     /// `limit` (at most [`MAX_PAGE`]), starting after `cursor` (from the start when `None`).
     /// The order is stable: machines created meanwhile come before the first page, deleted

@@ -159,10 +159,13 @@ impl Engine {
     pub async fn ensure_account(&self, name: &str) -> Result<Account> {
         home::validate_account_name(name)?;
         let name = name.to_owned();
-        self.inner
+        let account = self
+            .inner
             .store
             .call(move |store| store.ensure_account(&name))
-            .await
+            .await?;
+        self.inner.metrics.know_account(account.id, &account.name);
+        Ok(account)
     }
 
     /// Creates a token (`id.secret`) for the named account, creating the account if needed.
@@ -186,10 +189,13 @@ impl Engine {
     /// The account a token belongs to.
     pub async fn authenticate(&self, token: &str) -> Result<Account> {
         let token = token.to_owned();
-        self.inner
+        let account = self
+            .inner
             .store
             .call(move |store| store.authenticate(&token))
-            .await
+            .await?;
+        self.inner.metrics.know_account(account.id, &account.name);
+        Ok(account)
     }
 
     /// Stops the engine: resident machines are swapped out to disk where the backend can, every

@@ -115,7 +115,7 @@ pub(super) async fn run(
     let outcome = match operation {
         FileOperation::Read { path } => {
             let request = AgentRequest::Read { path, roots, limit };
-            read(&mut current, request, reply).await
+            read(&engine.metrics, &mut current, request, reply).await
         }
         FileOperation::Write {
             path,
@@ -128,7 +128,7 @@ pub(super) async fn run(
                 mode: options.mode,
                 parents: options.make_parents,
             };
-            let written = write(&mut current, request, data, limit).await;
+            let written = write(&engine.metrics, &mut current, request, data, limit).await;
             send_answer(reply, written.map(|r| r.map(FileOutcome::Info)))
         }
         FileOperation::Stat { path } => {
@@ -276,6 +276,7 @@ async fn simple(
 /// Streams a file out of the machine: answers the caller with its info and a stream as soon as
 /// the agent has opened it, then forwards its pieces.
 async fn read(
+    metrics: &crate::metrics::Metrics,
     current: &mut Resident,
     request: AgentRequest,
     reply: oneshot::Sender<Result<FileOutcome>>,
@@ -308,6 +309,7 @@ async fn read(
         match next_file_event(current).await? {
             AgentEvent::FileData(piece) => {
                 received += piece.len() as u64;
+                metrics.file_bytes("out", piece.len() as u64);
                 if received > announced {
                     return Err(Error::crashed(format!(
                         "the agent sent more of a file than the {announced} bytes it announced"
@@ -346,6 +348,7 @@ async fn read(
 /// Streams a file into the machine. The agent writes it under a temporary name and renames it
 /// into place at the end, so that the file appears whole or not at all.
 async fn write(
+    metrics: &crate::metrics::Metrics,
     current: &mut Resident,
     request: AgentRequest,
     mut data: ByteStream,
@@ -374,6 +377,7 @@ async fn write(
                 for part in piece.chunks(WRITE_PIECE) {
                     current.agent.send_data(part).await?;
                 }
+                metrics.file_bytes("in", piece.len() as u64);
             }
             Ok(Some(Err(e))) => break e.context("the file's data could not be read"),
             Ok(None) => {

@@ -91,10 +91,32 @@ pub(super) async fn acquire(
         machine.interpreter_started(None);
         return Ok(fresh);
     };
+    let started = std::time::Instant::now();
+    let restored = restore_snapshot(engine, machine, &dir, manifest).await;
+    engine
+        .metrics
+        .restored(restored.is_ok(), started.elapsed().as_secs_f64());
+    restored
+}
+
+/// Restores the machine's snapshot in `dir` (its manifest read and accepted).
+async fn restore_snapshot(
+    engine: &Arc<EngineInner>,
+    machine: &MachineHandle,
+    dir: &Path,
+    manifest: snapshot::SnapshotManifest,
+) -> Result<Resident> {
+    let home = &engine.config.home;
+    let name = machine.name.as_str();
+    let refuse = |e: Error| {
+        snapshot::mark_damaged(home, name, e.message());
+        engine.forget_disk_facts(name);
+        e
+    };
     // The checksum is computed while runsc starts (most of a restore is starting its processes);
     // nothing talks to the restored sandbox before it matched.
     let checking = {
-        let dir = dir.clone();
+        let dir = dir.to_path_buf();
         let manifest = manifest.clone();
         tokio::task::spawn_blocking(move || snapshot::check_files(&dir, &manifest))
     };
@@ -104,7 +126,7 @@ pub(super) async fn acquire(
         profile: machine.shape.profile,
         image_id: manifest.image_id.clone(),
     };
-    let restored = engine.backend.restore(&spec, &dir, &manifest.runtime).await;
+    let restored = engine.backend.restore(&spec, dir, &manifest.runtime).await;
     let checked = checking
         .await
         .map_err(|e| Error::internal(format!("checking the snapshot stopped: {e}")))
@@ -118,7 +140,7 @@ pub(super) async fn acquire(
         (Err(_), Err(e)) => return Err(refuse(e)),
         (Err(e), Ok(())) => return Err(e),
     };
-    let restored = connect_restored(engine, sandbox, snapshot::needs_reseed(&dir)).await?;
+    let restored = connect_restored(engine, sandbox, snapshot::needs_reseed(dir)).await?;
     let snapshot_at = chrono::DateTime::parse_from_rfc3339(&manifest.created_at)
         .map_or_else(|_| chrono::Utc::now(), |t| t.with_timezone(&chrono::Utc));
     machine.interpreter_started(Some(snapshot_at));

@@ -175,6 +175,15 @@ async fn save_for_durability(
 /// Stores the rest of the output and the result (before anyone sees it: a result anyone has
 /// seen is never lost), then reports it.
 async fn finish_job(engine: &EngineInner, machine: &MachineHandle, job: &Job, result: ExecResult) {
+    let outcome = match &result.outcome {
+        Outcome::Value(_) => "value",
+        Outcome::Error { cause, .. } => cause.as_str(),
+    };
+    engine.metrics.instruction_finished(
+        machine.account_id,
+        outcome,
+        result.runtime_ms as f64 / 1e3,
+    );
     let name = machine.name.to_string();
     let seq = job.seq;
     let mut stored_result = result.clone();
@@ -204,7 +213,11 @@ async fn handle_control(
 ) {
     match control {
         Control::SwapOut(reply) => {
+            let started = std::time::Instant::now();
             let swapped = swap_out(engine, machine, resident).await;
+            engine
+                .metrics
+                .swapped_out(swapped.is_ok(), started.elapsed().as_secs_f64());
             machine.set_resident(resident.as_ref());
             let _ = reply.send(swapped);
         }

@@ -355,6 +355,15 @@ impl Store {
         Ok(machines)
     }
 
+    /// Every machine's name with its account's name.
+    pub fn machine_accounts(&self) -> Result<Vec<(String, String)>> {
+        let mut statement = self.conn.prepare_cached(
+            "SELECT m.name, a.name FROM machines m JOIN accounts a ON a.id = m.account_id",
+        )?;
+        let rows = statement.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+    }
+
     /// Machines whose expiry time has come (`(account id, name)`), at most `limit`.
     pub fn expired_machines(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<(i64, String)>> {
         let mut statement = self.conn.prepare_cached(
