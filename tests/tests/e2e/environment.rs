@@ -2,26 +2,10 @@
 //! base snapshot, so set after the interpreter started), kept across swap, engine restart and
 //! fork; secret values never shown.
 
-use evervm::{Client, CreateMachineOptions, Machine, SecretEnv};
+use evervm::{CreateMachineOptions, SecretEnv};
 use evervm_tests::backends;
 
-async fn open(home: &std::path::Path) -> (evervm::engine::Engine, Client) {
-    let engine = evervm::engine::Engine::open(crate::gvisor_config(home))
-        .await
-        .unwrap();
-    let account = engine.ensure_account("local").await.unwrap();
-    let client = Client::from_engine(engine.clone(), account);
-    (engine, client)
-}
-
-async fn value(machine: &Machine, code: &str) -> String {
-    let run = machine.exec(code).await.unwrap();
-    match (run.result.value, run.result.error) {
-        (Some(value), None) => value,
-        (None, None) => String::new(),
-        (_, Some(error)) => panic!("{code:?} failed: {error}"),
-    }
-}
+use crate::{open_gvisor as open, value};
 
 const SEEN: &str =
     "import os\n(os.environ.get('STAGE'), os.environ.get('DB_PASSWORD'), os.getcwd())";

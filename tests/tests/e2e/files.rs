@@ -4,8 +4,10 @@
 //! the engine's `files.rs`).
 
 use bytes::Bytes;
-use evervm::{Client, ErrorKind, FileKind, Machine, WriteFileOptions};
+use evervm::{ErrorKind, FileKind, WriteFileOptions};
 use evervm_tests::backends;
+
+use crate::{new_machine, open_gvisor as open, value};
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
@@ -15,34 +17,6 @@ fn gvisor_available() -> bool {
         eprintln!("skipping: the gVisor backend is not available here");
     }
     available
-}
-
-async fn open(home: &std::path::Path) -> (evervm::engine::Engine, Client) {
-    let engine = evervm::engine::Engine::open(crate::gvisor_config(home))
-        .await
-        .unwrap();
-    let account = engine.ensure_account("local").await.unwrap();
-    let client = Client::from_engine(engine.clone(), account);
-    (engine, client)
-}
-
-async fn new_machine(client: &Client, image: Option<&str>) -> Machine {
-    client
-        .create_machine(evervm::CreateMachineOptions {
-            image: image.map(str::to_owned),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-}
-
-async fn value(machine: &Machine, code: &str) -> String {
-    let run = machine.exec(code).await.unwrap();
-    match (run.result.value, run.result.error) {
-        (Some(value), None) => value,
-        (None, None) => String::new(),
-        (_, Some(error)) => panic!("{code:?} failed: {error}"),
-    }
 }
 
 /// Piece `i` of the large file: 1 MiB of bytes that differ from every other piece's.

@@ -4,8 +4,10 @@
 
 use std::time::Duration;
 
-use evervm::{Client, CreateMachineOptions, ExecOptions, LocalOptions, Machine};
+use evervm::{Client, CreateMachineOptions, ExecOptions, LocalOptions};
 use evervm_tests::backends;
+
+use crate::{new_machine as machine, value};
 
 async fn gvisor_client(home: &tempfile::TempDir) -> Option<Client> {
     if !backends().iter().any(|b| b == "gvisor") {
@@ -22,25 +24,6 @@ async fn gvisor_client(home: &tempfile::TempDir) -> Option<Client> {
         .await
         .unwrap(),
     )
-}
-
-async fn machine(client: &Client, image: Option<&str>) -> Machine {
-    client
-        .create_machine(CreateMachineOptions {
-            image: image.map(str::to_owned),
-            ..CreateMachineOptions::default()
-        })
-        .await
-        .unwrap()
-}
-
-async fn value(machine: &Machine, code: &str) -> String {
-    let run = machine.exec(code).await.unwrap();
-    match (run.result.value, run.result.error) {
-        (Some(value), None) => value,
-        (None, None) => String::new(),
-        (_, Some(error)) => panic!("{code:?} failed: {error}"),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -18,3 +18,35 @@ fn gvisor_config(home: &std::path::Path) -> evervm::engine::EngineConfig {
     config.idle_swap = None;
     config
 }
+
+/// An engine on `home` with gVisor (see [`gvisor_config`]) and an in-process client of it, as
+/// account `local`.
+async fn open_gvisor(home: &std::path::Path) -> (evervm::engine::Engine, evervm::Client) {
+    let engine = evervm::engine::Engine::open(gvisor_config(home))
+        .await
+        .unwrap();
+    let account = engine.ensure_account("local").await.unwrap();
+    let client = evervm::Client::from_engine(engine.clone(), account);
+    (engine, client)
+}
+
+/// A new machine on `client` with `image` (the default one when `None`).
+async fn new_machine(client: &evervm::Client, image: Option<&str>) -> evervm::Machine {
+    client
+        .create_machine(evervm::CreateMachineOptions {
+            image: image.map(str::to_owned),
+            ..evervm::CreateMachineOptions::default()
+        })
+        .await
+        .unwrap()
+}
+
+/// The `repr` of what `code` evaluates to (empty for none); fails the test on an error.
+async fn value(machine: &evervm::Machine, code: &str) -> String {
+    let run = machine.exec(code).await.unwrap();
+    match (run.result.value, run.result.error) {
+        (Some(value), None) => value,
+        (None, None) => String::new(),
+        (_, Some(error)) => panic!("{code:?} failed: {error}"),
+    }
+}
