@@ -573,17 +573,30 @@ async fn machines_expire_and_lists_page_through_a_thousand() {
         .unwrap();
     assert!(brief.expires_at.is_some());
     let name = brief.name.to_string();
-    let mut gone = false;
-    for _ in 0..100 {
-        // The sweeper looks once a second; this waits up to 10 s for it.
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        if let Err(e) = engine.machine_info(&account, &name).await {
-            assert_eq!(e.kind(), ErrorKind::NotFound);
-            gone = true;
-            break;
+    // Its deletion ends the instruction it runs: the result is the event to wait for (the
+    // instruction's own timeout, far beyond the expiry, bounds the wait).
+    let seq = engine
+        .exec(
+            &account,
+            &name,
+            ExecRequest {
+                timeout: std::time::Duration::from_secs(60),
+                ..ExecRequest::new("import time; time.sleep(120)")
+            },
+        )
+        .await
+        .unwrap()
+        .seq;
+    let ended = engine.result(&account, &name, seq).await.unwrap();
+    match ended.outcome {
+        Outcome::Error { text, cause } => {
+            assert_eq!(cause, FailureCause::Interrupted, "{text}");
+            assert!(text.contains("deleted"), "{text}");
         }
+        Outcome::Value(value) => panic!("the instruction finished: {value:?}"),
     }
-    assert!(gone, "the expired machine is still there");
+    let gone = engine.machine_info(&account, &name).await.unwrap_err();
+    assert_eq!(gone.kind(), ErrorKind::NotFound);
     let past = engine
         .create_machine(
             &account,
