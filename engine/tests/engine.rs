@@ -595,7 +595,11 @@ async fn machines_expire_and_lists_page_through_a_thousand() {
         }
         Outcome::Value(value) => panic!("the instruction finished: {value:?}"),
     }
-    let gone = engine.machine_info(&account, &name).await.unwrap_err();
+    // Its deletion is under way or done: nothing reaches it any more.
+    let gone = engine
+        .exec(&account, &name, ExecRequest::new("1"))
+        .await
+        .unwrap_err();
     assert_eq!(gone.kind(), ErrorKind::NotFound);
     let past = engine
         .create_machine(
