@@ -530,7 +530,8 @@ async fn open_stream(
     })))
 }
 
-/// The next event as a Python object (`OutputChunk` or `ExecResult`); `None` after the result.
+/// The next event as a Python object (`OutputChunk`, `RichResult` or `ExecResult`); `None`
+/// after the result.
 async fn next_event(state: SharedStream) -> PyResult<Option<Py<PyAny>>> {
     let mut state = state.lock().await;
     if let Some((machine, code, options)) = state.start.take() {
@@ -546,6 +547,10 @@ async fn next_event(state: SharedStream) -> PyResult<Option<Py<PyAny>>> {
             state.output.push(chunk.clone());
             let chunk = OutputChunk::from(chunk);
             Python::attach(|py| Ok(Some(Py::new(py, chunk)?.into_any())))
+        }
+        Some(Ok(evervm::ExecEvent::Display(rich))) => {
+            let rich = crate::types::RichResult::from(rich);
+            Python::attach(|py| Ok(Some(Py::new(py, rich)?.into_any())))
         }
         Some(Ok(evervm::ExecEvent::Result(result))) => {
             state.events = None;
@@ -567,7 +572,8 @@ async fn next_event(state: SharedStream) -> PyResult<Option<Py<PyAny>>> {
     }
 }
 
-/// Iterates over an instruction's output chunks, then its result.
+/// Iterates over an instruction's output chunks and the rich results it shows, in order, then
+/// its result.
 #[pyclass(module = "evervm", frozen)]
 pub(crate) struct ExecStream {
     state: SharedStream,
@@ -587,7 +593,8 @@ impl ExecStream {
     }
 }
 
-/// `async for` over an instruction's output chunks, then its result.
+/// `async for` over an instruction's output chunks and the rich results it shows, in order,
+/// then its result.
 #[pyclass(module = "evervm", frozen)]
 pub(crate) struct AsyncExecStream {
     state: SharedStream,

@@ -1,7 +1,7 @@
 //! What calls return, as Python objects: plain, immutable, with the Rust client's field names.
 
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyBytes, PyDict};
 
 /// JSON from Rust as Python objects (`dict`, `list`, `str`, ...).
 pub(crate) fn json_to_py(py: Python<'_>, value: &serde_json::Value) -> PyResult<Py<PyAny>> {
@@ -45,6 +45,83 @@ impl From<evervm::OutputChunk> for OutputChunk {
     }
 }
 
+/// A rich result (Jupyter's display protocol): a MIME bundle. In a notebook it shows itself.
+#[pyclass(module = "evervm", frozen)]
+#[derive(Clone)]
+pub(crate) struct RichResult {
+    inner: evervm::RichResult,
+}
+
+#[pymethods]
+impl RichResult {
+    /// `"display"` (shown by `display(obj)`), `"figure"` (a matplotlib figure) or `"value"`
+    /// (the last expression's value).
+    #[getter]
+    fn kind(&self) -> &'static str {
+        self.inner.kind.as_str()
+    }
+
+    /// MIME type to representation: text, base64 for images such as `image/png`, JSON values
+    /// for JSON types. `text/plain` is always there.
+    #[getter]
+    fn data(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        json_to_py(py, &serde_json::Value::Object(self.inner.data.clone()))
+    }
+
+    /// `text/plain`.
+    #[getter]
+    fn text(&self) -> Option<&str> {
+        self.inner.text()
+    }
+
+    /// `text/html` (a pandas DataFrame's table, say).
+    #[getter]
+    fn html(&self) -> Option<&str> {
+        self.inner.html()
+    }
+
+    /// `image/png`, decoded.
+    #[getter]
+    fn png<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        self.inner.png().map(|png| PyBytes::new(py, &png))
+    }
+
+    /// The representation of one MIME type, or `None`.
+    fn get(&self, py: Python<'_>, mime: &str) -> PyResult<Option<Py<PyAny>>> {
+        self.inner
+            .data
+            .get(mime)
+            .map(|value| json_to_py(py, value))
+            .transpose()
+    }
+
+    /// Jupyter's hook: the bundle as it came, so a notebook shows the result itself.
+    #[pyo3(signature = (include=None, exclude=None))]
+    fn _repr_mimebundle_(
+        &self,
+        py: Python<'_>,
+        include: Option<Bound<'_, PyAny>>,
+        exclude: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let _ = (include, exclude);
+        self.data(py)
+    }
+
+    fn __repr__(&self) -> String {
+        let types: Vec<&str> = self.inner.data.keys().map(String::as_str).collect();
+        format!(
+            "RichResult(kind={:?}, types={types:?})",
+            self.inner.kind.as_str()
+        )
+    }
+}
+
+impl From<evervm::RichResult> for RichResult {
+    fn from(inner: evervm::RichResult) -> Self {
+        Self { inner }
+    }
+}
+
 /// How an instruction ended, with everything it printed.
 #[pyclass(module = "evervm", frozen)]
 pub(crate) struct ExecResult {
@@ -79,10 +156,24 @@ impl ExecResult {
         self.run.result.cause.map(evervm::FailureCause::as_str)
     }
 
-    /// Rich output, such as `{"png": "<base64>"}` for a matplotlib figure.
+    /// ForeverVM's rich output: `{"png": "<base64>"}` for the last matplotlib figure.
     #[getter]
     fn data(&self, py: Python<'_>) -> Option<Py<PyAny>> {
         self.data.as_ref().map(|d| d.clone_ref(py))
+    }
+
+    /// The rich results, in order: those shown during the instruction (`display(obj)`,
+    /// `plt.show()`), the last expression's value when it has more than text (a DataFrame's
+    /// HTML), then every figure left open.
+    #[getter]
+    fn results(&self) -> Vec<RichResult> {
+        self.run
+            .result
+            .results
+            .iter()
+            .cloned()
+            .map(RichResult::from)
+            .collect()
     }
 
     #[getter]

@@ -44,6 +44,33 @@ def test_stream_yields_output_then_the_result(client: evervm.Client) -> None:
     assert last.stdout == "0\n1\n2\n"
 
 
+def test_rich_results_stream_in_order_and_come_with_the_result(client: evervm.Client) -> None:
+    machine = client.create_machine()
+    code = (
+        "class Table:\n"
+        "    def _repr_html_(self): return '<table><td>7</td></table>'\n"
+        "    def _repr_json_(self): return {'n': 7}\n"
+        "print('a')\ndisplay(Table())\nprint('b')\nTable()"
+    )
+    events = list(machine.stream(code))
+    kinds = [type(e).__name__ for e in events]
+    assert kinds == ["OutputChunk", "RichResult", "OutputChunk", "ExecResult"]
+    shown = events[1]
+    assert isinstance(shown, evervm.RichResult)
+    assert shown.kind == "display"
+    assert shown.html == "<table><td>7</td></table>"
+    assert shown.get("application/json") == {"n": 7}
+    assert shown.text is not None and "Table object" in shown.text
+    assert shown.png is None and shown.get("image/png") is None
+    assert shown._repr_mimebundle_() == shown.data
+    result = events[-1]
+    assert isinstance(result, evervm.ExecResult)
+    assert [r.kind for r in result.results] == ["display", "value"]
+    assert result.results[0].data == shown.data
+    assert result.results[1].text == result.value
+    assert result.data is None
+
+
 def test_errors_have_one_class_per_kind(client: evervm.Client) -> None:
     with pytest.raises(evervm.NotFoundError) as missing:
         client.machine("no-such-machine").exec("1")

@@ -40,3 +40,21 @@ def test_a_figure_comes_back_as_data(gvisor_server) -> None:  # type: ignore[no-
     result = machine.exec("import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()")
     assert result.ok, result.error
     assert isinstance(result.data, dict) and result.data["png"].startswith("iVBOR")
+
+
+def test_a_dataframe_and_figures_come_back_as_rich_results(gvisor_server) -> None:  # type: ignore[no-untyped-def]
+    client = evervm.Client(gvisor_server.url, gvisor_server.token)
+    machine = client.create_machine(image="data")
+    result = machine.exec(
+        "import pandas as pd, matplotlib.pyplot as plt\n"
+        "plt.figure(); plt.plot([1, 2])\n"
+        "plt.figure(); plt.plot([2, 1])\n"
+        "pd.DataFrame({'x': [1, 2]})"
+    )
+    assert result.ok, result.error
+    assert [r.kind for r in result.results] == ["value", "figure", "figure"]
+    assert result.results[0].html is not None and "<table" in result.results[0].html
+    pngs = [r.png for r in result.results[1:]]
+    assert all(p is not None and p.startswith(b"\x89PNG") for p in pngs)
+    assert pngs[0] != pngs[1]
+    machine.delete()

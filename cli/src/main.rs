@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use evervm::server::ServeOptions;
-use evervm::{Client, CreateMachineOptions, ExecEvent, ExecOptions, LocalOptions, Tags};
+use evervm::{Client, CreateMachineOptions, ExecEvent, ExecOptions, LocalOptions, RichKind, Tags};
 use futures::StreamExt;
 
 #[derive(Parser)]
@@ -723,6 +723,7 @@ async fn exec(
     };
     let (seq, mut events) = machine.stream(&code, &options).await?;
     let mut output = Vec::new();
+    let mut shown = 0;
     while let Some(event) = events.next().await {
         match event? {
             ExecEvent::Output(chunk) => {
@@ -732,7 +733,22 @@ async fn exec(
                     print_chunk(&chunk);
                 }
             }
+            ExecEvent::Display(rich) => {
+                shown += 1;
+                if !json {
+                    print_rich(&rich);
+                }
+            }
             ExecEvent::Result(result) => {
+                if !json {
+                    // The results start with those shown on the way, printed as they came; the
+                    // value's text is printed below.
+                    for rich in result.results.iter().skip(shown) {
+                        if rich.kind != RichKind::Value {
+                            print_rich(rich);
+                        }
+                    }
+                }
                 if json {
                     let execution = serde_json::json!({
                         "machine": machine.name(),
@@ -758,6 +774,34 @@ async fn exec(
         }
     }
     bail!("the output stream ended without a result")
+}
+
+/// A rich result in a terminal: its text, then (on standard error) what else it holds, since a
+/// terminal cannot show it (`--json` gives every representation).
+pub(crate) fn print_rich(rich: &evervm::RichResult) {
+    if rich.kind != RichKind::Figure
+        && let Some(text) = rich.text()
+    {
+        println!("{text}");
+    }
+    let others: Vec<String> = rich
+        .data
+        .iter()
+        .filter(|(mime, _)| *mime != "text/plain")
+        .map(|(mime, value)| {
+            let size = value
+                .as_str()
+                .map_or_else(|| value.to_string().len(), str::len);
+            format!("{mime} ({size} bytes)")
+        })
+        .collect();
+    if !others.is_empty() {
+        eprintln!(
+            "[{}: {}; --json shows them]",
+            rich.kind.as_str(),
+            others.join(", ")
+        );
+    }
 }
 
 pub(crate) fn print_chunk(chunk: &evervm::OutputChunk) {

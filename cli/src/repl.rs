@@ -138,6 +138,10 @@ pub(crate) async fn run(client: Client, machine: Option<String>, timeout: Durati
         };
         match execution {
             Ok(execution) => {
+                let results = execution.result.results.iter();
+                for rich in results.filter(|r| r.kind != evervm::RichKind::Value) {
+                    crate::print_rich(rich);
+                }
                 if let Some(value) = &execution.result.value {
                     println!("{value}");
                 }

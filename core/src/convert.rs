@@ -49,6 +49,7 @@ impl From<WireExecResult> for ExecResult {
                 error: None,
                 cause: None,
                 data,
+                results: r.results.unwrap_or_default(),
                 runtime_ms: r.runtime_ms,
                 output_truncated: r.output_truncated,
                 saved: r.saved,
@@ -66,6 +67,7 @@ impl From<WireExecResult> for ExecResult {
                     error: Some(error),
                     cause,
                     data: None,
+                    results: r.results.unwrap_or_default(),
                     runtime_ms: r.runtime_ms,
                     output_truncated: r.output_truncated,
                     saved: r.saved,
@@ -92,6 +94,7 @@ impl From<ExecResult> for WireExecResult {
             runtime_ms: r.runtime_ms,
             output_truncated: r.output_truncated,
             saved: r.saved,
+            results: Some(r.results),
         }
     }
 }
@@ -155,7 +158,7 @@ pub(crate) mod engine {
     use crate::types::{
         ByteStream, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecResult, FailureCause,
         FileInfo, FileKind, FileList, FileRead, InterpreterInfo, MachineInfo, MachinePage,
-        OutputChunk, OutputStream, WriteFileOptions,
+        OutputChunk, OutputStream, RichKind, RichResult, WriteFileOptions,
     };
 
     impl From<engine::FailureCause> for FailureCause {
@@ -178,6 +181,7 @@ pub(crate) mod engine {
                     error: None,
                     cause: None,
                     data: r.data,
+                    results: r.results.into_iter().map(RichResult::from).collect(),
                     runtime_ms: r.runtime_ms,
                     output_truncated: r.output_truncated,
                     saved: r.saved,
@@ -187,6 +191,7 @@ pub(crate) mod engine {
                     error: Some(text),
                     cause: Some(cause.into()),
                     data: None,
+                    results: r.results.into_iter().map(RichResult::from).collect(),
                     runtime_ms: r.runtime_ms,
                     output_truncated: r.output_truncated,
                     saved: r.saved,
@@ -195,25 +200,42 @@ pub(crate) mod engine {
         }
     }
 
-    impl From<engine::OutputChunk> for OutputChunk {
-        fn from(c: engine::OutputChunk) -> Self {
-            OutputChunk {
-                seq: c.seq,
-                stream: match c.stream {
-                    engine::OutputStream::Stdout => OutputStream::Stdout,
-                    engine::OutputStream::Stderr => OutputStream::Stderr,
+    impl From<engine::RichResult> for RichResult {
+        fn from(r: engine::RichResult) -> Self {
+            RichResult {
+                kind: match r.kind {
+                    engine::RichKind::Display => RichKind::Display,
+                    engine::RichKind::Figure => RichKind::Figure,
+                    engine::RichKind::Value => RichKind::Value,
                 },
-                data: c.data,
+                data: r.data,
             }
         }
     }
 
-    impl From<engine::ExecEvent> for ExecEvent {
-        fn from(e: engine::ExecEvent) -> Self {
-            match e {
-                engine::ExecEvent::Output(c) => ExecEvent::Output(c.into()),
-                engine::ExecEvent::Result(r) => ExecEvent::Result(r.into()),
+    /// An engine event as the client's: a text chunk, or a rich result shown (the engine keeps
+    /// those as output chunks holding JSON; one that does not decode is dropped with a log line).
+    pub(crate) fn event_from_engine(e: engine::ExecEvent) -> Option<ExecEvent> {
+        match e {
+            engine::ExecEvent::Output(chunk) => {
+                let stream = match chunk.stream {
+                    engine::OutputStream::Stdout => OutputStream::Stdout,
+                    engine::OutputStream::Stderr => OutputStream::Stderr,
+                    engine::OutputStream::Display => {
+                        let Some(rich) = chunk.rich() else {
+                            tracing::warn!(seq = chunk.seq, "a rich result did not decode");
+                            return None;
+                        };
+                        return Some(ExecEvent::Display(rich.into()));
+                    }
+                };
+                Some(ExecEvent::Output(OutputChunk {
+                    seq: chunk.seq,
+                    stream,
+                    data: chunk.data,
+                }))
             }
+            engine::ExecEvent::Result(r) => Some(ExecEvent::Result(r.into())),
         }
     }
 
@@ -394,12 +416,15 @@ pub(crate) mod server {
 
     use evervm_engine as engine;
 
+    use super::engine::event_from_engine;
     use crate::protocol::{
         ApiMachine, CreateMachineRequest, ListMachinesRequest, MessageFromServer, WireExecResult,
         WireInstruction,
     };
     use crate::server::redact::Redactor;
-    use crate::types::{CreateMachineOptions, ExecOptions, ExecResult, MachineInfo, Tags};
+    use crate::types::{
+        CreateMachineOptions, ExecEvent, ExecOptions, ExecResult, MachineInfo, Tags,
+    };
 
     /// A machine's info for a client: `last_error` (engine text) without host paths.
     pub(crate) fn machine_to_wire(info: engine::MachineInfo, redactor: &Redactor) -> ApiMachine {
@@ -410,40 +435,89 @@ pub(crate) mod server {
         info.into()
     }
 
-    /// A result for a client: a failure's text without host paths.
+    /// A result for a client: a failure's text without host paths; its rich results only for
+    /// a client that asked (`rich`), never for ForeverVM's clients.
     pub(crate) fn result_to_wire(
         result: engine::ExecResult,
         redactor: &Redactor,
+        rich: bool,
     ) -> WireExecResult {
-        let mut result = ExecResult::from(result);
+        client_result_to_wire(result.into(), redactor, rich)
+    }
+
+    fn client_result_to_wire(
+        mut result: ExecResult,
+        redactor: &Redactor,
+        rich: bool,
+    ) -> WireExecResult {
         if let Some(error) = result.error.as_mut() {
             redactor.string(error);
         }
-        result.into()
+        let mut wire = WireExecResult::from(result);
+        if !rich {
+            wire.results = None;
+        }
+        wire
     }
 
-    /// One event of instruction `instruction_id` as the message that carries it (`output` or
-    /// `result`), on a WebSocket or as an NDJSON line; output and failures without host paths
-    /// (the engine's own notes in the output can name them).
+    /// How one client sees one instruction's events, from its first: with rich results, or
+    /// without them (ForeverVM's clients), when output lines are numbered 0, 1, 2, ... among
+    /// themselves as ForeverVM's protocol has them.
+    #[derive(Debug, Clone, Copy, Default)]
+    pub(crate) struct EventView {
+        rich: bool,
+        /// Rich results left out so far.
+        skipped: i64,
+    }
+
+    impl EventView {
+        pub(crate) fn new(rich: bool) -> Self {
+            Self { rich, skipped: 0 }
+        }
+    }
+
+    /// One event of instruction `instruction_id` as the message that carries it (`output`,
+    /// `display` for a client that asked for rich results, `result`), on a WebSocket or as an
+    /// NDJSON line; output and failures without host paths (the engine's own notes in the output
+    /// can name them). `None`: nothing for this client.
     pub(crate) fn event_to_wire(
         instruction_id: i64,
         event: engine::ExecEvent,
         redactor: &Redactor,
-    ) -> MessageFromServer {
-        match event {
-            engine::ExecEvent::Output(chunk) => {
-                let mut chunk = crate::types::OutputChunk::from(chunk);
+        view: &mut EventView,
+    ) -> Option<MessageFromServer> {
+        let rich = view.rich;
+        let seq = match &event {
+            engine::ExecEvent::Output(chunk) => chunk.seq,
+            engine::ExecEvent::Result(_) => -1,
+        };
+        if !rich
+            && let engine::ExecEvent::Output(chunk) = &event
+            && chunk.stream == engine::OutputStream::Display
+        {
+            view.skipped += 1;
+            return None;
+        }
+        Some(match event_from_engine(event)? {
+            ExecEvent::Output(mut chunk) => {
+                chunk.seq -= view.skipped;
                 redactor.string(&mut chunk.data);
                 MessageFromServer::Output {
                     chunk: chunk.into(),
                     instruction_id,
                 }
             }
-            engine::ExecEvent::Result(result) => MessageFromServer::Result {
+            ExecEvent::Display(result) if rich => MessageFromServer::Display {
                 instruction_id,
-                result: result_to_wire(result, redactor),
+                seq,
+                result,
             },
-        }
+            ExecEvent::Display(_) => return None,
+            ExecEvent::Result(result) => MessageFromServer::Result {
+                instruction_id,
+                result: client_result_to_wire(result, redactor, rich),
+            },
+        })
     }
 
     /// `None` (an empty or `null` body) means every default.
@@ -498,6 +572,7 @@ pub(crate) mod server {
     mod tests {
         use super::*;
         use crate::protocol::{WireOutcome, WireStream};
+        use crate::types::RichKind;
 
         #[test]
         fn timeouts_must_be_positive() {
@@ -589,12 +664,13 @@ pub(crate) mod server {
                     data: "x".into(),
                 }),
                 &Redactor::default(),
+                &mut EventView::new(false),
             );
             match output {
-                MessageFromServer::Output {
+                Some(MessageFromServer::Output {
                     chunk,
                     instruction_id,
-                } => {
+                }) => {
                     assert_eq!(instruction_id, 3);
                     assert_eq!(chunk.stream, WireStream::Stderr);
                     assert_eq!((chunk.seq, chunk.data.as_str()), (1, "x"));
@@ -609,12 +685,13 @@ pub(crate) mod server {
                     ..engine::ExecResult::default()
                 }),
                 &Redactor::default(),
+                &mut EventView::new(false),
             );
             match result {
-                MessageFromServer::Result {
+                Some(MessageFromServer::Result {
                     instruction_id,
                     result,
-                } => {
+                }) => {
                     assert_eq!(instruction_id, 3);
                     assert_eq!(result.runtime_ms, 5);
                     assert_eq!(
@@ -627,6 +704,93 @@ pub(crate) mod server {
                 }
                 other => panic!("unexpected {other:?}"),
             }
+        }
+
+        #[test]
+        fn rich_results_reach_only_clients_that_ask() {
+            let figure = engine::RichResult {
+                kind: engine::RichKind::Figure,
+                data: serde_json::json!({"image/png": "iVBO", "text/plain": "<Figure>"})
+                    .as_object()
+                    .unwrap()
+                    .clone(),
+            };
+            let shown = || {
+                engine::ExecEvent::Output(engine::OutputChunk {
+                    seq: 4,
+                    stream: engine::OutputStream::Display,
+                    data: serde_json::to_string(&figure).unwrap(),
+                })
+            };
+            let finished = || {
+                engine::ExecEvent::Result(engine::ExecResult {
+                    data: Some(serde_json::json!({"png": "iVBO"})),
+                    results: vec![figure.clone()],
+                    ..engine::ExecResult::default()
+                })
+            };
+            let redactor = Redactor::default();
+            assert_eq!(
+                event_to_wire(2, shown(), &redactor, &mut EventView::new(false)),
+                None
+            );
+            match event_to_wire(2, shown(), &redactor, &mut EventView::new(true)) {
+                Some(MessageFromServer::Display {
+                    instruction_id: 2,
+                    seq: 4,
+                    result,
+                }) => {
+                    assert_eq!(result.kind, RichKind::Figure);
+                    assert_eq!(result.get("image/png"), Some("iVBO"));
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+            for rich in [false, true] {
+                let Some(MessageFromServer::Result { result, .. }) =
+                    event_to_wire(2, finished(), &redactor, &mut EventView::new(rich))
+                else {
+                    panic!("no result");
+                };
+                // ForeverVM's `data` keeps its shape either way.
+                assert_eq!(
+                    result.outcome,
+                    WireOutcome::Value {
+                        value: None,
+                        data: Some(serde_json::json!({"png": "iVBO"}))
+                    }
+                );
+                assert_eq!(result.results.map(|r| r.len()), rich.then_some(1));
+            }
+            // Without rich results, output lines are numbered among themselves (0, 1, 2, ...).
+            let line = |seq| {
+                engine::ExecEvent::Output(engine::OutputChunk {
+                    seq,
+                    stream: engine::OutputStream::Stdout,
+                    data: "x".into(),
+                })
+            };
+            for (rich, expected) in [(false, [0, 1]), (true, [0, 2])] {
+                let mut view = EventView::new(rich);
+                let mut seqs = Vec::new();
+                for event in [line(0), shown(), line(2)] {
+                    if let Some(MessageFromServer::Output { chunk, .. }) =
+                        event_to_wire(2, event, &redactor, &mut view)
+                    {
+                        seqs.push(chunk.seq);
+                    }
+                }
+                assert_eq!(seqs, expected, "rich: {rich}");
+            }
+            // A chunk that does not decode is dropped, not sent as text.
+            let broken = engine::ExecEvent::Output(engine::OutputChunk {
+                seq: 0,
+                stream: engine::OutputStream::Display,
+                data: "{".into(),
+            });
+            assert_eq!(
+                event_to_wire(2, broken, &redactor, &mut EventView::new(true)),
+                None
+            );
         }
 
         #[test]
@@ -643,7 +807,7 @@ pub(crate) mod server {
                 },
                 ..engine::ExecResult::default()
             };
-            let wire = result_to_wire(failed.clone(), &redactor);
+            let wire = result_to_wire(failed.clone(), &redactor, false);
             assert_eq!(
                 wire.outcome,
                 WireOutcome::Error {
@@ -651,8 +815,13 @@ pub(crate) mod server {
                     cause: Some("machine_crashed".into()),
                 }
             );
-            match event_to_wire(0, engine::ExecEvent::Result(failed), &redactor) {
-                MessageFromServer::Result { result, .. } => assert_eq!(result, wire),
+            match event_to_wire(
+                0,
+                engine::ExecEvent::Result(failed),
+                &redactor,
+                &mut EventView::new(false),
+            ) {
+                Some(MessageFromServer::Result { result, .. }) => assert_eq!(result, wire),
                 other => panic!("unexpected {other:?}"),
             }
             let note = engine::ExecEvent::Output(engine::OutputChunk {
@@ -661,8 +830,8 @@ pub(crate) mod server {
                 data: "[evervm] this machine's sandbox stopped (/srv/images/minimal-1 is gone)"
                     .into(),
             });
-            match event_to_wire(0, note, &redactor) {
-                MessageFromServer::Output { chunk, .. } => assert_eq!(
+            match event_to_wire(0, note, &redactor, &mut EventView::new(false)) {
+                Some(MessageFromServer::Output { chunk, .. }) => assert_eq!(
                     chunk.data,
                     "[evervm] this machine's sandbox stopped (<evervm images>/minimal-1 is gone)"
                 ),

@@ -1050,3 +1050,76 @@ async fn metrics_are_behind_their_own_token() {
     assert!(text.ends_with("# EOF\n"), "{text}");
     engine.shutdown().await;
 }
+
+/// `display()` and rich values: ForeverVM's clients see exactly what they always did (text lines
+/// numbered 0, 1, ..., no `display` message, no `results`); a client that asks with `rich=true`
+/// gets the rich results in order with the text, over HTTP and the WebSocket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rich_results_reach_only_clients_that_ask() {
+    let server = Server::start().await;
+    let machine = server.new_machine(json!({})).await;
+    let base = format!("/v1/machine/{machine}");
+    let code = "class Table:\n    def _repr_html_(self): return '<table></table>'\n\
+                print('a')\ndisplay(Table())\nprint('b')\nTable()";
+    let seq = server.exec(&machine, code).await;
+
+    let plain = server.req(GET, &format!("{base}/exec/{seq}/stream-result"));
+    let lines = ndjson(plain.send().await.unwrap()).await;
+    let kinds: Vec<&str> = lines.iter().map(|l| l["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["output", "output", "result"], "{lines:?}");
+    assert_eq!(
+        lines[1]["chunk"],
+        json!({"stream": "stdout", "data": "b", "seq": 1})
+    );
+    assert!(lines[2]["result"].get("results").is_none(), "{}", lines[2]);
+    assert!(server.result(&machine, seq).await.get("results").is_none());
+
+    let rich = server.req(GET, &format!("{base}/exec/{seq}/stream-result?rich=true"));
+    let lines = ndjson(rich.send().await.unwrap()).await;
+    let kinds: Vec<&str> = lines.iter().map(|l| l["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        ["output", "display", "output", "result"],
+        "{lines:?}"
+    );
+    assert_eq!(lines[1]["seq"], 1);
+    assert_eq!(lines[1]["result"]["kind"], "display");
+    assert_eq!(lines[1]["result"]["data"]["text/html"], "<table></table>");
+    assert_eq!(lines[2]["chunk"]["seq"], 2);
+    let results = &lines[3]["result"]["results"];
+    assert_eq!(results[0], lines[1]["result"]);
+    assert_eq!(results[1]["kind"], "value");
+    assert_eq!(results[1]["data"]["text/html"], "<table></table>");
+    assert!(
+        results[1]["data"]["text/plain"]
+            .as_str()
+            .unwrap()
+            .contains("Table object")
+    );
+    let path = format!("{base}/exec/{seq}/result?rich=true");
+    assert_eq!(
+        &ok(server.req(GET, &path)).await["result"]["results"],
+        results
+    );
+
+    let alice = Some(server.alice.as_str());
+    let mut ws = server
+        .ws(&format!("{base}/repl?rich=true"), alice)
+        .await
+        .unwrap();
+    assert_eq!(next_message(&mut ws).await["type"], "connected");
+    exec_ws(&mut ws, "display(Table())\nprint('c')", 0).await;
+    assert_eq!(next_message(&mut ws).await["type"], "exec_received");
+    let display = next_message(&mut ws).await;
+    assert_eq!(display["type"], "display", "{display}");
+    assert_eq!(display["result"]["data"]["text/html"], "<table></table>");
+    let output = next_message(&mut ws).await;
+    assert_eq!(output["chunk"]["data"], "c", "{output}");
+    let result = next_message(&mut ws).await;
+    assert_eq!(
+        result["result"]["results"][0], display["result"],
+        "{result}"
+    );
+
+    server.stop().await;
+}

@@ -142,6 +142,7 @@ fn agent_event(payload: &[u8]) {
             match stream {
                 OutputStream::Stdout => b'o',
                 OutputStream::Stderr => b'e',
+                OutputStream::Display => panic!("output events carry text only"),
             },
         ];
         binary.extend(id.to_be_bytes());
@@ -158,13 +159,20 @@ fn event_json(event: &AgentEvent) -> serde_json::Value {
         AgentEvent::Output { id, stream, data } => {
             json!({"ev": "output", "id": id, "stream": stream.as_str(), "data": data})
         }
+        AgentEvent::Display { id, result } => {
+            json!({"ev": "display", "id": id, "kind": result.kind.as_str(), "data": result.data})
+        }
         AgentEvent::Result {
             id,
             outcome,
             data,
+            results,
             runtime_ms,
         } => {
             let mut event = json!({"ev": "result", "id": id, "runtime_ms": runtime_ms});
+            if !results.is_empty() {
+                event["results"] = json!(results);
+            }
             match outcome {
                 AgentOutcome::Value(value) => {
                     event["value"] = json!(value);

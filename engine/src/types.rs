@@ -485,6 +485,9 @@ pub struct ExecAccepted {
 pub enum OutputStream {
     Stdout,
     Stderr,
+    /// A rich result shown during the instruction (`display(obj)`, `plt.show()`), in order with
+    /// the output: the chunk's `data` is the [`RichResult`] as JSON (see [`OutputChunk::rich`]).
+    Display,
 }
 
 impl OutputStream {
@@ -492,6 +495,7 @@ impl OutputStream {
         match self {
             OutputStream::Stdout => "stdout",
             OutputStream::Stderr => "stderr",
+            OutputStream::Display => "display",
         }
     }
 
@@ -504,12 +508,86 @@ impl OutputStream {
     }
 }
 
+/// What a rich result is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RichKind {
+    /// Shown by `display(obj)` during the instruction.
+    Display,
+    /// A matplotlib figure: shown by `plt.show()`, or still open when the instruction ended.
+    Figure,
+    /// The last expression's value, when it has a representation beyond text.
+    Value,
+}
+
+impl RichKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RichKind::Display => "display",
+            RichKind::Figure => "figure",
+            RichKind::Value => "value",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "display" => Some(RichKind::Display),
+            "figure" => Some(RichKind::Figure),
+            "value" => Some(RichKind::Value),
+            _ => None,
+        }
+    }
+}
+
+/// A rich result, following Jupyter's display protocol: a MIME bundle.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RichResult {
+    pub kind: RichKind,
+    /// MIME type to representation: text for text types and SVG, base64 for other images
+    /// (`image/png`), any JSON value for JSON types. `text/plain` is always there.
+    pub data: serde_json::Map<String, serde_json::Value>,
+}
+
+impl RichResult {
+    /// About what it takes to keep: the MIME types and their representations.
+    pub fn size(&self) -> usize {
+        self.data
+            .iter()
+            .map(|(mime, value)| {
+                mime.len()
+                    + match value {
+                        serde_json::Value::String(text) => text.len(),
+                        other => other.to_string().len(),
+                    }
+            })
+            .sum()
+    }
+
+    /// The base64 PNG of a figure, if it is one.
+    pub(crate) fn figure_png(&self) -> Option<&str> {
+        (self.kind == RichKind::Figure)
+            .then(|| self.data.get("image/png")?.as_str())
+            .flatten()
+    }
+}
+
 /// One line of output (without its newline), numbered from 0 per instruction across both streams.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutputChunk {
     pub seq: i64,
     pub stream: OutputStream,
     pub data: String,
+}
+
+impl OutputChunk {
+    /// The rich result a [`OutputStream::Display`] chunk carries (`None` for text, or a chunk
+    /// that does not decode).
+    pub fn rich(&self) -> Option<RichResult> {
+        if self.stream != OutputStream::Display {
+            return None;
+        }
+        serde_json::from_str(&self.data).ok()
+    }
 }
 
 /// Why an instruction ended in an error.
@@ -558,8 +636,12 @@ pub enum Outcome {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecResult {
     pub outcome: Outcome,
-    /// Rich output, such as `{"png": "<base64>"}` for a matplotlib figure.
+    /// ForeverVM's rich output: `{"png": "<base64>"}` for the last matplotlib figure.
     pub data: Option<serde_json::Value>,
+    /// The rich results, in order: those shown during the instruction (also in its output, as
+    /// [`OutputStream::Display`] chunks), then the value's and the figures left open.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub results: Vec<RichResult>,
     pub runtime_ms: u64,
     /// True when the instruction printed more than the engine keeps
     /// ([`crate::Limits::max_output_bytes`]): the rest of its output was dropped.
@@ -576,6 +658,7 @@ impl Default for ExecResult {
         Self {
             outcome: Outcome::Value(None),
             data: None,
+            results: Vec::new(),
             runtime_ms: 0,
             output_truncated: false,
             saved: None,

@@ -40,6 +40,11 @@ def _content(result: ExecResult) -> str:
         parts.append(result.error.rstrip("\n"))
     elif result.value is not None:
         parts.append(result.value)
+    for rich in result.results:
+        if rich.kind == "figure":
+            parts.append("[a figure: the PNG is in the tool's artifact]")
+        elif rich.kind == "display" and rich.text is not None:
+            parts.append(rich.text)
     return "\n".join(parts) if parts else "(no output)"
 
 
@@ -53,6 +58,7 @@ def _artifact(result: ExecResult, machine: str) -> dict[str, Any]:
         "stdout": result.stdout,
         "stderr": result.stderr,
         "data": result.data,
+        "results": [{"kind": rich.kind, "data": rich.data} for rich in result.results],
         "runtime_ms": result.runtime_ms,
     }
 

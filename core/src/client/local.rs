@@ -6,6 +6,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 
 use super::{EventStream, SessionTransport, Transport};
+use crate::convert::engine::event_from_engine;
 use crate::error::Result;
 use crate::types::{
     Accepted, ByteStream, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult,
@@ -122,7 +123,9 @@ impl Transport for LocalTransport {
 
     async fn events(&self, name: &str, seq: i64) -> Result<EventStream> {
         let events = self.engine.events(&self.account, name, seq).await?;
-        Ok(events.map(|e| Ok(ExecEvent::from(e))).boxed())
+        Ok(events
+            .filter_map(|e| std::future::ready(event_from_engine(e).map(Ok)))
+            .boxed())
     }
 
     async fn interrupt(&self, name: &str) -> Result<bool> {
@@ -295,11 +298,19 @@ impl SessionTransport for LocalSession {
                 "no instruction was sent on this session",
             ));
         };
-        match events.next().await {
-            Some(event) => Ok(event.into()),
-            None => Err(crate::Error::invalid(
-                "the instruction already finished: send another",
-            )),
+        loop {
+            match events.next().await {
+                Some(event) => {
+                    if let Some(event) = event_from_engine(event) {
+                        return Ok(event);
+                    }
+                }
+                None => {
+                    return Err(crate::Error::invalid(
+                        "the instruction already finished: send another",
+                    ));
+                }
+            }
         }
     }
 }

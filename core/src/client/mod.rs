@@ -316,6 +316,8 @@ async fn collect(seq: i64, mut events: EventStream) -> Result<Execution> {
     while let Some(event) = events.next().await {
         match event? {
             ExecEvent::Output(chunk) => output.push(chunk),
+            // The result repeats it.
+            ExecEvent::Display(_) => {}
             ExecEvent::Result(result) => {
                 return Ok(Execution {
                     seq,
@@ -349,7 +351,8 @@ impl Session {
         self.inner.machine_name()
     }
 
-    /// Runs code; `on_output` sees each line as it arrives. Returns everything collected.
+    /// Runs code; `on_output` sees each line as it arrives. Returns everything collected
+    /// (rich results shown on the way are in the result's `results`).
     pub async fn exec(
         &mut self,
         code: &str,
@@ -364,6 +367,7 @@ impl Session {
                     on_output(&chunk);
                     output.push(chunk);
                 }
+                ExecEvent::Display(_) => {}
                 ExecEvent::Result(result) => {
                     return Ok(Execution {
                         seq,

@@ -150,6 +150,7 @@ impl RemoteTransport {
             Some(name) => self.machine_url(name, &["repl"])?,
             None => self.url(&["v1", "machine", "new", "repl"])?,
         };
+        url.query_pairs_mut().append_pair("rich", "true");
         let scheme = if url.scheme() == "https" { "wss" } else { "ws" };
         url.set_scheme(scheme)
             .map_err(|()| Error::invalid("cannot derive the WebSocket URL"))?;
@@ -396,24 +397,16 @@ impl Transport for RemoteTransport {
     }
 
     async fn result(&self, name: &str, seq: i64) -> Result<ExecResult> {
-        let answer: ExecResultResponse = self
-            .call(
-                Method::GET,
-                self.machine_url(name, &["exec", &seq.to_string(), "result"])?,
-                None,
-            )
-            .await?;
+        let mut url = self.machine_url(name, &["exec", &seq.to_string(), "result"])?;
+        url.query_pairs_mut().append_pair("rich", "true");
+        let answer: ExecResultResponse = self.call(Method::GET, url, None).await?;
         Ok(answer.result.into())
     }
 
     async fn events(&self, name: &str, seq: i64) -> Result<EventStream> {
-        let response = self
-            .send(
-                Method::GET,
-                self.machine_url(name, &["exec", &seq.to_string(), "stream-result"])?,
-                None,
-            )
-            .await?;
+        let mut url = self.machine_url(name, &["exec", &seq.to_string(), "stream-result"])?;
+        url.query_pairs_mut().append_pair("rich", "true");
+        let response = self.send(Method::GET, url, None).await?;
         let bytes = response.bytes_stream();
         let stream = futures::stream::unfold(
             (bytes, LineBuffer::default(), false),
@@ -423,7 +416,8 @@ impl Transport for RemoteTransport {
                 }
                 loop {
                     if let Some(event) = buffer.next_event() {
-                        let finished = !matches!(event, Ok(ExecEvent::Output(_)));
+                        let finished =
+                            !matches!(event, Ok(ExecEvent::Output(_) | ExecEvent::Display(_)));
                         return Some((event, (bytes, buffer, finished)));
                     }
                     match bytes.next().await {
@@ -746,6 +740,7 @@ pub(crate) fn parse_stream_line(line: &[u8]) -> Result<ExecEvent> {
     })?;
     match message {
         MessageFromServer::Output { chunk, .. } => Ok(ExecEvent::Output(chunk.into())),
+        MessageFromServer::Display { result, .. } => Ok(ExecEvent::Display(result)),
         MessageFromServer::Result { result, .. } => Ok(ExecEvent::Result(result.into())),
         MessageFromServer::Error { code, .. } => Err(api_error(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -837,6 +832,11 @@ impl SessionTransport for WebSocketSession {
                     chunk,
                     instruction_id,
                 } if instruction_id == current => return Ok(ExecEvent::Output(chunk.into())),
+                MessageFromServer::Display {
+                    result,
+                    instruction_id,
+                    ..
+                } if instruction_id == current => return Ok(ExecEvent::Display(result)),
                 MessageFromServer::Result {
                     result,
                     instruction_id,

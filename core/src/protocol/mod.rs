@@ -338,6 +338,11 @@ pub struct WireExecResult {
     /// the instruction is on disk. Absent for other machines.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub saved: Option<bool>,
+    /// evervm addition, sent only to a client that asks with `rich=true`: the rich results
+    /// (MIME bundles, as in Jupyter), in order: those shown during the instruction, then the
+    /// last expression's value when it has more than text, then the figures left open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub results: Option<Vec<crate::types::RichResult>>,
 }
 
 /// How an instruction ended: a value or an error.
@@ -429,6 +434,14 @@ pub enum MessageFromServer {
     Output {
         chunk: StandardOutput,
         instruction_id: i64,
+    },
+    /// evervm addition, sent only to a client that asks with `rich=true`: a rich result shown
+    /// during the instruction (`display(obj)`, `plt.show()`), in order with its output.
+    Display {
+        instruction_id: i64,
+        /// Its place among the instruction's output lines (numbered together).
+        seq: i64,
+        result: crate::types::RichResult,
     },
     /// An instruction's result, after all its output.
     Result {
@@ -551,6 +564,7 @@ mod tests {
             runtime_ms: 3,
             output_truncated: false,
             saved: None,
+            results: None,
         };
         assert_eq!(
             serde_json::to_string(&value).unwrap(),
@@ -564,6 +578,7 @@ mod tests {
             runtime_ms: 1,
             output_truncated: false,
             saved: None,
+            results: None,
         };
         assert_eq!(
             serde_json::to_string(&error).unwrap(),
@@ -675,6 +690,7 @@ mod tests {
                 runtime_ms: 0,
                 output_truncated: false,
                 saved: None,
+                results: None,
             },
         };
         assert_eq!(

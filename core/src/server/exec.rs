@@ -12,8 +12,8 @@ use futures::StreamExt;
 use super::AppState;
 use super::auth::Authed;
 use super::error::ApiFailure;
-use super::extract::{JsonBody, WirePath};
-use crate::convert::server::{event_to_wire, exec_from_wire, result_to_wire};
+use super::extract::{JsonBody, WirePath, WireQuery};
+use crate::convert::server::{EventView, event_to_wire, exec_from_wire, result_to_wire};
 use crate::protocol::{ExecRequest, ExecResponse, ExecResultResponse, MessageFromServer};
 
 /// `POST /v1/machine/{machine_name}/exec`: queues the instruction and answers with its seq.
@@ -35,16 +35,25 @@ pub(crate) async fn exec(
     }))
 }
 
+/// `?rich=true`: the client wants evervm's rich results (`results` in a result, `display`
+/// messages in a stream), which ForeverVM's clients never get.
+#[derive(Debug, Default, serde::Deserialize)]
+pub(crate) struct RichQuery {
+    #[serde(default)]
+    pub(crate) rich: bool,
+}
+
 /// `GET /v1/machine/{machine_name}/exec/{instruction_seq}/result`: waits for the result.
 pub(crate) async fn result(
     State(state): State<AppState>,
     Authed(account): Authed,
     WirePath((name, seq)): WirePath<(String, i64)>,
+    WireQuery(query): WireQuery<RichQuery>,
 ) -> Result<Json<ExecResultResponse>, ApiFailure> {
     let result = state.engine.result(&account, &name, seq).await?;
     Ok(Json(ExecResultResponse {
         instruction_id: seq,
-        result: result_to_wire(result, &state.redactor),
+        result: result_to_wire(result, &state.redactor, query.rich),
     }))
 }
 
@@ -65,14 +74,18 @@ pub(crate) async fn stream_result(
     State(state): State<AppState>,
     Authed(account): Authed,
     WirePath((name, seq)): WirePath<(String, i64)>,
+    WireQuery(query): WireQuery<RichQuery>,
 ) -> Result<Response, ApiFailure> {
     let events = state.engine.events(&account, &name, seq).await?;
     let redactor = state.redactor;
+    let mut view = EventView::new(query.rich);
     // The events ready at once go out as one body chunk: large outputs are many lines.
     let lines = events.ready_chunks(1024).map(move |batch| {
         let mut body = Vec::new();
         for event in batch {
-            body.extend_from_slice(&ndjson_line(&event_to_wire(seq, event, &redactor)));
+            if let Some(message) = event_to_wire(seq, event, &redactor, &mut view) {
+                body.extend_from_slice(&ndjson_line(&message));
+            }
         }
         Ok::<_, Infallible>(Bytes::from(body))
     });

@@ -4,7 +4,8 @@
 //! messages, then its `result`. Execs sent back to back are queued on the machine in order and
 //! streamed in that order, each `exec_received` still sent as soon as its exec arrives. The
 //! server never sends pings (the Rust SDK would stop reading) nor any message type outside the
-//! protocol; it answers the client's pings. The machine name `new` creates a machine for the
+//! protocol (`display` messages only to a client that asked with `?rich=true`); it answers the
+//! client's pings. The machine name `new` creates a machine for the
 //! connection; an unknown machine gets the upgrade, an `error` message, and a close, so that every
 //! SDK reports the problem instead of retrying.
 //!
@@ -28,9 +29,10 @@ use futures::{SinkExt, StreamExt};
 use super::AppState;
 use super::auth::WsAuthed;
 use super::error::ApiFailure;
-use super::extract::WirePath;
+use super::exec::RichQuery;
+use super::extract::{WirePath, WireQuery};
 use super::redact::Redactor;
-use crate::convert::server::{event_to_wire, exec_from_wire};
+use crate::convert::server::{EventView, event_to_wire, exec_from_wire};
 use crate::protocol::{ErrorCode, MessageFromServer, MessageToServer, WireInstruction};
 
 /// The machine name that asks for a new machine.
@@ -49,6 +51,7 @@ pub(crate) async fn repl(
     State(state): State<AppState>,
     WsAuthed(account): WsAuthed,
     WirePath(name): WirePath<String>,
+    WireQuery(query): WireQuery<RichQuery>,
     headers: axum::http::HeaderMap,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiFailure> {
@@ -69,7 +72,9 @@ pub(crate) async fn repl(
     })?;
     Ok(upgrade
         .max_message_size(super::BODY_LIMIT_BYTES)
-        .on_upgrade(move |socket| session(state, account, name, socket, received_delay)))
+        .on_upgrade(move |socket| {
+            session(state, account, name, socket, received_delay, query.rich)
+        }))
 }
 
 /// The instruction being streamed: its seq and its events, in batches of those ready at once.
@@ -100,6 +105,10 @@ struct Session {
     /// A pause before each `exec_received` (see `RUST_SDK_EXEC_RECEIVED_DELAY`).
     received_delay: std::time::Duration,
     streaming: Option<Streaming>,
+    /// The client asked for rich results (`?rich=true`).
+    rich: bool,
+    /// How the client sees the instruction being streamed.
+    view: EventView,
 }
 
 async fn session(
@@ -108,6 +117,7 @@ async fn session(
     requested: String,
     mut socket: WebSocket,
     received_delay: std::time::Duration,
+    rich: bool,
 ) {
     let AppState {
         engine, redactor, ..
@@ -131,6 +141,8 @@ async fn session(
         queue: VecDeque::new(),
         received_delay,
         streaming: None,
+        rich,
+        view: EventView::new(rich),
     };
     while session.step().await == Flow::Continue {}
 }
@@ -145,6 +157,7 @@ impl Session {
             match self.engine.events(&self.account, &self.machine, seq).await {
                 Ok(events) => {
                     self.streaming = Some((seq, events.ready_chunks(EVENT_BATCH).boxed()));
+                    self.view = EventView::new(self.rich);
                 }
                 Err(e) => {
                     fail(&mut self.socket, &ApiFailure::from(e), &self.redactor).await;
@@ -242,10 +255,10 @@ impl Session {
             if matches!(event, engine::ExecEvent::Result(_)) {
                 self.streaming = None;
             }
-            if feed(&mut self.socket, &event_to_wire(seq, event, &self.redactor))
-                .await
-                .is_err()
-            {
+            let Some(message) = event_to_wire(seq, event, &self.redactor, &mut self.view) else {
+                continue;
+            };
+            if feed(&mut self.socket, &message).await.is_err() {
                 return Flow::Stop;
             }
         }

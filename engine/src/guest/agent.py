@@ -28,9 +28,12 @@ Agent -> host:
   output, as a binary frame (no JSON escaping of large text): the byte "O", the byte "o"
   (stdout) or "e" (stderr), the instruction id as a big-endian signed 64-bit integer (-1: none),
   then the text as UTF-8
-  {"ev": "result", "id": N, "value": "..." | null, "data": {...} | null, "runtime_ms": R}
+  {"ev": "display", "id": N, "kind": "display" | "figure", "data": {MIME type: value}}
+  (a rich result during an instruction: `display(obj)`, `plt.show()`)
+  {"ev": "result", "id": N, "value": "..." | null, "results": [{"kind": "value" | "figure",
+   "data": {...}}] (absent: none), "runtime_ms": R}
   {"ev": "result", "id": N, "error": "...", "cause": "exception" | "timeout" | "interrupted",
-   "runtime_ms": R}
+   "results": [...] (figures drawn before an exception), "runtime_ms": R}
   {"ev": "file", "info": {...} | null, "entries": [...] | null, "truncated": B}
   {"ev": "file_error", "kind": "not_found" | "denied" | "exists" | ..., "error": "..."}
   file data as binary frames: the byte "D", then the data
@@ -524,21 +527,230 @@ def _user_traceback(exc):
     return "".join(summary.format())
 
 
-def _rich_output():
-    """A matplotlib figure left open becomes {"png": base64}; the figures are then closed."""
-    pyplot = sys.modules.get("matplotlib.pyplot")
-    if pyplot is None:
-        return None
+# --- rich results ------------------------------------------------------------------------------
+#
+# Jupyter's display protocol: an object shows itself through `_repr_mimebundle_` or the
+# `_repr_*_` methods, and each result is a MIME bundle (`text/plain` always, plus what the object
+# offers; binary images in base64). A result is one of: a `display(obj)` call or `plt.show()`,
+# sent at once, in order with the output; at the end of an instruction the last expression's
+# value (when it offers more than text) and every matplotlib figure still open, as PNG.
+
+MAX_REPRESENTATION = 16 * 1024 * 1024
+MAX_END_RESULTS_BYTES = 32 * 1024 * 1024
+
+_REPR_METHODS = (
+    ("_repr_html_", "text/html"),
+    ("_repr_markdown_", "text/markdown"),
+    ("_repr_svg_", "image/svg+xml"),
+    ("_repr_png_", "image/png"),
+    ("_repr_jpeg_", "image/jpeg"),
+    ("_repr_latex_", "text/latex"),
+    ("_repr_json_", "application/json"),
+)
+
+
+def _warn(text):
     try:
-        numbers = pyplot.get_fignums()
-        if not numbers:
+        sys.stderr.write("[evervm] %s\n" % text)
+    except BaseException:
+        pass
+
+
+def _real_method(obj, name):
+    """The object's method `name`, unless the object claims to have every attribute."""
+    try:
+        if getattr(obj, "_evervm_no_such_method_", None) is not None:
             return None
-        buffer = io.BytesIO()
-        pyplot.figure(numbers[-1]).savefig(buffer, format="png", bbox_inches="tight")
-        pyplot.close("all")
-        return {"png": base64.b64encode(buffer.getvalue()).decode("ascii")}
+        method = getattr(obj, name, None)
     except Exception:
         return None
+    return method if callable(method) else None
+
+
+def _is_json(mime):
+    return mime == "application/json" or mime.endswith("+json")
+
+
+def _representation(mime, value):
+    """A representation as it travels (text; base64 for binary images; any JSON value for JSON
+    types), or None when it cannot travel or is too large."""
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], dict):
+        value = value[0]  # (data, metadata)
+    if value is None:
+        return None
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        if mime.startswith("image/") and mime != "image/svg+xml":
+            value = base64.b64encode(value).decode("ascii")
+        else:
+            value = bytes(value).decode("utf-8", "replace")
+    if _is_json(mime):
+        try:
+            size = len(json.dumps(value))
+        except (TypeError, ValueError):
+            return None
+    elif isinstance(value, str):
+        size = len(value)
+    else:
+        return None
+    if size > MAX_REPRESENTATION:
+        _warn("a %s representation of %d characters was left out (the most is %d)"
+              % (mime, size, MAX_REPRESENTATION))
+        return None
+    return value
+
+
+def _bundle(obj, text=None):
+    """The object's MIME bundle."""
+    data = {}
+    if not isinstance(obj, type):
+        method = _real_method(obj, "_repr_mimebundle_")
+        if method is not None:
+            try:
+                offered = method(include=None, exclude=None)
+            except Exception as exc:
+                _warn("%s._repr_mimebundle_ failed: %s: %s" % (type(obj).__name__, type(exc).__name__, exc))
+                offered = None
+            if isinstance(offered, tuple) and len(offered) == 2:
+                offered = offered[0]
+            if isinstance(offered, dict):
+                for mime, value in offered.items():
+                    if isinstance(mime, str) and "/" in mime and len(mime) <= 128:
+                        value = _representation(mime, value)
+                        if value is not None:
+                            data[mime] = value
+        for name, mime in _REPR_METHODS:
+            if mime in data:
+                continue
+            method = _real_method(obj, name)
+            if method is None:
+                continue
+            try:
+                value = _representation(mime, method())
+            except Exception as exc:
+                _warn("%s.%s failed: %s: %s" % (type(obj).__name__, name, type(exc).__name__, exc))
+                continue
+            if value is not None:
+                data[mime] = value
+    if not isinstance(data.get("text/plain"), str):
+        data["text/plain"] = _truncate(repr(obj)) if text is None else text
+    return data
+
+
+def _figure_bundles():
+    """Every open matplotlib figure as a PNG bundle, oldest first; the figures are then closed."""
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is None:
+        return []
+    try:
+        figures = [manager.canvas.figure for manager in pyplot._pylab_helpers.Gcf.get_all_fig_managers()]
+    except Exception:
+        return []
+    bundles = []
+    total = 0
+    try:
+        for index, figure in enumerate(figures):
+            if total > MAX_END_RESULTS_BYTES:
+                _warn("%d more figures were not rendered: the results passed %d bytes"
+                      % (len(figures) - index, MAX_END_RESULTS_BYTES))
+                break
+            buffer = io.BytesIO()
+            try:
+                figure.savefig(buffer, format="png", bbox_inches="tight")
+            except Exception as exc:
+                _warn("a figure could not be rendered: %s: %s" % (type(exc).__name__, exc))
+                continue
+            png = _representation("image/png", buffer.getvalue())
+            if png is not None:
+                total += len(png)
+                bundles.append({"image/png": png, "text/plain": _truncate(repr(figure))})
+    finally:
+        try:
+            pyplot.close("all")
+        except Exception:
+            pass
+    return bundles
+
+
+def _end_results(value, text):
+    """The results an instruction ends with: its value's bundle (when it has more than text),
+    then its open figures."""
+    results = []
+    if value is not None:
+        bundle = _bundle(value, text)
+        if len(bundle) > 1:
+            results.append({"kind": "value", "data": bundle})
+    results.extend({"kind": "figure", "data": bundle} for bundle in _figure_bundles())
+    return results
+
+
+def _close_figures():
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is not None:
+        pyplot.close("all")
+
+
+def _send_display(kind, data):
+    """Sends a result now, after the output written before it. Outside an instruction (a
+    thread of the user's) it goes nowhere, like output would."""
+    current = STATE.current
+    if current is None:
+        return
+    OUTPUT.flush()
+    send({"ev": "display", "id": current, "kind": kind, "data": data})
+
+
+def display(*objs, raw=False, **_ignored):
+    """Shows each object as a rich result now, in order with the output, as Jupyter's
+    `display` does (`raw=True`: each object is already a MIME bundle, a dict)."""
+    for obj in objs:
+        if raw and isinstance(obj, dict):
+            data = {}
+            for mime, value in obj.items():
+                if isinstance(mime, str) and "/" in mime and len(mime) <= 128:
+                    value = _representation(mime, value)
+                    if value is not None:
+                        data[mime] = value
+            if not isinstance(data.get("text/plain"), str):
+                data["text/plain"] = "<%s>" % ", ".join(sorted(data)) if data else "None"
+        else:
+            data = _bundle(obj)
+        _send_display("display", data)
+
+
+def _pyplot_show(*_args, **_kwargs):
+    """`matplotlib.pyplot.show()`: shows the open figures now and closes them, as Jupyter's
+    inline backend does (Agg itself could only warn that it cannot show)."""
+    for data in _figure_bundles():
+        _send_display("figure", data)
+
+
+class _PyplotFinder:
+    """Gives `matplotlib.pyplot` the `show` above as the module is first imported."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "matplotlib.pyplot":
+            return None
+        import importlib.machinery
+
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _PyplotLoader(spec.loader)
+        return spec
+
+
+class _PyplotLoader:
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        module.show = _pyplot_show
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
 
 
 class Machine:
@@ -601,10 +813,13 @@ def run_instruction(machine, captures, request):
             STATE.executing = True
             WATCHER.begin(timeout_s)
             value = machine.execute(instruction_id, request["code"])
+            text = None if value is None else _truncate(repr(value))
+            results = _end_results(value, text)
         finally:
             _stop_executing()
-        event["value"] = None if value is None else _truncate(repr(value))
-        event["data"] = _rich_output()
+        event["value"] = text
+        if results:
+            event["results"] = results
     except KeyboardInterrupt as exc:
         if STATE.reason == "timeout":
             event["error"] = "Timed out: the instruction ran longer than %g s and was " \
@@ -624,6 +839,18 @@ def run_instruction(machine, captures, request):
         event["error"] = _truncate(text)
         event["cause"] = "exception"
     _stop_executing()
+    if "error" in event:
+        # Figures drawn before the failure still show, as in Jupyter; not after a timeout or
+        # an interrupt, when rendering them could take as long again.
+        try:
+            if event["cause"] == "exception":
+                results = [{"kind": "figure", "data": b} for b in _figure_bundles()]
+                if results:
+                    event["results"] = results
+            else:
+                _close_figures()
+        except BaseException:
+            pass
     event["runtime_ms"] = int((time.monotonic() - started) * 1000)
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
@@ -1084,6 +1311,10 @@ def next_request():
 def main():
     threading.stack_size(512 * 1024)
     os.environ.setdefault("MPLBACKEND", "Agg")
+    sys.meta_path.insert(0, _PyplotFinder())
+    import builtins
+
+    builtins.display = display
     signal.signal(signal.SIGINT, _on_sigint)
     signal.signal(signal.SIGALRM, _on_sigalrm)
     global OUTPUT, WATCHER

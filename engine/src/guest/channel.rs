@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::files::{FileInfo, FileKind, MAX_LIST_ENTRIES, MAX_PATH_BYTES};
-use crate::types::{FailureCause, OutputStream};
+use crate::types::{FailureCause, OutputStream, RichKind, RichResult};
 
 /// Largest frame either side accepts (a result can carry a large PNG).
 pub const MAX_FRAME: usize = 64 * 1024 * 1024;
@@ -185,10 +185,19 @@ pub enum AgentEvent {
         stream: OutputStream,
         data: String,
     },
+    /// A rich result shown during an instruction.
+    Display {
+        /// The instruction running when it was shown.
+        id: i64,
+        result: RichResult,
+    },
     Result {
         id: i64,
         outcome: AgentOutcome,
+        /// ForeverVM's `data`, from agents before rich results (now derived from `results`).
         data: Option<serde_json::Value>,
+        /// The value's and the figures' rich results.
+        results: Vec<RichResult>,
         runtime_ms: u64,
     },
     /// A file operation's answer: the file it concerned (none: a write may start), and for a
@@ -287,6 +296,47 @@ struct RawEvent {
     kind: Option<String>,
     #[serde(default)]
     size: Option<u64>,
+    #[serde(default)]
+    results: Option<Vec<RawRichResult>>,
+}
+
+#[derive(Deserialize)]
+struct RawRichResult {
+    kind: String,
+    data: serde_json::Value,
+}
+
+/// Most MIME types in one result, and the longest type name.
+const MAX_BUNDLE_TYPES: usize = 64;
+const MAX_MIME_BYTES: usize = 128;
+/// Most results at the end of one instruction.
+pub const MAX_END_RESULTS: usize = 1024;
+
+/// Checks a rich result the agent sent: a known kind; an object of MIME types (printable
+/// ASCII with a `/`) to text, or to any JSON value for JSON types.
+fn check_rich(kind: &str, data: serde_json::Value) -> Result<RichResult, ProtocolError> {
+    let malformed = |what: String| ProtocolError::Malformed(format!("rich result {what}"));
+    let kind =
+        RichKind::parse(kind).ok_or_else(|| malformed(format!("of unknown kind {kind:?}")))?;
+    let serde_json::Value::Object(data) = data else {
+        return Err(malformed("is not an object".into()));
+    };
+    if data.len() > MAX_BUNDLE_TYPES {
+        return Err(malformed(format!("has more than {MAX_BUNDLE_TYPES} types")));
+    }
+    for (mime, value) in &data {
+        let named = mime.len() <= MAX_MIME_BYTES
+            && mime.contains('/')
+            && mime.bytes().all(|b| b.is_ascii_graphic());
+        if !named {
+            return Err(malformed("has a type that is not a MIME type".into()));
+        }
+        let json = mime == "application/json" || mime.ends_with("+json");
+        if !json && !value.is_string() {
+            return Err(malformed(format!("has a {mime} that is not text")));
+        }
+    }
+    Ok(RichResult { kind, data })
 }
 
 /// A file as the agent describes it; checked by [`RawFileInfo::check`].
@@ -425,11 +475,29 @@ pub fn decode_event(payload: &[u8]) -> Result<AgentEvent, ProtocolError> {
                 Some(object @ serde_json::Value::Object(_)) => Some(object),
                 Some(_) => return Err(malformed("has data that is not an object")),
             };
+            let raw_results = raw.results.unwrap_or_default();
+            if raw_results.len() > MAX_END_RESULTS {
+                return Err(malformed("has too many results"));
+            }
+            let results = raw_results
+                .into_iter()
+                .map(|r| check_rich(&r.kind, r.data))
+                .collect::<Result<Vec<_>, _>>()?;
             Ok(AgentEvent::Result {
                 id,
                 outcome,
                 data,
+                results,
                 runtime_ms: raw.runtime_ms.unwrap_or(0),
+            })
+        }
+        "display" => {
+            let id = raw.id.ok_or_else(|| malformed("has no id"))?;
+            let kind = raw.kind.unwrap_or_default();
+            let data = raw.data.ok_or_else(|| malformed("has no data"))?;
+            Ok(AgentEvent::Display {
+                id,
+                result: check_rich(&kind, data)?,
             })
         }
         "file" => {
@@ -524,9 +592,43 @@ mod tests {
                     cause: FailureCause::Timeout
                 },
                 data: None,
+                results: Vec::new(),
                 runtime_ms: 5
             }
         );
+    }
+
+    #[test]
+    fn rich_results_are_checked() {
+        let event = decode_event(
+            br#"{"ev":"display","id":2,"kind":"display","data":{"text/plain":"x","text/html":"<b>x</b>","application/vnd.x+json":{"a":[1]}}}"#,
+        )
+        .unwrap();
+        let AgentEvent::Display { id: 2, result } = event else {
+            panic!("not a display: {event:?}");
+        };
+        assert_eq!(result.kind, RichKind::Display);
+        assert_eq!(result.data["application/vnd.x+json"]["a"][0], 1);
+        let event = decode_event(
+            br#"{"ev":"result","id":1,"value":"f","results":[{"kind":"figure","data":{"image/png":"AA=="}}]}"#,
+        )
+        .unwrap();
+        let AgentEvent::Result { results, .. } = event else {
+            panic!("not a result: {event:?}");
+        };
+        assert_eq!(results[0].kind, RichKind::Figure);
+        for bad in [
+            // No such kind; not an object; a type that is no MIME type; text types hold text.
+            r#"{"ev":"display","id":1,"kind":"movie","data":{"text/plain":"x"}}"#,
+            r#"{"ev":"display","id":1,"kind":"display","data":["text/plain"]}"#,
+            r#"{"ev":"display","id":1,"kind":"display","data":{"plain":"x"}}"#,
+            r#"{"ev":"display","id":1,"kind":"display","data":{"text/ plain":"x"}}"#,
+            r#"{"ev":"display","id":1,"kind":"display","data":{"text/html":{"a":1}}}"#,
+            r#"{"ev":"display","kind":"display","data":{"text/plain":"x"}}"#,
+            r#"{"ev":"result","id":1,"value":null,"results":[{"kind":"value","data":{"image/png":7}}]}"#,
+        ] {
+            assert!(decode_event(bad.as_bytes()).is_err(), "{bad}");
+        }
     }
 
     #[test]

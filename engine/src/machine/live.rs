@@ -12,7 +12,7 @@ use crate::engine::LINE_OVERHEAD_BYTES;
 use crate::error::Result;
 use crate::store::OutputBatches;
 use crate::sync::lock;
-use crate::types::{ExecEvent, ExecResult, FailureCause, OutputChunk, OutputStream};
+use crate::types::{ExecEvent, ExecResult, FailureCause, OutputChunk, OutputStream, RichResult};
 
 /// A partial line longer than this is sent as a chunk of its own.
 const MAX_LINE_BYTES: usize = 1024 * 1024;
@@ -33,6 +33,8 @@ struct LiveData {
     kept_bytes: usize,
     /// Set once the cap was reached: later output is dropped.
     truncated: bool,
+    /// The rich results shown so far (each also a chunk), the first of the result's.
+    shown: Vec<RichResult>,
     /// Chunks from here on are not in the store yet.
     unsaved_from: usize,
     unsaved_bytes: usize,
@@ -56,20 +58,81 @@ impl LiveInstruction {
             if live.truncated {
                 break;
             }
-            let cost = data.len() + LINE_OVERHEAD_BYTES;
-            if live.kept_bytes + cost > self.cap {
-                live.truncated = true;
-                let marker = format!(
-                    "[evervm] output truncated: this instruction's output passed the {} kept \
-                     per instruction, so the rest of it was dropped (the instruction went on \
-                     running)",
-                    human_bytes(self.cap)
-                );
-                push(&mut live, OutputStream::Stderr, marker);
+            if !self.fits(&mut live, data.len()) {
                 break;
             }
             push(&mut live, stream, data);
         }
+        let added = live.chunks.len() > before;
+        drop(live);
+        if added {
+            self.version.send_modify(|v| *v += 1);
+        }
+    }
+
+    /// Whether `bytes` more fit under the cap; when not, the output is marked truncated (once,
+    /// with a marker line).
+    fn fits(&self, live: &mut LiveData, bytes: usize) -> bool {
+        if live.truncated {
+            return false;
+        }
+        if live.kept_bytes + bytes + LINE_OVERHEAD_BYTES <= self.cap {
+            return true;
+        }
+        live.truncated = true;
+        let marker = format!(
+            "[evervm] output truncated: this instruction's output and rich results passed the \
+             {} kept per instruction, so the rest of them was dropped (the instruction went on \
+             running)",
+            human_bytes(self.cap)
+        );
+        push(live, OutputStream::Stderr, marker);
+        false
+    }
+
+    /// Appends a rich result shown during the instruction: a chunk of the output (so that it
+    /// streams in order with the text) and the first of the result's results. It counts
+    /// against the cap like text.
+    pub(crate) fn push_display(&self, result: RichResult) {
+        let Ok(json) = serde_json::to_string(&result) else {
+            return;
+        };
+        let mut live = lock(&self.data);
+        let before = live.chunks.len();
+        if self.fits(&mut live, json.len()) {
+            push(&mut live, OutputStream::Display, json);
+            live.shown.push(result);
+        }
+        let added = live.chunks.len() > before;
+        drop(live);
+        if added {
+            self.version.send_modify(|v| *v += 1);
+        }
+    }
+
+    /// Completes a result before it is stored: the results shown during the instruction, then
+    /// its own (the value's, the figures left open) while they fit under the cap; ForeverVM's
+    /// `data` from the last figure (as `{"png": ...}`) unless the agent sent it.
+    pub(crate) fn complete(&self, result: &mut ExecResult) {
+        let mut live = lock(&self.data);
+        let before = live.chunks.len();
+        let mut results = std::mem::take(&mut live.shown);
+        for rich in std::mem::take(&mut result.results) {
+            let size = rich.size();
+            if self.fits(&mut live, size) {
+                live.kept_bytes += size + LINE_OVERHEAD_BYTES;
+                results.push(rich);
+            }
+        }
+        if result.data.is_none() {
+            result.data = results
+                .iter()
+                .rev()
+                .find_map(RichResult::figure_png)
+                .map(|png| serde_json::json!({ "png": png }));
+        }
+        result.results = results;
+        result.output_truncated |= live.truncated;
         let added = live.chunks.len() > before;
         drop(live);
         if added {
@@ -202,19 +265,24 @@ pub(crate) struct LineSplitter {
 }
 
 impl LineSplitter {
-    fn index(stream: OutputStream) -> usize {
+    fn index(stream: OutputStream) -> Option<usize> {
         match stream {
-            OutputStream::Stdout => 0,
-            OutputStream::Stderr => 1,
+            OutputStream::Stdout => Some(0),
+            OutputStream::Stderr => Some(1),
+            OutputStream::Display => None,
         }
     }
 
+    /// Splits text of `stream` into lines (rich results don't come this way).
     pub(crate) fn push(&mut self, live: &LiveInstruction, stream: OutputStream, data: &str) {
+        let Some(index) = Self::index(stream) else {
+            return;
+        };
         if live.truncated() {
             // Nothing more is kept: don't even split it.
             return;
         }
-        let partial = &mut self.partial[Self::index(stream)];
+        let partial = &mut self.partial[index];
         let mut lines = Vec::new();
         let mut rest = data;
         while let Some(newline) = rest.find('\n') {
@@ -235,8 +303,10 @@ impl LineSplitter {
 
     pub(crate) fn flush(&mut self, live: &LiveInstruction) {
         let mut lines = Vec::new();
-        for stream in [OutputStream::Stdout, OutputStream::Stderr] {
-            let partial = &mut self.partial[Self::index(stream)];
+        for (stream, partial) in [OutputStream::Stdout, OutputStream::Stderr]
+            .into_iter()
+            .zip(&mut self.partial)
+        {
             if !partial.is_empty() {
                 lines.push((stream, std::mem::take(partial)));
             }
@@ -294,6 +364,53 @@ mod tests {
         assert_eq!(second[0].seq, 2);
         assert_eq!(live.unsaved_bytes(), 0);
         assert!(live.take_unsaved().unwrap().decode().is_empty());
+    }
+
+    fn figure(png: &str) -> RichResult {
+        let data = serde_json::json!({"image/png": png, "text/plain": "<Figure>"});
+        RichResult {
+            kind: crate::types::RichKind::Figure,
+            data: data.as_object().unwrap().clone(),
+        }
+    }
+
+    #[test]
+    fn rich_results_are_kept_in_order_and_within_the_cap() {
+        let live = LiveInstruction::new(1 << 20);
+        live.push_chunks([(OutputStream::Stdout, "before".to_owned())]);
+        live.push_display(figure("AAAA"));
+        live.push_chunks([(OutputStream::Stdout, "after".to_owned())]);
+        let chunks = lock(&live.data).chunks.clone();
+        assert_eq!(chunks[1].stream, OutputStream::Display);
+        assert_eq!(chunks[1].rich(), Some(figure("AAAA")));
+        assert_eq!(chunks[2].seq, 2);
+        // They survive the store's encoding.
+        assert_eq!(live.take_unsaved().unwrap().decode(), chunks);
+
+        // The result: those shown first, then its own; ForeverVM's `data` from the last figure.
+        let mut result = ExecResult {
+            results: vec![figure("BBBB")],
+            ..ExecResult::default()
+        };
+        live.complete(&mut result);
+        assert_eq!(result.results, [figure("AAAA"), figure("BBBB")]);
+        assert_eq!(result.data, Some(serde_json::json!({"png": "BBBB"})));
+        assert!(!result.output_truncated);
+
+        // Past the cap: dropped, with the output's marker and the flag.
+        let cap = 300;
+        let live = LiveInstruction::new(cap);
+        live.push_display(figure(&"A".repeat(100)));
+        live.push_display(figure(&"B".repeat(400)));
+        let mut result = ExecResult {
+            results: vec![figure(&"C".repeat(400))],
+            ..ExecResult::default()
+        };
+        live.complete(&mut result);
+        assert_eq!(result.results, [figure(&"A".repeat(100))]);
+        assert!(result.output_truncated);
+        let last = lock(&live.data).chunks.last().cloned().unwrap();
+        assert!(last.data.contains("output truncated"), "{last:?}");
     }
 
     #[tokio::test]

@@ -174,7 +174,13 @@ async fn save_for_durability(
 
 /// Stores the rest of the output and the result (before anyone sees it: a result anyone has
 /// seen is never lost), then reports it.
-async fn finish_job(engine: &EngineInner, machine: &MachineHandle, job: &Job, result: ExecResult) {
+async fn finish_job(
+    engine: &EngineInner,
+    machine: &MachineHandle,
+    job: &Job,
+    mut result: ExecResult,
+) {
+    job.live.complete(&mut result);
     let outcome = match &result.outcome {
         Outcome::Value(_) => "value",
         Outcome::Error { cause, .. } => cause.as_str(),
@@ -356,14 +362,22 @@ async fn run_instruction(
                     lines.push(&job.live, stream, &data);
                     output.store_so_far(engine, machine, job).await;
                 }
-                Ok(AgentEvent::Result { id, outcome, data, runtime_ms }) if id == job.seq => {
+                Ok(AgentEvent::Display { id, result }) => {
+                    // One shown by a thread of an earlier instruction goes nowhere, like output.
+                    if id == job.seq {
+                        lines.flush(&job.live);
+                        job.live.push_display(result);
+                        output.store_so_far(engine, machine, job).await;
+                    }
+                }
+                Ok(AgentEvent::Result { id, outcome, data, results, runtime_ms }) if id == job.seq => {
                     lines.flush(&job.live);
                     *resident = Some(current);
                     let outcome = match outcome {
                         AgentOutcome::Value(value) => Outcome::Value(value),
                         AgentOutcome::Error { text, cause } => Outcome::Error { text, cause },
                     };
-                    return ExecResult { outcome, data, runtime_ms, ..ExecResult::default() };
+                    return ExecResult { outcome, data, results, runtime_ms, ..ExecResult::default() };
                 }
                 Ok(other) => {
                     tracing::warn!(machine = %machine.name, "ignoring unexpected agent event {other:?}");

@@ -322,7 +322,7 @@ fn output_batches(output: &[OutputChunk]) -> impl Iterator<Item = &[OutputChunk]
     })
 }
 
-/// A batch of chunks as stored: per chunk one byte for the stream (0 stdout, 1 stderr), the
+/// A batch of chunks as stored: per chunk one byte for the stream (0 stdout, 1 stderr, 2 a rich result), the
 /// length of its text (4 bytes, little-endian), and the text. Far cheaper to write and read than
 /// JSON, whose escaping costs more than the disk for large outputs.
 fn encode_output(batch: &[OutputChunk]) -> Result<Vec<u8>> {
@@ -332,6 +332,7 @@ fn encode_output(batch: &[OutputChunk]) -> Result<Vec<u8>> {
         encoded.push(match chunk.stream {
             OutputStream::Stdout => 0,
             OutputStream::Stderr => 1,
+            OutputStream::Display => 2,
         });
         let len = u32::try_from(chunk.data.len()).map_err(|_| {
             Error::internal(format!("an output chunk of {} bytes", chunk.data.len()))
@@ -358,6 +359,7 @@ fn decode_output(
                 let stream = match stream {
                     0 => OutputStream::Stdout,
                     1 => OutputStream::Stderr,
+                    2 => OutputStream::Display,
                     other => return Err(format!("unknown stream {other}")),
                 };
                 let len = u32::from_le_bytes([*a, *b, *c, *d]) as usize;

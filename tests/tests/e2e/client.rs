@@ -173,14 +173,12 @@ async fn exec_values_errors_output_and_replay() {
                         "{label}"
                     );
                 }
-                other @ ExecEvent::Result(_) => panic!("{label}: expected output, got {other:?}"),
+                other => panic!("{label}: expected output, got {other:?}"),
             }
         }
         match seen.last().unwrap() {
             ExecEvent::Result(result) => assert_eq!(result.value.as_deref(), Some("40"), "{label}"),
-            other @ ExecEvent::Output(_) => {
-                panic!("{label}: expected the result last, got {other:?}")
-            }
+            other => panic!("{label}: expected the result last, got {other:?}"),
         }
         // After the fact: the same events, replayed from the store, and the result.
         let replay: Vec<_> = machine

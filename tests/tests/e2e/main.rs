@@ -8,6 +8,7 @@ mod files;
 mod forever;
 mod gvisor;
 mod isolation;
+mod rich;
 mod sdk;
 
 /// An engine's settings on `home` with the gVisor backend and no idle swap (tests that want one
