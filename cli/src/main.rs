@@ -111,8 +111,9 @@ enum Command {
 enum ImageCommand {
     /// Build an image from Debian packages (nothing is rebuilt unless an input changed).
     Build {
-        /// `minimal` (CPython 3.11) or `data` (plus numpy, pandas, matplotlib).
-        #[arg(long, default_value = "minimal")]
+        /// `data` (CPython 3.11 with numpy, pandas, matplotlib, requests, ...) or `minimal`
+        /// (CPython 3.11 alone).
+        #[arg(long, default_value = "data")]
         profile: String,
     },
 }
@@ -149,7 +150,8 @@ enum MachineCommand {
         /// Memory limit in MiB.
         #[arg(long)]
         memory_mb: Option<u32>,
-        /// The image: `minimal` (default) or `data` (numpy, pandas, matplotlib).
+        /// The image: `data` (numpy, pandas, matplotlib, requests, ...; the default unless the
+        /// server's `EVERVM_DEFAULT_IMAGE` says otherwise) or `minimal`.
         #[arg(long)]
         image: Option<String>,
         /// When state is saved to disk: `idle` (default) or `instruction` (after every

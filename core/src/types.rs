@@ -25,7 +25,8 @@ pub struct CreateMachineOptions {
     pub tags: Tags,
     /// Memory limit in MiB (the server's default when `None`).
     pub memory_mb: Option<u32>,
-    /// The image profile: `minimal` (default) or `data` (numpy, pandas, matplotlib).
+    /// The image profile: `data` (numpy, pandas, matplotlib, requests, ...) or `minimal`; the
+    /// server's default (`data`, unless it was set otherwise) when `None`.
     pub image: Option<String>,
     /// When the machine's state is saved to disk: `idle` (default: at swap-out, checkpoints and
     /// engine stop) or `instruction` (also after every instruction, before its result is

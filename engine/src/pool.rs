@@ -47,15 +47,26 @@ pub(crate) struct Pool {
     bases: Mutex<HashMap<Shape, Arc<tokio::sync::Mutex<Option<SnapshotManifest>>>>>,
 }
 
-/// What a base snapshot of the `data` profile has imported: into `sys.modules` only, so that a
-/// new machine's globals are still empty and its own `import pandas` is instant.
+/// What a base snapshot of the `data` profile imports when the operator asks
+/// (`EVERVM_BASE_PREIMPORT`): into `sys.modules` only, so that a new machine's globals are still
+/// empty and its own `import pandas` is instant.
 const DATA_WARM_UP: &str = "for _m in ('numpy', 'pandas', 'matplotlib', 'matplotlib.pyplot'):\n    \
                             __import__(_m)\ndel _m";
 
-/// `<home>/base/<profile>-<memory_mb>`: the base snapshot new machines of a shape start from.
-pub(crate) fn base_dir(home: &std::path::Path, shape: Shape) -> std::path::PathBuf {
-    home.join("base")
-        .join(format!("{}-{}", shape.profile.as_str(), shape.memory_mb))
+/// `<home>/base/<profile>-<memory_mb>` (`-imported` when it imported the `data` image's
+/// libraries): the base snapshot new machines of a shape start from.
+pub(crate) fn base_dir(home: &std::path::Path, shape: Shape, imported: bool) -> std::path::PathBuf {
+    let suffix = if imported { "-imported" } else { "" };
+    home.join("base").join(format!(
+        "{}-{}{suffix}",
+        shape.profile.as_str(),
+        shape.memory_mb
+    ))
+}
+
+/// Whether the shape's base snapshot imports the data libraries (the operator asked).
+fn imports_libraries(engine: &EngineInner, shape: Shape) -> bool {
+    shape.profile == Profile::Data && engine.config.base_preimport
 }
 
 pub(crate) fn sandbox_id() -> String {
@@ -135,7 +146,7 @@ async fn ensure_base(
 ) -> Result<(std::path::PathBuf, SnapshotManifest)> {
     let slot = Arc::clone(lock(&engine.pool.bases).entry(shape).or_default());
     let mut base = slot.lock().await;
-    let dir = base_dir(&engine.config.home, shape);
+    let dir = base_dir(&engine.config.home, shape, imports_libraries(engine, shape));
     if let Some(manifest) = base.as_ref() {
         return Ok((dir, manifest.clone()));
     }
@@ -170,7 +181,7 @@ async fn make_base(
     }
     let started = std::time::Instant::now();
     let mut fresh = boot_sandbox(engine, shape).await?;
-    if shape.profile == Profile::Data {
+    if imports_libraries(engine, shape) {
         let warm_up = AgentRequest::Exec {
             id: -1,
             code: DATA_WARM_UP.to_owned(),

@@ -217,8 +217,9 @@ pub struct CreateMachine {
     pub tags: Tags,
     /// Memory limit in MiB; the engine's default when `None`.
     pub memory_mb: Option<u32>,
-    /// The image profile (`minimal`, `data`); `minimal` when `None`. The process backend runs
-    /// the host's Python whatever the profile.
+    /// The image profile (`minimal`, `data`); the engine's default (`data`, see
+    /// [`crate::EngineConfig::default_image`]) when `None`. The process backend runs the host's
+    /// Python whatever the profile.
     pub image: Option<String>,
     /// When the machine's state is saved to disk; `idle` when `None`.
     pub durability: Option<Durability>,

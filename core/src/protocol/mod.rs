@@ -76,8 +76,9 @@ pub struct CreateMachineRequest {
         schemars(range(min = evervm_engine::MIN_MEMORY_MB, max = evervm_engine::MAX_MEMORY_MB))
     )]
     pub memory_mb: Option<u32>,
-    /// evervm: the image profile: `minimal` (CPython 3.11) or `data` (plus numpy, pandas,
-    /// matplotlib). Default `minimal`.
+    /// evervm: the image profile: `data` (CPython 3.11 with numpy, pandas, matplotlib,
+    /// requests, Beautiful Soup, PyYAML) or `minimal` (CPython 3.11 alone). Default: the
+    /// server's (`data` unless `EVERVM_DEFAULT_IMAGE` says otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "server", schemars(with = "Option<schema::Image>"))]
     pub image: Option<String>,

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
+use crate::guest::image::Profile;
+
 /// Which sandbox backend machines run on.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum BackendChoice {
@@ -185,6 +187,14 @@ pub struct EngineConfig {
     pub backend: BackendChoice,
     /// `memory_mb` of machines created without one.
     pub default_memory_mb: u32,
+    /// The image of machines created without one: `data` (numpy, pandas, matplotlib,
+    /// requests, ...) unless `EVERVM_DEFAULT_IMAGE` says `minimal`.
+    pub default_image: Profile,
+    /// Whether the `data` image's base snapshot imports numpy, pandas and matplotlib (into
+    /// `sys.modules` only): a machine's first `import pandas` is then instant, but every new
+    /// machine and every restore of a fresh one carries them. `EVERVM_BASE_PREIMPORT=1`; off by
+    /// default, so that machines on `data` start as fast as on `minimal`.
+    pub base_preimport: bool,
     /// How long a new sandbox may take to report ready.
     pub ready_timeout: Duration,
     /// How long past its timeout (or an interrupt) an instruction may take to stop before its
@@ -250,11 +260,25 @@ impl EngineConfig {
                 .and_then(|n| n.parse::<u64>().ok())
                 .filter(|n| *n > 0)
         };
+        let default_image = match std::env::var("EVERVM_DEFAULT_IMAGE") {
+            Ok(name) if !name.trim().is_empty() => {
+                Profile::parse(name.trim()).unwrap_or_else(|e| {
+                    tracing::warn!("ignoring EVERVM_DEFAULT_IMAGE={name:?}: {e}");
+                    Profile::Data
+                })
+            }
+            _ => Profile::Data,
+        };
         Self {
             home,
             images_dir,
             backend: BackendChoice::Auto,
             default_memory_mb: 512,
+            default_image,
+            base_preimport: matches!(
+                std::env::var("EVERVM_BASE_PREIMPORT").as_deref(),
+                Ok("1" | "true" | "yes")
+            ),
             ready_timeout: Duration::from_secs(30),
             timeout_grace: Duration::from_secs(5),
             pool_size,

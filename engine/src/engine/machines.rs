@@ -44,7 +44,10 @@ impl Engine {
                 allowed.join(", ")
             )));
         }
-        let profile = Profile::parse(request.image.as_deref().unwrap_or("minimal"))?;
+        let profile = match request.image.as_deref() {
+            Some(name) => Profile::parse(name)?,
+            None => self.inner.config.default_image,
+        };
         let durability = request.durability.unwrap_or_default();
         if durability == Durability::Instruction && !self.inner.backend.capabilities().snapshots {
             return Err(Error::unsupported(format!(

@@ -24,7 +24,6 @@ pub use self::config::{
 pub use self::home::{create_token_in_home, list_tokens_in_home, revoke_token_in_home};
 pub(crate) use self::inner::EngineInner;
 use crate::error::Result;
-use crate::guest::image::Profile;
 use crate::pool::{Pool, Shape};
 use crate::store::{Store, StoreThread};
 use crate::sync::lock;
@@ -101,7 +100,7 @@ impl Engine {
 
     fn default_shape(&self) -> Shape {
         Shape {
-            profile: Profile::Minimal,
+            profile: self.inner.config.default_image,
             memory_mb: self.inner.config.default_memory_mb,
         }
     }

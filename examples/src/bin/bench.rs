@@ -13,7 +13,8 @@
 //! machines and run an instruction in each, swap them all out, restore 50 at random and check
 //! their state, with the peak memory of the engine and its sandboxes.
 //!
-//! `--only swap` (or `density`) runs just that part on gVisor; `--only exec` the in-process
+//! `--only swap` (or `density`) runs just that part on gVisor; `--only images` machines on
+//! each image (create, restore, a first `import pandas`) on gVisor; `--only exec` the in-process
 //! round trip and stdout throughput on every backend given; `--only files` the file write and
 //! read throughput (100 MiB, in-process and over HTTP) on every backend given.
 #![allow(clippy::print_stdout)]
@@ -54,10 +55,15 @@ fn parse_args() -> Result<Args> {
             "--rounds" => args.rounds = it.next().context("--rounds needs a number")?.parse()?,
             "--throughput-only" => args.throughput_only = true,
             "--density" => args.density = it.next().context("--density needs a number")?.parse()?,
-            "--only" => args.only = Some(it.next().context("--only needs exec, swap or density")?),
+            "--only" => {
+                args.only = Some(
+                    it.next()
+                        .context("--only needs exec, files, images, swap or density")?,
+                );
+            }
             other => bail!(
                 "unknown argument {other:?}; use --backend NAME, --rounds N, --throughput-only, \
-                 --density N, --only exec|swap|density"
+                 --density N, --only exec|files|images|swap|density"
             ),
         }
     }
@@ -415,6 +421,76 @@ async fn durability_figures(client: &Client) -> Result<()> {
     Ok(())
 }
 
+/// Machines on each image (gVisor): create plus the first instruction (pool warm), restore plus
+/// the first instruction of a fresh machine, its snapshot, and on `data` a machine's first
+/// `import pandas`; `data` with and without its base snapshot importing the libraries
+/// (`EVERVM_BASE_PREIMPORT`).
+async fn image_figures() -> Result<()> {
+    for (image, preimport) in [("minimal", false), ("data", false), ("data", true)] {
+        let home = tempfile::tempdir()?;
+        let mut config = EngineConfig::new(home.path());
+        config.backend = BackendChoice::parse("gvisor");
+        config.pool_size = 2;
+        config.idle_swap = None;
+        config.default_image = evervm::engine::guest::image::Profile::parse(image)?;
+        config.base_preimport = preimport;
+        let engine = Engine::open(config).await?;
+        let account = engine.ensure_account("bench").await?;
+        let client = Client::from_engine(engine.clone(), account);
+        let label = if preimport {
+            format!("{image} (base imports numpy, pandas, matplotlib)")
+        } else {
+            image.to_owned()
+        };
+        println!("image {label}");
+        let (_, firsts) = creates(&client, &engine, 2, 10).await?;
+        report("create + first instruction (pool warm)", firsts);
+        let machine = client
+            .create_machine(CreateMachineOptions::default())
+            .await?;
+        machine.exec("x = 1").await?;
+        let mut restores = Vec::new();
+        for _ in 0..10 {
+            machine.swap_out().await?;
+            tokio::time::sleep(IDLE_BEFORE_RESTORE).await;
+            let started = Instant::now();
+            machine.exec("x + 1").await?;
+            restores.push(started.elapsed());
+        }
+        report("restore + first instruction (fresh machine)", restores);
+        machine.swap_out().await?;
+        let snapshot = home
+            .path()
+            .join("machines")
+            .join(machine.name())
+            .join("snapshot");
+        println!(
+            "  snapshot of a fresh machine on disk                    {:>8.2} MB",
+            dir_bytes(&snapshot) as f64 / 1e6
+        );
+        if image == "data" {
+            let mut imports = Vec::new();
+            for _ in 0..5 {
+                wait_for_pool(&engine, 2).await;
+                let fresh = client
+                    .create_machine(CreateMachineOptions::default())
+                    .await?;
+                fresh.exec("1").await?;
+                let started = Instant::now();
+                let run = fresh.exec("import pandas, matplotlib.pyplot").await?;
+                imports.push(started.elapsed());
+                if let Some(error) = run.result.error {
+                    bail!("import pandas failed: {error}");
+                }
+                fresh.delete().await?;
+            }
+            report("first `import pandas, matplotlib.pyplot`", imports);
+        }
+        engine.shutdown().await;
+    }
+    Ok(())
+}
+
 /// Memory of the engine process plus every sandbox process of `home` (PSS, bytes).
 fn engine_memory(home: &std::path::Path) -> u64 {
     own_pss() + pss_of(&home.join("runsc").display().to_string())
@@ -619,6 +695,12 @@ async fn main() -> Result<()> {
             );
             throughput(&client).await?.print("in-process");
             engine.shutdown().await;
+            continue;
+        }
+        if args.only.as_deref() == Some("images") {
+            if backend == "gvisor" {
+                image_figures().await?;
+            }
             continue;
         }
         if args.only.is_some() {

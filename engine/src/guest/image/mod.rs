@@ -40,7 +40,8 @@ pub const MPLCONFIGDIR: &str = "/opt/evervm/matplotlib";
 pub enum Profile {
     /// CPython 3.11 and its standard library.
     Minimal,
-    /// Minimal plus numpy, pandas and matplotlib (non-interactive `Agg` backend).
+    /// Minimal plus numpy, pandas, matplotlib (non-interactive `Agg` backend), requests,
+    /// Beautiful Soup and PyYAML: the default.
     Data,
 }
 
@@ -69,7 +70,14 @@ impl Profile {
             "busybox-static",
         ];
         if self == Profile::Data {
-            roots.extend(["python3-numpy", "python3-pandas", "python3-matplotlib"]);
+            roots.extend([
+                "python3-numpy",
+                "python3-pandas",
+                "python3-matplotlib",
+                "python3-requests",
+                "python3-bs4",
+                "python3-yaml",
+            ]);
         }
         roots
     }

@@ -143,8 +143,30 @@ pub(super) fn configure_root(root: &Path, profile: Profile) -> Result<()> {
             &format!("{MPLCONFIGDIR}/matplotlibrc"),
             "backend: Agg\n",
         )?;
+        write_ca_bundle(root)?;
     }
     Ok(())
+}
+
+/// The certificate bundle `update-ca-certificates` would make from the `ca-certificates`
+/// package (Debian's `certifi`, hence `requests`, reads it).
+fn write_ca_bundle(root: &Path) -> Result<()> {
+    let dir = root.join("usr/share/ca-certificates/mozilla");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Ok(());
+    };
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "crt"))
+        .collect();
+    files.sort();
+    let mut bundle = String::new();
+    for file in files {
+        let pem = std::fs::read_to_string(&file)?;
+        bundle.push_str(pem.trim_end());
+        bundle.push('\n');
+    }
+    write_file(root, "/etc/ssl/certs/ca-certificates.crt", &bundle)
 }
 
 /// Runs a program inside the image root (chroot; through a user namespace when not root).
@@ -297,7 +319,8 @@ pub(super) fn smoke_test(root: &Path, profile: Profile) -> Result<()> {
     );
     if profile == Profile::Data {
         code.push_str(
-            "import numpy, pandas, matplotlib, matplotlib.pyplot as plt\n\
+            "import numpy, pandas, matplotlib, matplotlib.pyplot as plt, requests, bs4, yaml\n\
+             import certifi, os; assert os.path.getsize(certifi.where()) > 100000, certifi.where()\n\
              assert matplotlib.get_backend().lower() == 'agg', matplotlib.get_backend()\n\
              plt.plot([1, 2]); plt.savefig('/tmp/check.png')\n",
         );
