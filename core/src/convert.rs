@@ -158,7 +158,7 @@ pub(crate) mod engine {
     use crate::types::{
         ByteStream, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecResult, FailureCause,
         FileInfo, FileKind, FileList, FileRead, InterpreterInfo, MachineInfo, MachinePage,
-        OutputChunk, OutputStream, RichKind, RichResult, WriteFileOptions,
+        OutputChunk, OutputStream, WriteFileOptions,
     };
 
     impl From<engine::FailureCause> for FailureCause {
@@ -181,7 +181,7 @@ pub(crate) mod engine {
                     error: None,
                     cause: None,
                     data: r.data,
-                    results: r.results.into_iter().map(RichResult::from).collect(),
+                    results: r.results,
                     runtime_ms: r.runtime_ms,
                     output_truncated: r.output_truncated,
                     saved: r.saved,
@@ -191,24 +191,11 @@ pub(crate) mod engine {
                     error: Some(text),
                     cause: Some(cause.into()),
                     data: None,
-                    results: r.results.into_iter().map(RichResult::from).collect(),
+                    results: r.results,
                     runtime_ms: r.runtime_ms,
                     output_truncated: r.output_truncated,
                     saved: r.saved,
                 },
-            }
-        }
-    }
-
-    impl From<engine::RichResult> for RichResult {
-        fn from(r: engine::RichResult) -> Self {
-            RichResult {
-                kind: match r.kind {
-                    engine::RichKind::Display => RichKind::Display,
-                    engine::RichKind::Figure => RichKind::Figure,
-                    engine::RichKind::Value => RichKind::Value,
-                },
-                data: r.data,
             }
         }
     }
@@ -226,7 +213,7 @@ pub(crate) mod engine {
                             tracing::warn!(seq = chunk.seq, "a rich result did not decode");
                             return None;
                         };
-                        return Some(ExecEvent::Display(rich.into()));
+                        return Some(ExecEvent::Display(rich));
                     }
                 };
                 Some(ExecEvent::Output(OutputChunk {

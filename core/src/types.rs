@@ -308,70 +308,8 @@ impl FailureCause {
     }
 }
 
-/// What a rich result is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum RichKind {
-    /// Shown by `display(obj)` during the instruction.
-    Display,
-    /// A matplotlib figure: shown by `plt.show()`, or still open when the instruction ended.
-    Figure,
-    /// The last expression's value, when it has a representation beyond text (a pandas
-    /// DataFrame's HTML, say).
-    Value,
-}
-
-impl RichKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RichKind::Display => "display",
-            RichKind::Figure => "figure",
-            RichKind::Value => "value",
-        }
-    }
-}
-
-/// A rich result, following Jupyter's display protocol: a MIME bundle.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
-pub struct RichResult {
-    pub kind: RichKind,
-    /// MIME type to representation: text for text types and `image/svg+xml`, base64 for other
-    /// images (`image/png`, `image/jpeg`), any JSON value for JSON types
-    /// (`application/json`). `text/plain` is always there.
-    pub data: serde_json::Map<String, serde_json::Value>,
-}
-
-impl RichResult {
-    /// The representation of one MIME type, if it is text (or base64).
-    pub fn get(&self, mime: &str) -> Option<&str> {
-        self.data.get(mime)?.as_str()
-    }
-
-    /// `text/plain`.
-    pub fn text(&self) -> Option<&str> {
-        self.get("text/plain")
-    }
-
-    /// `text/html` (a pandas DataFrame's table, say).
-    pub fn html(&self) -> Option<&str> {
-        self.get("text/html")
-    }
-
-    /// `image/png`, decoded.
-    pub fn png(&self) -> Option<Vec<u8>> {
-        self.image("image/png")
-    }
-
-    /// A base64 image type, decoded (`None` when absent or not valid base64).
-    pub fn image(&self, mime: &str) -> Option<Vec<u8>> {
-        use base64::Engine as _;
-        base64::engine::general_purpose::STANDARD
-            .decode(self.get(mime)?)
-            .ok()
-    }
-}
+/// Rich results: the engine's types, the one definition.
+pub use evervm_engine::{RichKind, RichResult};
 
 /// How an instruction ended: a value (the `repr` of the last expression, `None` for statements)
 /// or an error text.

@@ -510,14 +510,15 @@ impl OutputStream {
 }
 
 /// What a rich result is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RichKind {
     /// Shown by `display(obj)` during the instruction.
     Display,
     /// A matplotlib figure: shown by `plt.show()`, or still open when the instruction ended.
     Figure,
-    /// The last expression's value, when it has a representation beyond text.
+    /// The last expression's value, when it has a representation beyond text (a pandas
+    /// DataFrame's HTML, say).
     Value,
 }
 
@@ -529,6 +530,8 @@ impl RichKind {
             RichKind::Value => "value",
         }
     }
+
+    pub const ALL: [RichKind; 3] = [RichKind::Display, RichKind::Figure, RichKind::Value];
 
     pub fn parse(text: &str) -> Option<Self> {
         match text {
@@ -544,8 +547,9 @@ impl RichKind {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RichResult {
     pub kind: RichKind,
-    /// MIME type to representation: text for text types and SVG, base64 for other images
-    /// (`image/png`), any JSON value for JSON types. `text/plain` is always there.
+    /// MIME type to representation: text for text types and `image/svg+xml`, base64 for other
+    /// images (`image/png`, `image/jpeg`), any JSON value for JSON types (`application/json`).
+    /// `text/plain` is always there.
     pub data: serde_json::Map<String, serde_json::Value>,
 }
 
@@ -562,6 +566,34 @@ impl RichResult {
                     }
             })
             .sum()
+    }
+
+    /// The representation of one MIME type, if it is text (or base64).
+    pub fn get(&self, mime: &str) -> Option<&str> {
+        self.data.get(mime)?.as_str()
+    }
+
+    /// `text/plain`.
+    pub fn text(&self) -> Option<&str> {
+        self.get("text/plain")
+    }
+
+    /// `text/html` (a pandas DataFrame's table, say).
+    pub fn html(&self) -> Option<&str> {
+        self.get("text/html")
+    }
+
+    /// `image/png`, decoded.
+    pub fn png(&self) -> Option<Vec<u8>> {
+        self.image("image/png")
+    }
+
+    /// A base64 image type, decoded (`None` when absent or not valid base64).
+    pub fn image(&self, mime: &str) -> Option<Vec<u8>> {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD
+            .decode(self.get(mime)?)
+            .ok()
     }
 
     /// The base64 PNG of a figure, if it is one.

@@ -929,11 +929,11 @@ mod tests {
         );
         assert_eq!(
             t.websocket_url(None).unwrap().as_str(),
-            "ws://127.0.0.1:9/v1/machine/new/repl"
+            "ws://127.0.0.1:9/v1/machine/new/repl?rich=true"
         );
         assert_eq!(
             t.websocket_url(Some("abc")).unwrap().as_str(),
-            "ws://127.0.0.1:9/v1/machine/abc/repl"
+            "ws://127.0.0.1:9/v1/machine/abc/repl?rich=true"
         );
         assert!(RemoteTransport::new("ftp://x", "a.b").is_err());
     }

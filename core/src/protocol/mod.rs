@@ -343,6 +343,7 @@ pub struct WireExecResult {
     /// (MIME bundles, as in Jupyter), in order: those shown during the instruction, then the
     /// last expression's value when it has more than text, then the figures left open.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "server", schemars(with = "Option<Vec<schema::RichResult>>"))]
     pub results: Option<Vec<crate::types::RichResult>>,
 }
 
@@ -442,6 +443,7 @@ pub enum MessageFromServer {
         instruction_id: i64,
         /// Its place among the instruction's output lines (numbered together).
         seq: i64,
+        #[cfg_attr(feature = "server", schemars(with = "schema::RichResult"))]
         result: crate::types::RichResult,
     },
     /// An instruction's result, after all its output.

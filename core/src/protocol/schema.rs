@@ -36,6 +36,36 @@ pub(crate) const IMAGES: &[&str] = &["minimal", "data"];
 /// The durabilities a new machine may ask for.
 pub(crate) const DURABILITIES: &[&str] = &["idle", "instruction"];
 
+/// A rich result ([`engine::RichResult`]): its kind and its MIME bundle.
+pub(crate) struct RichResult;
+
+impl JsonSchema for RichResult {
+    fn schema_name() -> Cow<'static, str> {
+        "RichResult".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        let kinds: Vec<&str> = engine::RichKind::ALL.iter().map(|k| k.as_str()).collect();
+        schema(json!({
+            "type": "object",
+            "description": "A rich result, following Jupyter's display protocol: `display` (shown \
+                by `display(obj)`), `figure` (a matplotlib figure, as PNG) or `value` (the last \
+                expression's value, when it has more than text), and its MIME bundle.",
+            "required": ["kind", "data"],
+            "properties": {
+                "kind": { "type": "string", "enum": kinds },
+                "data": {
+                    "type": "object",
+                    "description": "MIME type to representation: text for text types and \
+                        `image/svg+xml`, base64 for other images (`image/png`), any JSON value \
+                        for JSON types. `text/plain` is always there.",
+                    "additionalProperties": true,
+                },
+            },
+        }))
+    }
+}
+
 /// [`super::WireTags`] as a new machine or a fork takes them.
 pub(crate) struct Tags;
 

@@ -580,6 +580,7 @@ async fn making_one_base_snapshot_does_not_hold_up_another() {
         &engine,
         &account,
         CreateMachine {
+            image: Some("minimal".to_owned()),
             memory_mb: Some(256),
             ..CreateMachine::default()
         },
