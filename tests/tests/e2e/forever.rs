@@ -247,37 +247,57 @@ async fn the_process_backend_refuses_forks_and_checkpoints() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn new_machines_start_from_the_image_base_snapshot() {
-    let Some(server) = gvisor_server() else {
+    if gvisor_server().is_none() {
         return;
-    };
-    let client = server.client();
-    let data = || CreateMachineOptions {
-        image: Some("data".to_owned()),
-        ..CreateMachineOptions::default()
-    };
-    let a = client.create_machine(data()).await.unwrap();
-    let b = client.create_machine(data()).await.unwrap();
-    // The imports were made before the base snapshot, into sys.modules only.
-    assert_eq!(
-        value(
-            &a,
-            "import sys\n'pandas' in sys.modules, 'pandas' in globals()"
-        )
-        .await,
-        "(True, False)"
-    );
-    let base = server.home().join("base");
-    assert!(
-        std::fs::read_dir(&base)
+    }
+    // By default the `data` base imports nothing; with `EVERVM_BASE_PREIMPORT` its libraries
+    // are imported before the snapshot, into sys.modules only.
+    for preimport in [false, true] {
+        let server = TestServer::start_with("gvisor", move |config| {
+            config.base_preimport = preimport;
+        });
+        let client = server.client();
+        let a = client
+            .create_machine(CreateMachineOptions::default())
+            .await
+            .unwrap();
+        let b = client
+            .create_machine(CreateMachineOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(a.info().await.unwrap().image.as_deref(), Some("data"));
+        let imported = if preimport { "True" } else { "False" };
+        assert_eq!(
+            value(
+                &a,
+                "import sys\n'pandas' in sys.modules, 'pandas' in globals()"
+            )
+            .await,
+            format!("({imported}, False)")
+        );
+        let base = server.home().join("base");
+        let suffix = if preimport { "-imported" } else { "" };
+        let names: Vec<String> = std::fs::read_dir(&base)
             .unwrap()
             .flatten()
-            .any(|e| e.file_name().to_string_lossy().starts_with("data-")),
-        "no data base snapshot in {}",
-        base.display()
-    );
-    // Machines restored from one base snapshot still draw different random numbers.
-    let draws = "import random\n[random.random() for _ in range(4)]";
-    assert_ne!(value(&a, draws).await, value(&b, draws).await);
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            names
+                .iter()
+                .any(|n| n.starts_with("data-") && n.ends_with(&format!("512{suffix}"))),
+            "no data base snapshot{suffix} in {}: {names:?}",
+            base.display()
+        );
+        // Machines restored from one base snapshot still draw different random numbers.
+        let draws = "import random\n[random.random() for _ in range(4)]";
+        assert_ne!(value(&a, draws).await, value(&b, draws).await);
+        assert!(
+            value(&b, "import pandas\npandas.__name__")
+                .await
+                .contains("pandas")
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
