@@ -423,8 +423,10 @@ impl Precreated {
         if self.closed.load(Ordering::SeqCst) {
             return Err(Error::internal("the engine is shutting down"));
         }
+        // Of one width: runsc takes an id that is the prefix of others as ambiguous (`pre-..-1`
+        // beside `pre-..-14` made a checkpoint fail under load).
         let id = format!(
-            "{}{}",
+            "{}{:012}",
             self.prefix,
             self.next.fetch_add(1, Ordering::Relaxed)
         );
