@@ -42,6 +42,7 @@ Agent -> host:
 
 import ast
 import base64
+import fcntl
 import io
 import json
 import linecache
@@ -63,11 +64,23 @@ AGENT_FILE = sys._getframe().f_code.co_filename
 
 # --- the channel -------------------------------------------------------------------------------
 
-CHAN_IN = os.dup(0)
-CHAN_OUT = os.dup(1)
-_devnull = os.open(os.devnull, os.O_RDONLY)
-os.dup2(_devnull, 0)
-os.close(_devnull)
+# Above 2 whatever the agent was started with: a host may start it with stderr closed (Node.js
+# does), and fds 1 and 2 become the output pipes below.
+CHAN_IN = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3)
+CHAN_OUT = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3)
+_devnull = os.open(os.devnull, os.O_RDWR)
+for _fd in (0, 1, 2):
+    # 0 reads nothing; a free 1 or 2 is held by /dev/null until the output pipes take it (a
+    # pipe must not land there).
+    if _fd != _devnull:
+        try:
+            os.fstat(_fd)
+            if _fd == 0:
+                os.dup2(_devnull, 0)
+        except OSError:
+            os.dup2(_devnull, _fd)
+if _devnull > 2:
+    os.close(_devnull)
 
 _out_lock = threading.Lock()
 
