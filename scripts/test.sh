@@ -20,9 +20,9 @@ evervm_bin="$(realpath "${CARGO_TARGET_DIR:-target}")/debug/evervm"
 "$evervm_bin" image build --profile minimal
 "$evervm_bin" image build --profile data
 echo "==> cargo test"
-# The Python extension module links against the interpreter that loads it: it is tested from
-# Python below.
-cargo test --workspace --locked --exclude evervm-python
+# The Python and Node extension modules link against the runtime that loads them: they are
+# tested from Python and Node below.
+cargo test --workspace --locked --exclude evervm-python --exclude evervm-node
 echo "==> the end-to-end suites on gVisor again, on Debian's runsc (older hosts and old snapshots use it)"
 if [ -x /usr/bin/runsc ]; then
     EVERVM_RUNSC=/usr/bin/runsc EVERVM_TEST_BACKENDS=gvisor \
@@ -45,3 +45,11 @@ echo "==> API fuzzing: schemathesis against /openapi.json (process backend, boun
 # tests/api/README.md: a short run of every phase against `evervm serve --backend process`.
 "$pyenv_dir/bin/pip" install -q --disable-pip-version-check "schemathesis==4.32.5"
 EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" tests/api/run.py --mode ci
+echo "==> Node package: build the native module (the committed loader and types must match), then its tests"
+(cd bindings-node && npm ci --no-audit --no-fund --loglevel=error &&
+    npx napi build --platform --js binding.cjs --dts binding.d.cts)
+if ! git diff --exit-code -- bindings-node/binding.cjs bindings-node/binding.d.cts; then
+    echo "bindings-node/binding.cjs or binding.d.cts differ from what napi build generates: commit them" >&2
+    exit 1
+fi
+(cd bindings-node && EVERVM_BIN="$evervm_bin" node --test test/*.test.mjs)

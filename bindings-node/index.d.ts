@@ -1,0 +1,114 @@
+// Types of the `evervm` package (the wrapper in index.cjs over the generated binding.d.cts).
+
+import type {
+  Checkpoint,
+  CreateMachineOptions,
+  ExecOptions as NativeExecOptions,
+  ExecResult,
+  FileInfo,
+  FileList,
+  LocalOptions,
+  MachineInfo,
+  OutputChunk,
+  RichResult,
+  WriteOptions,
+} from './binding.cjs'
+
+export type {
+  Checkpoint,
+  CreateMachineOptions,
+  ExecResult,
+  FileInfo,
+  FileList,
+  LocalOptions,
+  MachineInfo,
+  OutputChunk,
+  RichResult,
+  WriteOptions,
+}
+
+/** The default instruction timeout, in seconds (15). */
+export declare const DEFAULT_TIMEOUT_SECONDS: number
+
+export interface ExecOptions extends NativeExecOptions {
+  /** Aborting interrupts the instruction (the machine keeps its state) and rejects with an
+   * `AbortError` carrying its result. */
+  signal?: AbortSignal
+  /** Each line printed to stdout (without its newline), as it comes. */
+  onStdout?: (line: string) => void
+  /** Each line printed to stderr, as it comes. */
+  onStderr?: (line: string) => void
+  /** Each rich result shown while it runs (`display(obj)`, `plt.show()`). */
+  onResult?: (result: RichResult) => void
+}
+
+export interface RemoteOptions {
+  /** The server's URL (default `EVERVM_URL`). */
+  url?: string
+  /** A token of the server (default `EVERVM_TOKEN`). */
+  token?: string
+}
+
+export declare class Client {
+  /** A client of a server. */
+  constructor(options?: RemoteOptions)
+  /** A client of the engine run in this process. */
+  static local(options?: LocalOptions): Promise<Client>
+  describe(): string
+  createMachine(options?: CreateMachineOptions): Promise<Machine>
+  /** Machines carrying every one of `tags`, newest first. */
+  listMachines(options?: { tags?: Record<string, string> }): Promise<MachineInfo[]>
+  machine(name: string): Machine
+  /** Stops the engine of a local client; nothing for a server's client. */
+  close(): Promise<void>
+}
+
+export declare class Machine {
+  readonly name: string
+  readonly files: Files
+  exec(code: string, options?: ExecOptions): Promise<ExecResult>
+  /** Output chunks and rich results as they come, then the result. */
+  stream(code: string, options?: NativeExecOptions): AsyncGenerator<OutputChunk | RichResult | ExecResult, void, undefined>
+  interrupt(): Promise<boolean>
+  info(): Promise<MachineInfo>
+  swapOut(): Promise<void>
+  fork(options?: { tags?: Record<string, string> }): Promise<Machine>
+  checkpoint(name?: string): Promise<Checkpoint>
+  checkpoints(): Promise<Checkpoint[]>
+  rollback(checkpoint: string): Promise<MachineInfo>
+  deleteCheckpoint(checkpoint: string): Promise<void>
+  delete(): Promise<void>
+}
+
+export declare class Files {
+  write(path: string, data: Buffer | Uint8Array | string, options?: WriteOptions): Promise<FileInfo>
+  read(path: string): Promise<Buffer>
+  readText(path: string): Promise<string>
+  stat(path: string): Promise<FileInfo>
+  exists(path: string): Promise<boolean>
+  list(dir?: string): Promise<FileList>
+  mkdir(path: string, options?: { parents?: boolean }): Promise<FileInfo>
+  remove(path: string, options?: { recursive?: boolean }): Promise<FileInfo>
+  upload(localPath: string, path: string, options?: WriteOptions): Promise<FileInfo>
+  download(path: string, localPath: string): Promise<FileInfo>
+}
+
+/** Base class of every evervm error. */
+export declare class EvervmError extends Error {
+  /** The error kind: `NotFound`, `InvalidInput`, ..., or `Aborted`. */
+  readonly code: string
+}
+export declare class AbortError extends EvervmError {
+  readonly result?: ExecResult
+}
+export declare class NotFoundError extends EvervmError {}
+export declare class InvalidInputError extends EvervmError {}
+export declare class UnauthorizedError extends EvervmError {}
+export declare class UnsupportedError extends EvervmError {}
+export declare class MachineCrashedError extends EvervmError {}
+export declare class ConflictError extends EvervmError {}
+export declare class LimitExceededError extends EvervmError {}
+export declare class TooLargeError extends EvervmError {}
+export declare class PermissionDeniedError extends EvervmError {}
+export declare class TransportError extends EvervmError {}
+export declare class InternalError extends EvervmError {}

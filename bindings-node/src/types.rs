@@ -1,0 +1,332 @@
+//! What calls take and return, as plain JS objects (camelCase): conversions of the client's types.
+
+use std::collections::HashMap;
+
+use napi::bindgen_prelude::Buffer;
+use napi_derive::napi;
+
+fn time(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// Bytes and counts as JS numbers (exact below 2^53).
+fn number(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// `Client.local()`'s options.
+#[napi(object)]
+#[derive(Default)]
+pub struct LocalOptions {
+    /// The engine's home (default: `$EVERVM_HOME` or `~/.local/share/evervm`).
+    pub home: Option<String>,
+    /// The sandbox backend: `auto` (default), `gvisor` or `process`.
+    pub backend: Option<String>,
+    /// The account machines belong to (default `local`).
+    pub account: Option<String>,
+    /// Ready sandboxes to keep (default: the engine's, `EVERVM_POOL_SIZE` or 2).
+    pub pool_size: Option<u32>,
+}
+
+/// A new machine's options.
+#[napi(object)]
+#[derive(Default)]
+pub struct CreateMachineOptions {
+    pub tags: Option<HashMap<String, String>>,
+    /// Its memory limit in MiB (the server's default when absent).
+    pub memory_mb: Option<u32>,
+    /// `data` (numpy, pandas, matplotlib, requests, ...; the default) or `minimal`.
+    pub image: Option<String>,
+    /// `idle` (default: saved at swap-out) or `instruction` (saved after every instruction).
+    pub durability: Option<String>,
+    /// Environment variables its interpreter starts with.
+    pub env: Option<HashMap<String, String>>,
+    /// Environment variables whose values `info` and lists never show.
+    pub secret_env: Option<HashMap<String, String>>,
+    /// Deleted this many seconds after its creation.
+    pub ttl_seconds: Option<f64>,
+}
+
+/// One instruction's options.
+#[napi(object)]
+#[derive(Default)]
+pub struct ExecOptions {
+    /// Seconds before it is interrupted (default 15).
+    pub timeout_seconds: Option<f64>,
+    /// Interrupt what runs or waits on the machine first.
+    pub interrupt: Option<bool>,
+}
+
+/// A file write's options.
+#[napi(object)]
+#[derive(Default)]
+pub struct WriteOptions {
+    /// Permission bits (`0o600`); those of the file replaced, or `0o644`.
+    pub mode: Option<u32>,
+    /// Make missing parent directories.
+    pub parents: Option<bool>,
+}
+
+/// One line of output, without its newline.
+#[napi(object)]
+pub struct OutputChunk {
+    /// Always `"output"`.
+    #[napi(js_name = "type", ts_type = "'output'")]
+    pub event: String,
+    /// Its number within the instruction, from 0 (rich results shown take numbers too).
+    pub seq: i64,
+    /// `"stdout"` or `"stderr"`.
+    #[napi(ts_type = "'stdout' | 'stderr'")]
+    pub stream: String,
+    pub data: String,
+}
+
+impl From<evervm::OutputChunk> for OutputChunk {
+    fn from(c: evervm::OutputChunk) -> Self {
+        Self {
+            event: "output".into(),
+            seq: c.seq,
+            stream: c.stream.as_str().into(),
+            data: c.data,
+        }
+    }
+}
+
+/// A rich result (Jupyter's display protocol): a MIME bundle.
+#[napi(object)]
+pub struct RichResult {
+    /// Always `"rich"`.
+    #[napi(js_name = "type", ts_type = "'rich'")]
+    pub event: String,
+    /// `display` (shown by `display(obj)`), `figure` (a matplotlib figure) or `value` (the last
+    /// expression's value).
+    #[napi(ts_type = "'display' | 'figure' | 'value'")]
+    pub kind: String,
+    /// MIME type to representation: text, base64 for images, JSON values for JSON types.
+    pub data: serde_json::Map<String, serde_json::Value>,
+    /// `text/plain`.
+    pub text: Option<String>,
+    /// `text/html` (a pandas DataFrame's table, say).
+    pub html: Option<String>,
+    /// `image/png`, decoded.
+    pub png: Option<Buffer>,
+}
+
+impl From<evervm::RichResult> for RichResult {
+    fn from(r: evervm::RichResult) -> Self {
+        Self {
+            event: "rich".into(),
+            kind: r.kind.as_str().into(),
+            text: r.text().map(str::to_owned),
+            html: r.html().map(str::to_owned),
+            png: r.png().map(Buffer::from),
+            data: r.data,
+        }
+    }
+}
+
+/// ForeverVM's rich output: the last figure.
+#[napi(object)]
+pub struct ExecData {
+    /// The PNG, decoded.
+    pub png: Option<Buffer>,
+}
+
+/// How an instruction ended, with everything it printed.
+#[napi(object)]
+pub struct ExecResult {
+    /// Always `"result"`.
+    #[napi(js_name = "type", ts_type = "'result'")]
+    pub event: String,
+    /// Its number on the machine, from 0.
+    pub seq: i64,
+    /// The `repr` of the last expression (absent for statements, `None` values and errors).
+    pub value: Option<String>,
+    /// The traceback or reason when it failed.
+    pub error: Option<String>,
+    /// Why it failed: `exception`, `timeout`, `interrupted`, `machine_crashed`,
+    /// `limit_exceeded`.
+    pub cause: Option<String>,
+    /// The last matplotlib figure (ForeverVM's `data`).
+    pub data: Option<ExecData>,
+    /// The rich results, in order: those shown during the instruction, the value's when it has
+    /// more than text, then the figures left open.
+    pub results: Vec<RichResult>,
+    pub output: Vec<OutputChunk>,
+    /// Everything printed to stdout, one line per chunk.
+    pub stdout: String,
+    pub stderr: String,
+    pub runtime_ms: i64,
+    pub timed_out: bool,
+    /// True when it ended without an error.
+    pub ok: bool,
+    /// It printed more than the server keeps per instruction; the rest was dropped.
+    pub output_truncated: bool,
+    /// For machines with `durability: 'instruction'`: whether the state after it is on disk.
+    pub saved: Option<bool>,
+}
+
+impl From<evervm::Execution> for ExecResult {
+    fn from(run: evervm::Execution) -> Self {
+        let stdout = run.stdout();
+        let stderr = run.stderr();
+        let result = run.result;
+        let png = result
+            .data
+            .as_ref()
+            .and_then(|d| d.get("png")?.as_str())
+            .and_then(|b64| {
+                use base64::Engine as _;
+                base64::engine::general_purpose::STANDARD.decode(b64).ok()
+            });
+        Self {
+            event: "result".into(),
+            seq: run.seq,
+            timed_out: result.timed_out(),
+            ok: !result.is_error(),
+            value: result.value,
+            error: result.error,
+            cause: result.cause.map(|c| c.as_str().to_owned()),
+            data: result.data.map(|_| ExecData {
+                png: png.map(Buffer::from),
+            }),
+            results: result.results.into_iter().map(RichResult::from).collect(),
+            output: run.output.into_iter().map(OutputChunk::from).collect(),
+            stdout,
+            stderr,
+            runtime_ms: number(result.runtime_ms),
+            output_truncated: result.output_truncated,
+            saved: result.saved,
+        }
+    }
+}
+
+/// What is known about a machine.
+#[napi(object)]
+pub struct MachineInfo {
+    pub name: String,
+    /// ISO 8601, UTC.
+    pub created_at: String,
+    pub tags: HashMap<String, String>,
+    /// True while its sandbox is in memory.
+    pub running: bool,
+    pub has_pending_instruction: bool,
+    pub memory_mb: Option<u32>,
+    pub image: Option<String>,
+    pub backend: Option<String>,
+    /// `resident`, `swapped`, `damaged` or `stopped`.
+    pub state: Option<String>,
+    pub instruction_count: Option<i64>,
+    pub last_used_at: Option<String>,
+    pub last_error: Option<String>,
+    pub disk_bytes: Option<i64>,
+    pub resident_bytes: Option<i64>,
+    pub durability: Option<String>,
+    /// Its environment variables that are not secret.
+    pub env: HashMap<String, String>,
+    /// The names of its secret environment variables (never their values).
+    pub secret_env: Vec<String>,
+    /// When it is deleted; absent: never.
+    pub expires_at: Option<String>,
+    /// How its current interpreter began: `booted`, `restored`, `restarted_after_crash`.
+    pub interpreter: Option<String>,
+    pub interpreter_started_at: Option<String>,
+    /// When the snapshot it came from was written.
+    pub interpreter_snapshot_at: Option<String>,
+}
+
+impl From<evervm::MachineInfo> for MachineInfo {
+    fn from(m: evervm::MachineInfo) -> Self {
+        let interpreter = m.interpreter;
+        Self {
+            name: m.name,
+            created_at: time(m.created_at),
+            tags: m.tags.into_iter().collect(),
+            running: m.running,
+            has_pending_instruction: m.has_pending_instruction,
+            memory_mb: m.memory_mb,
+            image: m.image,
+            backend: m.backend,
+            state: m.state,
+            instruction_count: m.instruction_count,
+            last_used_at: m.last_used_at.map(time),
+            last_error: m.last_error,
+            disk_bytes: m.disk_bytes.map(number),
+            resident_bytes: m.resident_bytes.map(number),
+            durability: m.durability,
+            env: m.env.into_iter().collect(),
+            secret_env: m.secret_env,
+            expires_at: m.expires_at.map(time),
+            interpreter: interpreter.as_ref().map(|i| i.began.clone()),
+            interpreter_started_at: interpreter.as_ref().map(|i| time(i.started_at)),
+            interpreter_snapshot_at: interpreter.and_then(|i| i.snapshot_at).map(time),
+        }
+    }
+}
+
+/// A named, kept snapshot of a machine.
+#[napi(object)]
+pub struct Checkpoint {
+    pub name: String,
+    pub created_at: String,
+    /// The machine's instruction count when it was taken.
+    pub instruction_count: i64,
+    pub disk_bytes: i64,
+}
+
+impl From<evervm::CheckpointInfo> for Checkpoint {
+    fn from(c: evervm::CheckpointInfo) -> Self {
+        Self {
+            name: c.name,
+            created_at: time(c.created_at),
+            instruction_count: c.instruction_count,
+            disk_bytes: number(c.disk_bytes),
+        }
+    }
+}
+
+/// A file or directory in a machine.
+#[napi(object)]
+pub struct FileInfo {
+    /// Its absolute path in the machine.
+    pub path: String,
+    pub name: String,
+    /// `file`, `directory`, `symlink` or `other`.
+    pub kind: String,
+    pub size: i64,
+    /// Permission bits.
+    pub mode: u32,
+    pub modified_at: Option<String>,
+}
+
+impl From<evervm::FileInfo> for FileInfo {
+    fn from(f: evervm::FileInfo) -> Self {
+        Self {
+            path: f.path,
+            name: f.name,
+            kind: f.kind.as_str().into(),
+            size: number(f.size),
+            mode: f.mode,
+            modified_at: f.modified_at.map(time),
+        }
+    }
+}
+
+/// A directory's entries, by name.
+#[napi(object)]
+pub struct FileList {
+    pub directory: FileInfo,
+    pub entries: Vec<FileInfo>,
+    /// There were more than the server lists (10,000).
+    pub truncated: bool,
+}
+
+impl From<evervm::FileList> for FileList {
+    fn from(l: evervm::FileList) -> Self {
+        Self {
+            directory: l.directory.into(),
+            entries: l.entries.into_iter().map(FileInfo::from).collect(),
+            truncated: l.truncated,
+        }
+    }
+}

@@ -1,0 +1,145 @@
+import assert from 'node:assert/strict'
+import { test } from 'node:test'
+import { createRequire } from 'node:module'
+
+import * as evervm from '../index.mjs'
+import { Client, EvervmError, NotFoundError, InvalidInputError, AbortError } from '../index.mjs'
+import { bothTransports } from './helpers.mjs'
+
+test('the CommonJS and ES module entries are one package', () => {
+  const required = createRequire(import.meta.url)('../index.cjs')
+  assert.equal(required.Client, Client)
+  // Every error kind has its class in both entries.
+  for (const name of Object.keys(required).filter((n) => n.endsWith('Error'))) {
+    assert.equal(evervm[name], required[name], name)
+  }
+  assert.equal(evervm.DEFAULT_TIMEOUT_SECONDS, 15)
+})
+
+test('state, values, output, errors and rich results, in both transports', async () => {
+  await bothTransports(async (client, label) => {
+    const machine = await client.createMachine({ tags: { suite: 'node', transport: label }, memoryMb: 512 })
+    assert.match(machine.name, /^[A-Za-z0-9]+$/)
+    await machine.exec('x = 20')
+    const run = await machine.exec("print('hi')\nimport sys; print('warn', file=sys.stderr)\nx + 1")
+    assert.equal(run.value, '21', label)
+    assert.equal(run.stdout, 'hi\n')
+    assert.equal(run.stderr, 'warn\n')
+    assert.deepEqual(run.output.map((c) => [c.stream, c.data]), [['stdout', 'hi'], ['stderr', 'warn']])
+    assert.equal(run.ok, true)
+    assert.equal(run.type, 'result')
+    assert.equal(typeof run.runtimeMs, 'number')
+
+    const failed = await machine.exec('1 / 0')
+    assert.equal(failed.ok, false)
+    assert.equal(failed.cause, 'exception')
+    assert.match(failed.error, /ZeroDivisionError/)
+
+    const slow = await machine.exec('import time\ntime.sleep(5)', { timeoutSeconds: 1 })
+    assert.equal(slow.timedOut, true, label)
+    assert.equal((await machine.exec('x')).value, '20', 'state kept after a timeout')
+
+    const rich = await machine.exec(
+      "class T:\n    def _repr_html_(self): return '<b>t</b>'\ndisplay(T())\nT()",
+    )
+    assert.deepEqual(rich.results.map((r) => r.kind), ['display', 'value'])
+    assert.equal(rich.results[1].html, '<b>t</b>')
+    assert.equal(rich.results[1].data['text/html'], '<b>t</b>')
+
+    const info = await machine.info()
+    assert.equal(info.name, machine.name)
+    assert.deepEqual(info.tags, { suite: 'node', transport: label })
+    const listed = await client.listMachines({ tags: { suite: 'node' } })
+    assert.deepEqual(listed.map((m) => m.name), [machine.name])
+    await machine.delete()
+    await assert.rejects(machine.info(), (error) => {
+      assert.ok(error instanceof NotFoundError, String(error))
+      assert.ok(error instanceof EvervmError)
+      assert.equal(error.code, 'NotFound')
+      return true
+    })
+  })
+})
+
+test('streaming, callbacks and AbortSignal', async () => {
+  await bothTransports(async (client, label) => {
+    const machine = await client.createMachine()
+    const seen = []
+    for await (const event of machine.stream("for i in range(3): print(i)\ndisplay(7)\n'done'")) {
+      seen.push(event.type === 'output' ? event.data : event.type)
+    }
+    assert.deepEqual(seen, ['0', '1', '2', 'rich', 'result'], label)
+
+    const lines = []
+    const errs = []
+    const run = await machine.exec("import sys\nprint('a'); print('b', file=sys.stderr)", {
+      onStdout: (line) => lines.push(line),
+      onStderr: (line) => errs.push(line),
+    })
+    assert.ok(run.ok)
+    assert.deepEqual([lines, errs], [['a'], ['b']])
+
+    // Aborting interrupts the instruction; the machine keeps its state.
+    await machine.exec('kept = 1')
+    const controller = new AbortController()
+    const running = machine.exec("import time\nprint('started', flush=True)\ntime.sleep(30)", {
+      signal: controller.signal,
+      onStdout: () => controller.abort(),
+    })
+    await assert.rejects(running, (error) => {
+      assert.ok(error instanceof AbortError, String(error))
+      assert.equal(error.code, 'Aborted')
+      assert.equal(error.result?.cause, 'interrupted')
+      return true
+    })
+    assert.equal((await machine.exec('kept')).value, '1')
+    await assert.rejects(machine.exec('1', { signal: AbortSignal.abort() }), AbortError)
+    await machine.delete()
+  })
+})
+
+test('files, as Buffers and strings', async () => {
+  await bothTransports(async (client, label) => {
+    const machine = await client.createMachine()
+    const bytes = Buffer.from([0, 1, 2, 255])
+    const written = await machine.files.write('data/blob.bin', bytes, { parents: true })
+    assert.equal(written.size, 4)
+    assert.deepEqual(await machine.files.read('data/blob.bin'), bytes)
+    await machine.files.write('notes.txt', 'héllo')
+    assert.equal(await machine.files.readText('notes.txt'), 'héllo')
+    assert.equal((await machine.exec("open('notes.txt').read()")).value, "'héllo'")
+    const listing = await machine.files.list()
+    assert.deepEqual(listing.entries.map((e) => e.name).sort(), ['data', 'notes.txt'], label)
+    assert.equal(await machine.files.exists('missing.txt'), false)
+    await assert.rejects(machine.files.read('/etc/passwd'), (e) => e.code === 'PermissionDenied')
+    await machine.files.remove('data', { recursive: true })
+    assert.equal(await machine.files.exists('data'), false)
+    await machine.delete()
+  })
+})
+
+test('bad input is an InvalidInputError before anything is sent', async () => {
+  assert.throws(() => new Client({ url: 'ftp://nowhere', token: 'a.b' }), InvalidInputError)
+  const client = new Client({ url: 'http://127.0.0.1:9', token: 'a.b' })
+  await assert.rejects(client.machine('m').exec('1', { timeoutSeconds: -1 }), InvalidInputError)
+  await assert.rejects(client.createMachine({ ttlSeconds: Number.NaN }), InvalidInputError)
+})
+
+test('several machines at once, and the event loop runs during a long instruction', async () => {
+  await bothTransports(async (client, label) => {
+    const machines = await Promise.all([1, 2, 3].map((n) => client.createMachine({ tags: { n: String(n) } })))
+    const values = await Promise.all(machines.map((m, i) => m.exec(`sum(range(${i + 1} * 1000))`)))
+    assert.deepEqual(values.map((r) => r.value), ['499500', '1999000', '4498500'], label)
+    let ticks = 0
+    const timer = setInterval(() => ticks++, 20)
+    try {
+      const run = await machines[0].exec('import time\ntime.sleep(1)\n"slept"')
+      assert.equal(run.value, "'slept'")
+    } finally {
+      clearInterval(timer)
+    }
+    // The timer fired all along (a blocked loop would show none).
+    assert.ok(ticks >= 20, `${label}: the timer fired ${ticks} times in one second`)
+    await Promise.all(machines.map((m) => m.delete()))
+  })
+})
