@@ -32,5 +32,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Seconds: what `timeout=None` means, and the longest timeout accepted.
     m.add("DEFAULT_TIMEOUT", evervm::DEFAULT_TIMEOUT.as_secs_f64())?;
     m.add("MAX_TIMEOUT", evervm::MAX_TIMEOUT.as_secs_f64())?;
+    m.add("TOOL_NAME", evervm::tool::NAME)?;
+    m.add("TOOL_DESCRIPTION", evervm::tool::DESCRIPTION)?;
+    m.add("TOOL_CODE_DESCRIPTION", evervm::tool::CODE_DESCRIPTION)?;
     Ok(())
 }

@@ -181,6 +181,12 @@ impl ExecResult {
         self.run.output.iter().cloned().map(Into::into).collect()
     }
 
+    /// The text a language model is given for this instruction: what it printed, then its
+    /// error or value, then what it displayed (the same text in every evervm tool helper).
+    fn model_text(&self) -> String {
+        self.run.model_text()
+    }
+
     #[getter]
     fn runtime_ms(&self) -> u64 {
         self.run.result.runtime_ms

@@ -16,6 +16,7 @@ pub mod fuzz_targets;
 pub mod protocol;
 #[cfg(feature = "server")]
 pub mod server;
+pub mod tool;
 mod types;
 
 #[cfg(feature = "local")]

@@ -8,6 +8,9 @@ from typing import Any, Awaitable, Optional, Union, final
 __version__: str
 DEFAULT_TIMEOUT: float
 MAX_TIMEOUT: float
+TOOL_NAME: str
+TOOL_DESCRIPTION: str
+TOOL_CODE_DESCRIPTION: str
 
 class EvervmError(Exception): ...
 class NotFoundError(EvervmError): ...
@@ -76,6 +79,7 @@ class ExecResult:
     def timed_out(self) -> bool: ...
     @property
     def ok(self) -> bool: ...
+    def model_text(self) -> str: ...
 
 @final
 class MachineInfo:

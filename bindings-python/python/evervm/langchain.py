@@ -21,31 +21,20 @@ from typing import Any, Optional
 from langchain_core.tools import BaseTool, ToolException
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from evervm._native import Client, ExecResult, Machine
+from evervm._native import (
+    TOOL_CODE_DESCRIPTION,
+    TOOL_DESCRIPTION,
+    TOOL_NAME,
+    Client,
+    ExecResult,
+    Machine,
+)
 
 
 class PythonCode(BaseModel):
     """The tool's input."""
 
-    code: str = Field(description="Python code to run; the value of its last expression is returned.")
-
-
-def _content(result: ExecResult) -> str:
-    parts = []
-    if result.stdout:
-        parts.append(result.stdout.rstrip("\n"))
-    if result.stderr:
-        parts.append("[stderr]\n" + result.stderr.rstrip("\n"))
-    if result.error is not None:
-        parts.append(result.error.rstrip("\n"))
-    elif result.value is not None:
-        parts.append(result.value)
-    for rich in result.results:
-        if rich.kind == "figure":
-            parts.append("[a figure: the PNG is in the tool's artifact]")
-        elif rich.kind == "display" and rich.text is not None:
-            parts.append(rich.text)
-    return "\n".join(parts) if parts else "(no output)"
+    code: str = Field(description=TOOL_CODE_DESCRIPTION)
 
 
 def _artifact(result: ExecResult, machine: str) -> dict[str, Any]:
@@ -68,12 +57,8 @@ class EvervmPythonTool(BaseTool):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    name: str = "python_repl"
-    description: str = (
-        "Runs Python code in a persistent, sandboxed interpreter. Variables, imports, functions "
-        "and files persist between calls. Returns what the code printed and the value of its last "
-        "expression. Use print() to see intermediate values."
-    )
+    name: str = TOOL_NAME
+    description: str = TOOL_DESCRIPTION
     args_schema: type[BaseModel] = PythonCode
     response_format: str = "content_and_artifact"
     handle_tool_error: bool = True
@@ -100,7 +85,7 @@ class EvervmPythonTool(BaseTool):
     def _run(self, code: str, **_: Any) -> tuple[str, dict[str, Any]]:
         machine = self.machine
         result = machine.exec(code, timeout=self.timeout)
-        content = _content(result)
+        content = result.model_text()
         if result.error is not None:
             raise ToolException(content)
         return content, _artifact(result, machine.name)
