@@ -73,12 +73,24 @@ async fn the_data_image_plots_to_png() {
         return;
     };
     let m = machine(&client, Some("data")).await;
-    let versions = value(
-        &m,
-        "import numpy, pandas, matplotlib\n(numpy.__version__ > '1', pandas.__version__ > '1', matplotlib.get_backend())",
-    )
-    .await;
-    assert_eq!(versions, "(True, True, 'agg')");
+    // matplotlib uses the image's directory and its font cache, with nothing said on stderr.
+    let first = m
+        .exec(
+            "import numpy, pandas, matplotlib, matplotlib.font_manager\n\
+             (numpy.__version__ > '1', pandas.__version__ > '1', matplotlib.get_backend(), \
+             matplotlib.get_configdir())",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        first.result.value.as_deref(),
+        Some("(True, True, 'agg', '/opt/evervm/matplotlib')")
+    );
+    assert_eq!(
+        first.stderr(),
+        "",
+        "the first import of matplotlib is silent"
+    );
     assert_eq!(
         value(
             &m,

@@ -219,6 +219,24 @@ pub(super) fn precompile(root: &Path, profile: Profile) -> Result<()> {
             ),
             "building matplotlib's font cache",
         )?;
+        // The machine's user owns matplotlib's directory: matplotlib only uses a directory it
+        // may write (else it warns on stderr, in every machine, and rebuilds the font cache in
+        // a temporary one). Writes land in the sandbox's own overlay, never in the image.
+        chown_tree(
+            &root.join(MPLCONFIGDIR.trim_start_matches('/')),
+            MACHINE_UID,
+        )?;
+    }
+    Ok(())
+}
+
+/// Gives `dir` and everything under it to `uid` (and its group), without following symlinks.
+fn chown_tree(dir: &Path, uid: u32) -> std::io::Result<()> {
+    std::os::unix::fs::lchown(dir, Some(uid), Some(uid))?;
+    if std::fs::symlink_metadata(dir)?.is_dir() {
+        for entry in std::fs::read_dir(dir)? {
+            chown_tree(&entry?.path(), uid)?;
+        }
     }
     Ok(())
 }
