@@ -836,9 +836,13 @@ function __napiStampBindingTarget(exportsObject, target) {
 module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __napiLoadedBindingTarget)
 module.exports = nativeBinding
 module.exports.NativeClient = nativeBinding.NativeClient
+module.exports.NativeFileReader = nativeBinding.NativeFileReader
+module.exports.NativeFileWriter = nativeBinding.NativeFileWriter
 module.exports.NativeMachine = nativeBinding.NativeMachine
 module.exports.NativeStream = nativeBinding.NativeStream
 module.exports.defaultTimeoutSeconds = nativeBinding.defaultTimeoutSeconds
 module.exports.errorKinds = nativeBinding.errorKinds
 module.exports.openLocal = nativeBinding.openLocal
 module.exports.openRemote = nativeBinding.openRemote
+module.exports.toolSpec = nativeBinding.toolSpec
+module.exports.toolText = nativeBinding.toolText

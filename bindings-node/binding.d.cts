@@ -25,6 +25,27 @@ export declare class NativeClient {
   close(): Promise<void>
 }
 
+/** A streamed read of a machine's file. */
+export declare class NativeFileReader {
+  /** The file's information (its size, mode and modification time). */
+  get info(): FileInfo
+  /**
+   * The next piece, or `null` at the end; fails, never ends short, when the file cannot be
+   * read whole.
+   */
+  next(): Promise<Buffer | null>
+}
+
+/** A streamed write of a machine's file (`Files.write` with a stream or an async iterable). */
+export declare class NativeFileWriter {
+  /** Adds a piece; waits while earlier pieces are still on their way. */
+  write(piece: Buffer): Promise<void>
+  /** Ends the write: the file appears whole, and its information is returned. */
+  finish(): Promise<FileInfo>
+  /** Abandons the write: what was at the path stays as it was. */
+  abort(reason: string): Promise<void>
+}
+
 /** One machine. */
 export declare class NativeMachine {
   get name(): string
@@ -43,6 +64,14 @@ export declare class NativeMachine {
   deleteCheckpoint(checkpoint: string): Promise<void>
   delete(): Promise<void>
   writeFile(path: string, data: Buffer, options?: WriteOptions | undefined | null): Promise<FileInfo>
+  /**
+   * Opens a streamed write of `path`: pieces go in with `write`, `finish` makes the file
+   * appear whole (or not at all, after `abort` or a failure). `length`, when known, lets a
+   * server refuse a file over its limit before any of it is sent.
+   */
+  openWrite(path: string, options?: WriteOptions | undefined | null, length?: number | undefined | null): Promise<NativeFileWriter>
+  /** Opens a streamed read of `path`: its information, then its pieces with `next`. */
+  openRead(path: string): Promise<NativeFileReader>
   readFile(path: string): Promise<Buffer>
   statFile(path: string): Promise<FileInfo>
   listFiles(dir: string): Promise<FileList>
@@ -246,6 +275,23 @@ export interface RichResult {
   /** `image/png`, decoded. */
   png?: Buffer
 }
+
+/** The Python tool as a model sees it (the same in every evervm tool helper). */
+export declare function toolSpec(): ToolSpec
+
+/** The Python tool's name and descriptions, written for a model. */
+export interface ToolSpec {
+  name: string
+  description: string
+  /** What the `code` argument is. */
+  codeDescription: string
+}
+
+/**
+ * The text a model is given for a result: what it printed, then its error or value, then what
+ * it displayed, each figure as a line saying it comes as an image.
+ */
+export declare function toolText(result: ExecResult): string
 
 /** A file write's options. */
 export interface WriteOptions {

@@ -3,6 +3,8 @@
 // belongs to JavaScript: one error class per kind, `AbortSignal`, output callbacks and async
 // iteration. Every engine call is asynchronous and runs off the event loop.
 
+const { Readable } = require('node:stream')
+
 const native = require('./binding.cjs')
 
 /** Base class of every evervm error; `code` is the error kind (`NotFound`, `InvalidInput`, ...). */
@@ -60,6 +62,15 @@ function defined(options) {
 function execOptions(options) {
   const { timeoutSeconds, interrupt } = options ?? {}
   return defined({ timeoutSeconds, interrupt })
+}
+
+/** Bytes as a `Buffer` (a view, not a copy), or `undefined` for anything else. */
+function toBuffer(data) {
+  if (typeof data === 'string') return Buffer.from(data, 'utf8')
+  if (Buffer.isBuffer(data)) return data
+  if (ArrayBuffer.isView(data)) return Buffer.from(data.buffer, data.byteOffset, data.byteLength)
+  if (data instanceof ArrayBuffer) return Buffer.from(data)
+  return undefined
 }
 
 /** Calls a user callback; what it throws goes to the process's `uncaughtException`, not into
@@ -237,16 +248,48 @@ class Files {
     this.#native = handle
   }
 
-  /** Writes `data` (a `Buffer`, `Uint8Array` or string, UTF-8) whole or not at all:
-   * `{ mode, parents }`. */
+  /** Writes `data` whole or not at all: a `Buffer`, `Uint8Array` or string (UTF-8), or a
+   * stream of them (a `Readable`, a web `ReadableStream` or any async iterable), sent as it is
+   * read. Options: `{ mode, parents, length }` (`length`: the size of a stream, when known). */
   async write(path, data, options) {
-    const bytes = typeof data === 'string' ? Buffer.from(data, 'utf8') : Buffer.from(data.buffer ?? data, data.byteOffset ?? 0, data.byteLength ?? data.length)
-    return call(this.#native.writeFile(String(path), bytes, defined(options)))
+    const bytes = toBuffer(data)
+    const { length, ...rest } = options ?? {}
+    if (bytes) return call(this.#native.writeFile(String(path), bytes, defined(rest)))
+    if (data == null || typeof data[Symbol.asyncIterator] !== 'function') {
+      throw new errorClasses.InvalidInput('data must be a Buffer, a Uint8Array, a string or a stream of them', 'InvalidInput')
+    }
+    const writer = await call(this.#native.openWrite(String(path), defined(rest), length ?? null))
+    try {
+      for await (const piece of data) {
+        const chunk = toBuffer(piece)
+        if (!chunk) throw new errorClasses.InvalidInput('a stream to write must give Buffers, Uint8Arrays or strings', 'InvalidInput')
+        await call(writer.write(chunk))
+      }
+    } catch (error) {
+      await writer.abort(String(error?.message ?? error))
+      throw error
+    }
+    return call(writer.finish())
   }
 
   /** The file's bytes, as a `Buffer`. */
   async read(path) {
     return call(this.#native.readFile(String(path)))
+  }
+
+  /** The file as a `Readable` of `Buffer`s, read from the machine as it is consumed; it fails,
+   * never ends short, when the file cannot be read whole. */
+  createReadStream(path) {
+    const native = this.#native
+    async function* pieces() {
+      const reader = await call(native.openRead(String(path)))
+      for (;;) {
+        const piece = await call(reader.next())
+        if (piece == null) return
+        yield piece
+      }
+    }
+    return Readable.from(pieces(), { objectMode: false })
   }
 
   /** The file as text (UTF-8). */

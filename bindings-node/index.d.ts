@@ -81,8 +81,15 @@ export declare class Machine {
 }
 
 export declare class Files {
-  write(path: string, data: Buffer | Uint8Array | string, options?: WriteOptions): Promise<FileInfo>
+  /** Whole or not at all, from bytes or from a stream of them (sent as it is read). */
+  write(
+    path: string,
+    data: Buffer | Uint8Array | ArrayBuffer | string | AsyncIterable<Buffer | Uint8Array | string>,
+    options?: WriteOptions & { length?: number },
+  ): Promise<FileInfo>
   read(path: string): Promise<Buffer>
+  /** A `Readable` of the file's bytes, read from the machine as it is consumed. */
+  createReadStream(path: string): import('node:stream').Readable
   readText(path: string): Promise<string>
   stat(path: string): Promise<FileInfo>
   exists(path: string): Promise<boolean>

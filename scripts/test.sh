@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 . scripts/setup.sh
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 
+# The end-to-end tests keep machines' snapshots on disk: say how much room there is, so that a
+# test refused for want of disk reads as that.
+echo "==> free disk: $(df -h --output=avail "${TMPDIR:-/tmp}" | tail -1 | tr -d ' ') in ${TMPDIR:-/tmp}, $(df -h --output=avail . | tail -1 | tr -d ' ') here"
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy"
@@ -53,3 +56,11 @@ if ! git diff --exit-code -- bindings-node/binding.cjs bindings-node/binding.d.c
     exit 1
 fi
 (cd bindings-node && EVERVM_BIN="$evervm_bin" node --test test/*.test.mjs)
+echo "==> Node package on Node 22 (from the npm registry; the AI SDK needs it): tool helpers in their SDKs' loops, examples/node"
+node22_dir="$HOME/.cache/evervm/node22"
+node22="$node22_dir/node_modules/node/bin/node"
+if [ ! -x "$node22" ]; then
+    npm install --no-audit --no-fund --loglevel=error --prefix "$node22_dir" node@22.23.3
+fi
+(cd examples/node && npm ci --no-audit --no-fund --loglevel=error && npx tsc --noEmit)
+(cd bindings-node && EVERVM_BIN="$evervm_bin" "$node22" --test test/frameworks/*.test.mjs)

@@ -40,6 +40,38 @@ pub fn default_timeout_seconds() -> f64 {
     evervm::DEFAULT_TIMEOUT.as_secs_f64()
 }
 
+/// The Python tool as a model sees it (the same in every evervm tool helper).
+#[napi]
+pub fn tool_spec() -> ToolSpec {
+    ToolSpec {
+        name: evervm::tool::NAME.into(),
+        description: evervm::tool::DESCRIPTION.into(),
+        code_description: evervm::tool::CODE_DESCRIPTION.into(),
+    }
+}
+
+/// The text a model is given for a result: what it printed, then its error or value, then what
+/// it displayed, each figure as a line saying it comes as an image.
+#[napi]
+pub fn tool_text(result: ExecResult) -> Result<String> {
+    let mut results = Vec::with_capacity(result.results.len());
+    for rich in result.results {
+        let kind = evervm::RichKind::parse(&rich.kind)
+            .ok_or_else(|| invalid(format!("unknown rich result kind {:?}", rich.kind)))?;
+        results.push(evervm::RichResult {
+            kind,
+            data: rich.data,
+        });
+    }
+    Ok(evervm::tool::model_text(
+        &result.stdout,
+        &result.stderr,
+        result.value.as_deref(),
+        result.error.as_deref(),
+        &results,
+    ))
+}
+
 fn tags(map: Option<HashMap<String, String>>) -> evervm::Tags {
     map.unwrap_or_default().into_iter().collect()
 }
@@ -273,11 +305,7 @@ impl NativeMachine {
         data: Buffer,
         options: Option<WriteOptions>,
     ) -> Result<FileInfo> {
-        let options = options.unwrap_or_default();
-        let options = evervm::WriteFileOptions {
-            mode: options.mode,
-            make_parents: options.parents.unwrap_or(false),
-        };
+        let options = write_options(options);
         let data = bytes_of(data);
         let length = data.len() as u64;
         let stream = futures::stream::once(async move { Ok::<_, evervm::Error>(data) }).boxed();
@@ -287,6 +315,51 @@ impl NativeMachine {
             .await
             .map_err(to_js)?;
         Ok(info.into())
+    }
+
+    /// Opens a streamed write of `path`: pieces go in with `write`, `finish` makes the file
+    /// appear whole (or not at all, after `abort` or a failure). `length`, when known, lets a
+    /// server refuse a file over its limit before any of it is sent.
+    #[napi]
+    pub fn open_write(
+        &self,
+        path: String,
+        options: Option<WriteOptions>,
+        length: Option<i64>,
+    ) -> Result<NativeFileWriter> {
+        let options = write_options(options);
+        let length = match length {
+            Some(n) => Some(u64::try_from(n).map_err(|_| invalid("length must not be negative"))?),
+            None => None,
+        };
+        let (sender, receiver) = tokio::sync::mpsc::channel(WRITE_PIECES_IN_FLIGHT);
+        let pieces = futures::stream::unfold(receiver, |mut receiver| async move {
+            receiver.recv().await.map(|piece| (piece, receiver))
+        })
+        .boxed();
+        let machine = self.machine.clone();
+        let (done, task) = tokio::sync::oneshot::channel();
+        napi::bindgen_prelude::spawn(async move {
+            let outcome = machine
+                .write_file_stream(&path, pieces, length, options)
+                .await;
+            // Nobody is waiting when the writer was dropped unfinished: nothing to tell.
+            let _ = done.send(outcome);
+        });
+        Ok(NativeFileWriter {
+            sender: tokio::sync::Mutex::new(Some(sender)),
+            task: tokio::sync::Mutex::new(Some(task)),
+        })
+    }
+
+    /// Opens a streamed read of `path`: its information, then its pieces with `next`.
+    #[napi]
+    pub async fn open_read(&self, path: String) -> Result<NativeFileReader> {
+        let read = self.machine.read_file_stream(&path).await.map_err(to_js)?;
+        Ok(NativeFileReader {
+            info: read.info.into(),
+            pieces: tokio::sync::Mutex::new(Some(read.data)),
+        })
     }
 
     #[napi]
@@ -355,6 +428,118 @@ impl NativeMachine {
             .await
             .map_err(to_js)?;
         Ok(info.into())
+    }
+}
+
+fn write_options(options: Option<WriteOptions>) -> evervm::WriteFileOptions {
+    let options = options.unwrap_or_default();
+    evervm::WriteFileOptions {
+        mode: options.mode,
+        make_parents: options.parents.unwrap_or(false),
+    }
+}
+
+/// Pieces of a streamed write waiting for the transport: `write` waits while they are this many,
+/// so a fast producer holds at most this many pieces in memory.
+const WRITE_PIECES_IN_FLIGHT: usize = 4;
+
+/// How a streamed write ended, sent by the task that does it.
+type WriteTask = tokio::sync::oneshot::Receiver<evervm::Result<evervm::FileInfo>>;
+
+/// A streamed write of a machine's file (`Files.write` with a stream or an async iterable).
+#[napi]
+pub struct NativeFileWriter {
+    sender: tokio::sync::Mutex<Option<tokio::sync::mpsc::Sender<evervm::Result<bytes::Bytes>>>>,
+    task: tokio::sync::Mutex<Option<WriteTask>>,
+}
+
+impl NativeFileWriter {
+    /// How the write ended (once; later calls say it is over).
+    async fn outcome(&self) -> Result<FileInfo> {
+        let Some(task) = self.task.lock().await.take() else {
+            return Err(invalid("this write has already ended"));
+        };
+        match task.await {
+            Ok(result) => Ok(result.map_err(to_js)?.into()),
+            Err(_) => Err(to_js(evervm::Error::new(
+                evervm::ErrorKind::Internal,
+                "the write stopped without saying how it ended",
+            ))),
+        }
+    }
+}
+
+#[napi]
+impl NativeFileWriter {
+    /// Adds a piece; waits while earlier pieces are still on their way.
+    #[napi]
+    pub async fn write(&self, piece: Buffer) -> Result<()> {
+        let sent = match self.sender.lock().await.as_ref() {
+            Some(sender) => sender.send(Ok(bytes_of(piece))).await.is_ok(),
+            None => return Err(invalid("this write has already ended")),
+        };
+        if sent {
+            return Ok(());
+        }
+        // The write ended early: its error says why.
+        self.sender.lock().await.take();
+        self.outcome().await?;
+        Err(invalid("the write ended before all of the data was given"))
+    }
+
+    /// Ends the write: the file appears whole, and its information is returned.
+    #[napi]
+    pub async fn finish(&self) -> Result<FileInfo> {
+        self.sender.lock().await.take();
+        self.outcome().await
+    }
+
+    /// Abandons the write: what was at the path stays as it was.
+    #[napi]
+    pub async fn abort(&self, reason: String) -> Result<()> {
+        if let Some(sender) = self.sender.lock().await.take() {
+            let error = evervm::Error::new(evervm::ErrorKind::InvalidInput, reason);
+            let _ = sender.send(Err(error)).await;
+        }
+        let _ = self.outcome().await;
+        Ok(())
+    }
+}
+
+/// A streamed read of a machine's file.
+#[napi]
+pub struct NativeFileReader {
+    info: FileInfo,
+    pieces: tokio::sync::Mutex<Option<evervm::ByteStream>>,
+}
+
+#[napi]
+impl NativeFileReader {
+    /// The file's information (its size, mode and modification time).
+    #[napi(getter)]
+    pub fn info(&self) -> FileInfo {
+        self.info.clone()
+    }
+
+    /// The next piece, or `null` at the end; fails, never ends short, when the file cannot be
+    /// read whole.
+    #[napi]
+    pub async fn next(&self) -> Result<Option<Buffer>> {
+        let mut pieces = self.pieces.lock().await;
+        let Some(stream) = pieces.as_mut() else {
+            return Ok(None);
+        };
+        match stream.next().await {
+            Some(Ok(piece)) => Ok(Some(Buffer::from(piece.to_vec()))),
+            Some(Err(e)) => {
+                *pieces = None;
+                Err(to_js(e))
+            }
+            None => {
+                *pieces = None;
+                Ok(None)
+            }
+        }
     }
 }
 

@@ -287,6 +287,7 @@ impl From<evervm::CheckpointInfo> for Checkpoint {
 
 /// A file or directory in a machine.
 #[napi(object)]
+#[derive(Clone)]
 pub struct FileInfo {
     /// Its absolute path in the machine.
     pub path: String,
@@ -329,4 +330,13 @@ impl From<evervm::FileList> for FileList {
             truncated: l.truncated,
         }
     }
+}
+
+/// The Python tool's name and descriptions, written for a model.
+#[napi(object)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// What the `code` argument is.
+    pub code_description: String,
 }

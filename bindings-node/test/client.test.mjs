@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict'
 import { test } from 'node:test'
 import { createRequire } from 'node:module'
+import { Readable } from 'node:stream'
 
 import * as evervm from '../index.mjs'
 import { Client, EvervmError, NotFoundError, InvalidInputError, AbortError } from '../index.mjs'
@@ -114,6 +115,44 @@ test('files, as Buffers and strings', async () => {
     await assert.rejects(machine.files.read('/etc/passwd'), (e) => e.code === 'PermissionDenied')
     await machine.files.remove('data', { recursive: true })
     assert.equal(await machine.files.exists('data'), false)
+    await machine.delete()
+  })
+})
+
+test('files as streams: a Readable in and out, in pieces; a failing stream leaves the old file', async () => {
+  await bothTransports(async (client, label) => {
+    const machine = await client.createMachine()
+    // 3 MiB in 48 pieces of 64 KiB, each piece numbered so that order and loss both show.
+    const piece = (i) => Buffer.alloc(64 * 1024, i)
+    const expected = Buffer.concat(Array.from({ length: 48 }, (_, i) => piece(i)))
+    const info = await machine.files.write('big.bin', Readable.from(Array.from({ length: 48 }, (_, i) => piece(i))))
+    assert.equal(info.size, expected.length, label)
+    const chunks = []
+    for await (const chunk of machine.files.createReadStream('big.bin')) chunks.push(chunk)
+    assert.ok(chunks.length > 1, 'read back in more than one piece')
+    assert.ok(Buffer.concat(chunks).equals(expected))
+
+    // A web ReadableStream of strings and Uint8Arrays, with its length given.
+    const web = new ReadableStream({
+      start(controller) {
+        controller.enqueue('a,b\n')
+        controller.enqueue(new Uint8Array([49, 44, 50, 10]))
+        controller.close()
+      },
+    })
+    await machine.files.write('small.csv', web, { length: 8 })
+    assert.equal(await machine.files.readText('small.csv'), 'a,b\n1,2\n')
+
+    async function* failing() {
+      yield Buffer.from('partial')
+      throw new Error('the source broke')
+    }
+    await assert.rejects(machine.files.write('small.csv', failing()), /the source broke/)
+    assert.equal(await machine.files.readText('small.csv'), 'a,b\n1,2\n', 'the old file is untouched')
+    await assert.rejects(machine.files.write('x.bin', (async function* () { yield 42 })()), InvalidInputError)
+    await assert.rejects(async () => {
+      for await (const _ of machine.files.createReadStream('missing.bin')) assert.fail('no data')
+    }, NotFoundError)
     await machine.delete()
   })
 })
