@@ -69,7 +69,7 @@ export declare class NativeMachine {
    * appear whole (or not at all, after `abort` or a failure). `length`, when known, lets a
    * server refuse a file over its limit before any of it is sent.
    */
-  openWrite(path: string, options?: WriteOptions | undefined | null, length?: number | undefined | null): Promise<NativeFileWriter>
+  openWrite(path: string, options?: WriteOptions | undefined | null, length?: number | undefined | null): NativeFileWriter
   /** Opens a streamed read of `path`: its information, then its pieces with `next`. */
   openRead(path: string): Promise<NativeFileReader>
   readFile(path: string): Promise<Buffer>

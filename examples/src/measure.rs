@@ -2,6 +2,9 @@
 
 use std::time::Duration;
 
+use anyhow::{Result, bail};
+use evervm::{Client, CreateMachineOptions, Machine};
+
 /// The `p`th percentile (0 to 100) of samples sorted in ascending order; zero when there are
 /// none.
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -68,6 +71,19 @@ pub fn own_pss() -> u64 {
         .ok()
         .and_then(|rollup| pss_in(&rollup))
         .unwrap_or(0)
+}
+
+/// A new machine that has run its first instruction, so that what is measured next is the round
+/// trip alone (not the sandbox's start).
+pub async fn ready_machine(client: &Client) -> Result<Machine> {
+    let machine = client
+        .create_machine(CreateMachineOptions::default())
+        .await?;
+    let first = machine.exec("1+1").await?;
+    if first.result.value.as_deref() != Some("2") {
+        bail!("1+1 gave {:?}", first.result);
+    }
+    Ok(machine)
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use evervm::engine::{BackendChoice, Engine, EngineConfig};
 use evervm::{Client, CreateMachineOptions, ExecOptions};
-use evervm_examples::measure::{ms, own_pss, percentile, pss_of, report};
+use evervm_examples::measure::{ms, own_pss, percentile, pss_of, ready_machine, report};
 use evervm_tests::TestServer;
 
 struct Args {
@@ -74,10 +74,7 @@ fn parse_args() -> Result<Args> {
 }
 
 async fn round_trips(client: &Client, rounds: usize) -> Result<Vec<Duration>> {
-    let machine = client
-        .create_machine(CreateMachineOptions::default())
-        .await?;
-    machine.exec("1+1").await?;
+    let machine = ready_machine(client).await?;
     let mut samples = Vec::with_capacity(rounds);
     for _ in 0..rounds {
         let started = Instant::now();

@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use evervm::{Client, CreateMachineOptions, LocalOptions};
+use evervm::{Client, LocalOptions};
+use evervm_examples::measure::ready_machine;
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -44,10 +45,7 @@ async fn main() -> Result<()> {
         }
         _ => bail!("give either --home DIR or both --url and --token"),
     };
-    let machine = client
-        .create_machine(CreateMachineOptions::default())
-        .await?;
-    machine.exec("1+1").await?;
+    let machine = ready_machine(&client).await?;
     let mut samples = Vec::with_capacity(rounds);
     for _ in 0..rounds {
         let started = Instant::now();
