@@ -1,6 +1,7 @@
 //! `evervm`: run a server, manage machines, run Python in them.
 
 mod files;
+mod mcp;
 mod repl;
 
 use std::fmt::Write as _;
@@ -98,6 +99,14 @@ enum Command {
     Rm(files::RemoveArgs),
     /// Make a directory in a machine: `evervm mkdir MACHINE:PATH`.
     Mkdir(files::MakeDirArgs),
+    /// The MCP server on stdin and stdout, for an AI assistant that starts it: its tools act on
+    /// the engine in this process, or on the server given by --url and --token (or
+    /// EVERVM_URL and EVERVM_TOKEN). `evervm mcp install --claude-code` (or --claude-desktop,
+    /// --cursor, --vscode, --windsurf, --goose) adds it to an assistant.
+    Mcp {
+        #[command(subcommand)]
+        command: Option<mcp::McpCommand>,
+    },
     /// An interactive REPL on a machine (a new one when no name is given).
     Repl {
         machine: Option<String>,
@@ -363,6 +372,19 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
         }
         Command::Mkdir(args) => {
             with_client(target, |c| async move { files::make_dir(&c, args).await }).await
+        }
+        Command::Mcp { command } => {
+            let stdio = mcp::StdioTarget {
+                url: target.url.clone(),
+                token: target.token.clone(),
+                home: target.home.clone(),
+                backend: target.backend.clone(),
+            };
+            match command {
+                None => mcp::serve_stdio(stdio).await?,
+                Some(mcp::McpCommand::Install(args)) => mcp::install::install(&args, &stdio)?,
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Command::Repl { machine, timeout } => {
             let client = target.client().await?;

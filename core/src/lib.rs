@@ -13,6 +13,8 @@ mod convert;
 mod error;
 #[cfg(any(test, fuzzing))]
 pub mod fuzz_targets;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 pub mod protocol;
 #[cfg(feature = "server")]
 pub mod server;

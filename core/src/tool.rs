@@ -73,7 +73,7 @@ pub fn model_text(
 
 /// `text` if it has at most `limit` characters, else its start and end around a line saying
 /// how many characters were left out.
-fn shorten(text: String, limit: usize) -> String {
+pub(crate) fn shorten(text: String, limit: usize) -> String {
     let count = text.chars().count();
     if count <= limit {
         return text;

@@ -30,6 +30,7 @@ mod exec;
 pub(crate) mod extract;
 mod files;
 mod machines;
+mod mcp;
 mod open;
 mod openapi;
 pub(crate) mod redact;
@@ -89,6 +90,8 @@ pub(crate) mod paths {
     #[cfg(test)]
     pub(crate) const FILE: &str = "/v1/machine/{machine_name}/files/{path}";
     pub(crate) const FILE_ROUTE: &str = "/v1/machine/{machine_name}/files/{*path}";
+    /// The MCP server (streamable HTTP), outside the OpenAPI document.
+    pub(crate) const MCP: &str = "/mcp";
 
     #[cfg(test)]
     pub(crate) const ALL: &[&str] = &[
@@ -187,6 +190,19 @@ pub fn router_with_metrics_token(engine: Engine, metrics_token: Option<String>) 
             Arc::clone(&state.redactor),
             error::redact_failure,
         ))
+        // Added after the layers above: MCP bounds its own requests and redacts its own
+        // failures (they are tool results, not API errors).
+        .merge(
+            Router::new()
+                .route_service(
+                    paths::MCP,
+                    mcp::service(state.engine.clone(), Arc::clone(&state.redactor)),
+                )
+                .route_layer(middleware::from_fn_with_state(
+                    state.clone(),
+                    mcp::authenticate,
+                )),
+        )
         .with_state(state);
     // Routing happens inside `api`, after the outer layers have run: that is what lets
     // `normalize` rewrite the path before it is matched.

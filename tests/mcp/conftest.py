@@ -1,0 +1,117 @@
+"""Fixtures for the MCP server's tests: `evervm mcp` on stdio and `evervm serve`'s `/mcp`, both
+on gVisor with the data image (fork, checkpoints and plots need them), driven by the official
+MCP Python SDK."""
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import AsyncIterator, Iterator
+
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def evervm_binary() -> Path:
+    """The `evervm` command: EVERVM_BIN, else the workspace's debug build."""
+    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    path = Path(os.environ.get("EVERVM_BIN", target / "debug" / "evervm"))
+    if not path.exists():
+        pytest.fail(f"{path} is missing: run `cargo build -p evervm-cli` or set EVERVM_BIN")
+    return path
+
+
+def gvisor_reason() -> str | None:
+    """Why gVisor cannot run these tests here, or None when it can."""
+    if os.geteuid() != 0:
+        return "gVisor sandboxes need root"
+    if not (shutil.which("runsc") or Path("/usr/bin/runsc").exists()
+            or (Path.home() / ".cache/evervm/runsc").exists()):
+        return "runsc is not installed (scripts/setup.sh installs it)"
+    return None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def needs_gvisor() -> None:
+    reason = gvisor_reason()
+    if reason and os.environ.get("CI"):
+        pytest.fail(f"the MCP tests must run in CI, but {reason}")
+    if reason:
+        pytest.skip(reason)
+
+
+class Server:
+    """`evervm serve` on gVisor, a free loopback port and a fresh home."""
+
+    def __init__(self) -> None:
+        self.home = tempfile.mkdtemp(prefix="evervm-mcp-")
+        self.process = subprocess.Popen(
+            [str(evervm_binary()), "serve", "--listen", "127.0.0.1:0", "--backend", "gvisor",
+             "--home", self.home],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env={**os.environ, "EVERVM_POOL_SIZE": "1"},
+        )
+        url = token = None
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if m := re.search(r"listening on (\S+)", line):
+                url = m.group(1)
+            if m := re.search(r"export EVERVM_TOKEN=(\S+)", line):
+                token = m.group(1)
+            if url and token:
+                break
+        assert url and token, "the server printed no URL and token"
+        self.url, self.token = url.rstrip("/"), token
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=60)
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[Server]:
+    s = Server()
+    yield s
+    s.stop()
+
+
+class Connect:
+    """Opens an MCP client on one transport: `stdio` (a new `evervm mcp` on a fresh home) or
+    `http` (the session's server)."""
+
+    def __init__(self, transport: str, server: Server | None, home: Path) -> None:
+        self.transport, self.server, self.home = transport, server, home
+
+    @asynccontextmanager
+    async def __call__(self, mode: str = "auto") -> AsyncIterator[Client]:
+        if self.transport == "stdio":
+            target = StdioServerParameters(
+                command=str(evervm_binary()),
+                args=["mcp", "--home", str(self.home), "--backend", "gvisor"],
+                env={**os.environ, "EVERVM_POOL_SIZE": "1"},
+            )
+            async with Client(target, mode=mode) as client:
+                yield client
+        else:
+            assert self.server is not None
+            http = httpx2.AsyncClient(
+                headers={"Authorization": f"Bearer {self.server.token}"}, timeout=120)
+            async with http:
+                target = streamable_http_client(f"{self.server.url}/mcp", http_client=http)
+                async with Client(target, mode=mode) as client:
+                    yield client
+
+
+@pytest.fixture(params=["stdio", "http"])
+def connect(request: pytest.FixtureRequest, tmp_path: Path) -> Connect:
+    server = request.getfixturevalue("server") if request.param == "http" else None
+    return Connect(request.param, server, tmp_path / "home")
