@@ -44,6 +44,9 @@ pyenv_dir="${EVERVM_PYENV:-$HOME/.cache/evervm/pyenv}"
 "$pyenv_dir/bin/pip" install -q --disable-pip-version-check "./bindings-python[test,langchain]"
 EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" -m pytest -q -p no:cacheprovider \
     bindings-python/tests
+echo "==> MCP server: the official MCP Python SDK over stdio and streamable HTTP (gVisor)"
+"$pyenv_dir/bin/pip" install -q --disable-pip-version-check "mcp==2.3.0"
+EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" -m pytest -q -p no:cacheprovider tests/mcp/test_mcp.py
 echo "==> API fuzzing: schemathesis against /openapi.json (process backend, bounded)"
 # tests/api/README.md: a short run of every phase against `evervm serve --backend process`.
 "$pyenv_dir/bin/pip" install -q --disable-pip-version-check "schemathesis==4.32.5"
@@ -56,6 +59,9 @@ if ! git diff --exit-code -- bindings-node/binding.cjs bindings-node/binding.d.c
     exit 1
 fi
 (cd bindings-node && EVERVM_BIN="$evervm_bin" node --test test/*.test.mjs)
+echo "==> MCP server: the official TypeScript SDK over stdio and streamable HTTP (gVisor)"
+(cd tests/mcp/ts && npm ci --no-audit --no-fund --loglevel=error &&
+    EVERVM_BIN="$evervm_bin" node --test)
 echo "==> Node package on Node 22 (from the npm registry; the AI SDK needs it): tool helpers in their SDKs' loops, examples/node"
 node22_dir="$HOME/.cache/evervm/node22"
 node22="$node22_dir/node_modules/node/bin/node"

@@ -39,7 +39,12 @@ pub async fn serve_stdio(target: StdioTarget) -> Result<()> {
             pool_size: None,
         }),
     };
-    let served = server.clone().serve_stdio().await;
+    // An assistant closes stdin when it is done, or sends SIGTERM: either way the engine stops
+    // cleanly (its machines saved, its sandboxes gone).
+    let served = tokio::select! {
+        served = server.clone().serve_stdio() => served,
+        () = evervm::server::shutdown_signal() => Ok(()),
+    };
     server.shutdown().await;
     Ok(served?)
 }

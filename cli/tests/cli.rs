@@ -907,3 +907,110 @@ fn tokens_are_listed_revoked_and_expire_while_the_server_runs() {
     // The server's own token still works.
     assert!(whoami(&server.token).status.success());
 }
+
+/// `evervm mcp install` with HOME in a fresh directory: every assistant's file written with the
+/// entry, a second run changes nothing, a changed entry replaces the old one with a backup of
+/// the file, other settings stay, and `--print` writes nothing.
+#[test]
+fn mcp_install_writes_each_assistants_configuration() {
+    let home = tempfile::tempdir().unwrap();
+    let install = |extra: &[&str]| {
+        let mut command = Command::new(EVERVM);
+        command
+            .env("HOME", home.path())
+            .env_remove("XDG_CONFIG_HOME")
+            .env_remove("CLAUDE_CONFIG_DIR")
+            .env_remove("EVERVM_URL")
+            .env_remove("EVERVM_TOKEN")
+            .env_remove("EVERVM_HOME")
+            .env_remove("EVERVM_BACKEND")
+            .args(["mcp", "install"])
+            .args(extra);
+        run_with_input(&mut command, "")
+    };
+    let all = [
+        "--claude-desktop",
+        "--claude-code",
+        "--cursor",
+        "--vscode",
+        "--windsurf",
+        "--goose",
+    ];
+    let claude_code = home.path().join(".claude.json");
+    std::fs::write(
+        &claude_code,
+        "{\"numStartups\": 7, \"mcpServers\": {\"other\": {\"command\": \"o\"}}}",
+    )
+    .unwrap();
+    let goose = home.path().join(".config/goose/config.yaml");
+    std::fs::create_dir_all(goose.parent().unwrap()).unwrap();
+    std::fs::write(&goose, "# mine\nGOOSE_MODEL: m\n").unwrap();
+
+    // --print writes nothing.
+    let printed = ok(install(&[&all[..], &["--print"]].concat()));
+    assert!(printed.contains("\"mcpServers\"") && printed.contains("extensions:"));
+    assert_eq!(
+        std::fs::read_to_string(&claude_code).unwrap(),
+        "{\"numStartups\": 7, \"mcpServers\": {\"other\": {\"command\": \"o\"}}}"
+    );
+
+    let said = ok(install(&all));
+    assert_eq!(said.lines().count(), 6, "{said}");
+    let exe = std::fs::canonicalize(EVERVM).unwrap();
+    let exe = exe.to_str().unwrap();
+    let json = |path: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(home.path().join(path)).unwrap()).unwrap()
+    };
+    for (path, key, typed) in [
+        (
+            ".config/Claude/claude_desktop_config.json",
+            "mcpServers",
+            false,
+        ),
+        (".claude.json", "mcpServers", true),
+        (".cursor/mcp.json", "mcpServers", false),
+        (".config/Code/User/mcp.json", "servers", true),
+        (".codeium/windsurf/mcp_config.json", "mcpServers", false),
+    ] {
+        let entry = &json(path)[key]["evervm"];
+        assert_eq!(entry["command"], exe, "{path}");
+        assert_eq!(entry["args"], serde_json::json!(["mcp"]), "{path}");
+        assert_eq!(entry.get("type").is_some(), typed, "{path}");
+    }
+    // Claude Code's other settings stay, and its old file is kept as a backup.
+    assert_eq!(json(".claude.json")["numStartups"], 7);
+    assert_eq!(json(".claude.json")["mcpServers"]["other"]["command"], "o");
+    let backups = |dir: &Path| {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .contains(".evervm-backup-")
+            })
+            .count()
+    };
+    assert_eq!(backups(home.path()), 1);
+    let yaml = std::fs::read_to_string(&goose).unwrap();
+    assert!(yaml.starts_with("# mine\nGOOSE_MODEL: m\n"), "{yaml}");
+    assert!(yaml.contains(&format!("cmd: \"{exe}\"")), "{yaml}");
+
+    // Again: nothing changes, no new backup.
+    let again = ok(install(&all));
+    assert_eq!(again.matches("nothing changed").count(), 6, "{again}");
+    assert_eq!(backups(home.path()), 1);
+
+    // Another target replaces the entry, with a backup.
+    let moved = ok(install(&["--cursor", "--home", "/tmp/elsewhere"]));
+    assert!(moved.contains("previous file"), "{moved}");
+    assert_eq!(
+        json(".cursor/mcp.json")["mcpServers"]["evervm"]["args"],
+        serde_json::json!(["mcp", "--home", "/tmp/elsewhere"])
+    );
+    assert_eq!(backups(&home.path().join(".cursor")), 1);
+
+    // No assistant named: a usage error.
+    assert!(!install(&[]).status.success());
+}

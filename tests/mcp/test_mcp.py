@@ -230,3 +230,20 @@ async def test_http_needs_a_token(server) -> None:
         wrong = await http.post(f"{server.url}/mcp", json=body,
                                 headers={**headers, "Authorization": "Bearer nope.nope"})
         assert wrong.status_code == 401
+
+
+async def test_a_second_stdio_server_on_one_home_says_it_is_in_use(tmp_path) -> None:
+    from conftest import Connect
+
+    first = Connect("stdio", None, tmp_path / "home")
+    second = Connect("stdio", None, tmp_path / "home")
+    async with first() as a:
+        await create(a)
+        async with second() as b:
+            # Listing tools needs no engine; a call says why there is none.
+            assert len((await b.list_tools()).tools) == 11
+            refused = await b.call_tool("create-python-repl", {})
+            assert refused.is_error
+            assert "in use" in text_of(refused) and "evervm serve" in text_of(refused)
+        # The first one is unaffected.
+        assert not (await a.call_tool("list-python-repls", {})).is_error

@@ -92,8 +92,14 @@ impl ToolName {
             ToolName::ReadFile => Tool::new(self.as_str(), description, input::<ReadFileArgs>())
                 .with_output_schema::<FileContent>(),
         };
-        tool.with_title(title)
-            .with_annotations(self.annotations(title))
+        let mut tool = tool
+            .with_title(title)
+            .with_annotations(self.annotations(title));
+        tool.input_schema = Arc::new(standard_formats_only(&tool.input_schema));
+        tool.output_schema = tool
+            .output_schema
+            .map(|schema| Arc::new(standard_formats_only(&schema)));
+        tool
     }
 
     /// What the tool may do, said truthfully: only the list and read tools leave everything
@@ -211,6 +217,37 @@ impl ToolName {
 /// The largest file the file tools move: larger ones go through the files API or `evervm cp`,
 /// which stream.
 pub(crate) const FILE_LIMIT_BYTES: usize = 4 * 1024 * 1024;
+
+/// `schema` without the `format`s JSON Schema does not define (schemars writes `uint64` for an
+/// unsigned integer, which validators such as the TypeScript SDK's warn about).
+fn standard_formats_only(schema: &JsonObject) -> JsonObject {
+    fn clean(value: &serde_json::Value) -> serde_json::Value {
+        match value {
+            serde_json::Value::Object(map) => serde_json::Value::Object(
+                map.iter()
+                    .filter(|(key, value)| {
+                        !(key.as_str() == "format"
+                            && value.as_str().is_some_and(|f| {
+                                f.starts_with("int")
+                                    || f.starts_with("uint")
+                                    || f == "double"
+                                    || f == "float"
+                            }))
+                    })
+                    .map(|(key, value)| (key.clone(), clean(value)))
+                    .collect(),
+            ),
+            serde_json::Value::Array(items) => {
+                serde_json::Value::Array(items.iter().map(clean).collect())
+            }
+            other => other.clone(),
+        }
+    }
+    match clean(&serde_json::Value::Object(schema.clone())) {
+        serde_json::Value::Object(map) => map,
+        _ => schema.clone(),
+    }
+}
 
 fn input<T: JsonSchema + 'static>() -> Arc<JsonObject> {
     rmcp::handler::server::common::schema_for_type::<T>()
@@ -467,6 +504,8 @@ mod tests {
             assert!(annotations.read_only_hint.is_some());
             assert!(annotations.destructive_hint.is_some());
             assert!(definition.description.is_some_and(|d| d.len() > 40));
+            let schemas = serde_json::json!([&*definition.input_schema, &*output]).to_string();
+            assert!(!schemas.contains("\"format\":\"uint"), "{schemas}");
         }
         assert_eq!(ToolName::parse("no-such-tool"), None);
     }
