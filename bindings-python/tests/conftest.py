@@ -2,9 +2,8 @@
 process backend, and on gVisor where it runs (fork and checkpoints need it)."""
 
 import os
-import re
 import shutil
-import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -14,14 +13,8 @@ import pytest
 import evervm
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def evervm_binary() -> Path:
-    """The `evervm` command: EVERVM_BIN, else the workspace's debug build."""
-    path = Path(os.environ.get("EVERVM_BIN", REPO / "target" / "debug" / "evervm"))
-    if not path.exists():
-        pytest.fail(f"{path} is missing: run `cargo build -p evervm-cli` or set EVERVM_BIN")
-    return path
+sys.path.insert(0, str(REPO / "tests" / "support"))
+import evervm_serve  # noqa: E402
 
 
 def gvisor_available() -> bool:
@@ -35,23 +28,7 @@ class Server:
 
     def __init__(self, backend: str) -> None:
         self.home = tempfile.mkdtemp(prefix="evervm-py-")
-        self.process = subprocess.Popen(
-            [str(evervm_binary()), "serve", "--listen", "127.0.0.1:0", "--backend", backend,
-             "--home", self.home],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            env={**os.environ, "EVERVM_POOL_SIZE": "1"},
-        )
-        url = token = None
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            if m := re.search(r"listening on (\S+)", line):
-                url = m.group(1)
-            if m := re.search(r"export EVERVM_TOKEN=(\S+)", line):
-                token = m.group(1)
-            if url and token:
-                break
-        assert url and token, "the server printed no URL and token"
-        self.url, self.token = url, token
+        self.process, self.url, self.token = evervm_serve.start_serve(backend, self.home)
 
     def stop(self) -> None:
         self.process.terminate()

@@ -29,6 +29,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO / "tests" / "support"))
+import evervm_serve  # noqa: E402
 
 # Examples per operation, per mode. (schemathesis's --max-time is no bound: with it, fuzzing
 # repeats until the time is spent.) `ci` has a fixed seed, so that CI fails on a change of the
@@ -63,48 +65,20 @@ CHECKS = ",".join(
 )
 
 
-def evervm_binary() -> Path:
-    path = Path(os.environ.get("EVERVM_BIN", REPO / "target" / "debug" / "evervm"))
-    if not path.exists():
-        sys.exit(f"{path} is missing: run `cargo build -p evervm-cli` or set EVERVM_BIN")
-    return path
-
-
 class Server:
     """`evervm serve --backend process` on a free loopback port and a fresh home."""
 
     def __init__(self, home: Path) -> None:
         self.log_path = home / "server.log"
         self.log = open(self.log_path, "w")
-        self.process = subprocess.Popen(
-            [
-                str(evervm_binary()),
-                "serve",
-                "--backend",
-                "process",
-                "--listen",
-                "127.0.0.1:0",
-                "--home",
-                str(home / "home"),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            text=True,
-            env={**os.environ, "EVERVM_POOL_SIZE": "1", "EVERVM_LOG": "warn"},
-        )
-        url = token = None
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            if m := re.search(r"listening on (\S+)", line):
-                url = m.group(1)
-            if m := re.search(r"export EVERVM_TOKEN=(\S+)", line):
-                token = m.group(1)
-            if url and token:
-                break
-        if not (url and token):
-            self.stop()
-            sys.exit(f"the server printed no URL and token; its log:\n{self.log_path.read_text()}")
-        self.url, self.token = url, token
+        try:
+            self.process, self.url, self.token = evervm_serve.start_serve(
+                "process", home / "home", stderr=self.log, env={"EVERVM_LOG": "warn"})
+        except FileNotFoundError as e:
+            sys.exit(str(e))
+        except RuntimeError as e:
+            self.log.close()
+            sys.exit(f"{e}; its log:\n{self.log_path.read_text()}")
 
     def stop(self) -> int | None:
         """Stops the server gracefully (its Ctrl-C); its exit status."""

@@ -3,9 +3,8 @@ on gVisor with the data image (fork, checkpoints and plots need them), driven by
 MCP Python SDK."""
 
 import os
-import re
 import shutil
-import subprocess
+import sys
 import tempfile
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,15 +17,8 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def evervm_binary() -> Path:
-    """The `evervm` command: EVERVM_BIN, else the workspace's debug build."""
-    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
-    path = Path(os.environ.get("EVERVM_BIN", target / "debug" / "evervm"))
-    if not path.exists():
-        pytest.fail(f"{path} is missing: run `cargo build -p evervm-cli` or set EVERVM_BIN")
-    return path
+sys.path.insert(0, str(REPO / "tests" / "support"))
+import evervm_serve  # noqa: E402
 
 
 def gvisor_reason() -> str | None:
@@ -53,23 +45,7 @@ class Server:
 
     def __init__(self) -> None:
         self.home = tempfile.mkdtemp(prefix="evervm-mcp-")
-        self.process = subprocess.Popen(
-            [str(evervm_binary()), "serve", "--listen", "127.0.0.1:0", "--backend", "gvisor",
-             "--home", self.home],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            env={**os.environ, "EVERVM_POOL_SIZE": "1"},
-        )
-        url = token = None
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            if m := re.search(r"listening on (\S+)", line):
-                url = m.group(1)
-            if m := re.search(r"export EVERVM_TOKEN=(\S+)", line):
-                token = m.group(1)
-            if url and token:
-                break
-        assert url and token, "the server printed no URL and token"
-        self.url, self.token = url.rstrip("/"), token
+        self.process, self.url, self.token = evervm_serve.start_serve("gvisor", self.home)
 
     def stop(self) -> None:
         self.process.terminate()
@@ -95,7 +71,7 @@ class Connect:
     async def __call__(self, mode: str = "auto") -> AsyncIterator[Client]:
         if self.transport == "stdio":
             target = StdioServerParameters(
-                command=str(evervm_binary()),
+                command=str(evervm_serve.evervm_binary()),
                 args=["mcp", "--home", str(self.home), "--backend", "gvisor"],
                 env={**os.environ, "EVERVM_POOL_SIZE": "1"},
             )

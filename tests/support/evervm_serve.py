@@ -1,0 +1,48 @@
+"""`evervm serve` for the Python test suites (the Python package's, the API fuzzing, the MCP
+server's): the binary, and a server on a free loopback port that has said its URL and token."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import IO
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def evervm_binary() -> Path:
+    """The `evervm` command: EVERVM_BIN, else the workspace's debug build (under
+    CARGO_TARGET_DIR when set). Raises FileNotFoundError saying how to get it."""
+    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    path = Path(os.environ.get("EVERVM_BIN", target / "debug" / "evervm"))
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} is missing: run `cargo build -p evervm-cli` or set EVERVM_BIN")
+    return path
+
+
+def start_serve(backend: str, home: Path | str, stderr: int | IO[str] = subprocess.DEVNULL,
+                env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str, str]:
+    """Starts `evervm serve` on `home` (new: the server prints a token at its first start);
+    the process, its URL (no trailing slash) and the token. Raises RuntimeError when the server
+    says neither (the process is then stopped)."""
+    process = subprocess.Popen(
+        [str(evervm_binary()), "serve", "--listen", "127.0.0.1:0", "--backend", backend,
+         "--home", str(home)],
+        stdout=subprocess.PIPE, stderr=stderr, text=True,
+        env={**os.environ, "EVERVM_POOL_SIZE": "1", **(env or {})},
+    )
+    url = token = None
+    assert process.stdout is not None
+    for line in process.stdout:
+        if m := re.search(r"listening on (\S+)", line):
+            url = m.group(1)
+        if m := re.search(r"export EVERVM_TOKEN=(\S+)", line):
+            token = m.group(1)
+        if url and token:
+            return process, url.rstrip("/"), token
+    process.kill()
+    process.wait()
+    raise RuntimeError("the server printed no URL and token")
