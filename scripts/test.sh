@@ -25,7 +25,7 @@ evervm_bin="$(realpath "${CARGO_TARGET_DIR:-target}")/debug/evervm"
 echo "==> cargo test"
 # The Python and Node extension modules link against the runtime that loads them: they are
 # tested from Python and Node below.
-cargo test --workspace --locked --exclude evervm-python --exclude evervm-node
+cargo test --workspace --locked --exclude evervm-python --exclude evervm-node --exclude evervm-swift
 echo "==> the end-to-end suites on gVisor again, on Debian's runsc (older hosts and old snapshots use it)"
 if [ -x /usr/bin/runsc ]; then
     EVERVM_RUNSC=/usr/bin/runsc EVERVM_TEST_BACKENDS=gvisor \
@@ -44,6 +44,16 @@ pyenv_dir="${EVERVM_PYENV:-$HOME/.cache/evervm/pyenv}"
 "$pyenv_dir/bin/pip" install -q --disable-pip-version-check "./bindings-python[test,langchain]"
 EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" -m pytest -q -p no:cacheprovider \
     bindings-python/tests
+echo "==> Swift package: its Swift sources as generated from the library (the committed ones must match), its FFI surface through uniffi's Python bindings"
+ffi_dir="$(mktemp -d)"
+bindings-swift/scripts/generate.sh "$ffi_dir"
+if ! git diff --exit-code -- bindings-swift/Sources; then
+    echo "bindings-swift/Sources differ from what scripts/generate.sh writes: commit them" >&2
+    exit 1
+fi
+EVERVM_FFI_DIR="$ffi_dir" EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" -m pytest -q \
+    -p no:cacheprovider bindings-swift/tests
+rm -rf "$ffi_dir"
 echo "==> MCP server: the official MCP Python SDK over stdio and streamable HTTP (gVisor)"
 "$pyenv_dir/bin/pip" install -q --disable-pip-version-check "mcp==2.3.0"
 EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" -m pytest -q -p no:cacheprovider tests/mcp/test_mcp.py

@@ -1,0 +1,170 @@
+"""Every export of the Swift package, through the same library and uniffi's Python bindings:
+the scenarios a Swift user runs (`exec` is `start_exec` + `result`, as the Swift wrapper does;
+a cancelled Swift Task calls `cancel`)."""
+
+import asyncio
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def test_exec_values_output_errors_and_listing(ffi, server) -> None:
+    async def scenario() -> None:
+        client = ffi.Client(server.url, server.token)
+        assert await client.whoami() == "default"
+        machine = await client.create_machine(tags={"app": "swift-ffi"}, memory_mb=512)
+        first = await machine.start_exec("x = 21\nprint('set')", None).result()
+        assert first.value is None and first.stdout == "set\n" and first.seq == 0
+        second = await machine.start_exec("x * 2", 30.0).result()
+        assert second.value == "42" and not second.timed_out
+        failed = await machine.start_exec("1 / 0", None).result()
+        assert failed.error is not None and "ZeroDivisionError" in failed.error
+        listed = await client.list_machines({"app": "swift-ffi"})
+        assert [m.name for m in listed] == [machine.name()]
+        info = await machine.info()
+        assert info.tags == {"app": "swift-ffi"} and info.memory_mb == 512
+        assert info.instruction_count == 3
+        assert (await client.machine(machine.name()).info()).name == machine.name()
+        plot = await machine.start_exec(
+            "import matplotlib.pyplot as plt\nplt.plot([1, 2])\n'drawn'", None).result()
+        assert plot.png is not None and plot.png.startswith(b"\x89PNG")
+        assert [r.kind for r in plot.results] == [ffi.RichKind.FIGURE]
+        await machine.delete()
+
+    run(scenario())
+
+
+def test_errors_are_one_enum_with_a_case_per_kind(ffi, server) -> None:
+    async def scenario() -> None:
+        try:
+            ffi.Client("ftp://nowhere", "a.b")
+            raise AssertionError("ftp is no server")
+        except ffi.EvervmError.InvalidInput as e:
+            assert "ftp" in e.message
+        stranger = ffi.Client(server.url, "nope.nope")
+        try:
+            await stranger.list_machines(None)
+            raise AssertionError("a made-up token")
+        except ffi.EvervmError.Unauthorized:
+            pass
+        client = ffi.Client(server.url, server.token)
+        try:
+            await client.machine("no-such-machine").info()
+            raise AssertionError("no such machine")
+        except ffi.EvervmError.NotFound as e:
+            assert "no-such-machine" in e.message
+        machine = await client.create_machine()
+        try:
+            machine.start_exec("1", -1.0)
+            raise AssertionError("a negative timeout")
+        except ffi.EvervmError.InvalidInput as e:
+            assert "timeoutSeconds" in e.message
+        await machine.delete()
+
+    run(scenario())
+
+
+def test_cancel_interrupts_the_instruction_and_keeps_the_state(ffi, server) -> None:
+    async def scenario() -> None:
+        client = ffi.Client(server.url, server.token)
+        machine = await client.create_machine()
+        await machine.start_exec("kept = 'yes'", None).result()
+        pending = machine.start_exec("import time\ntime.sleep(60)\nfinished = True", 120.0)
+        await asyncio.sleep(1.5)
+        pending.cancel()
+        try:
+            await asyncio.wait_for(pending.result(), 30)
+            raise AssertionError("a cancelled instruction")
+        except ffi.EvervmError.Cancelled as e:
+            assert "interrupted" in e.message
+        after = await machine.start_exec("(kept, 'finished' in globals())", None).result()
+        assert after.value == "('yes', False)"
+        stream = machine.stream("import time\nprint('begun', flush=True)\ntime.sleep(60)", None)
+        first = await stream.next()
+        assert first.is_OUTPUT() and first.chunk.data == "begun"
+        stream.cancel()
+        try:
+            while await stream.next() is not None:
+                pass
+            raise AssertionError("a cancelled stream")
+        except ffi.EvervmError.Cancelled:
+            pass
+        assert (await machine.start_exec("kept", None).result()).value == "'yes'"
+        assert await machine.interrupt() is False
+        await machine.delete()
+
+    run(scenario())
+
+
+def test_streaming_gives_output_rich_results_then_the_result(ffi, server) -> None:
+    async def scenario() -> None:
+        client = ffi.Client(server.url, server.token)
+        machine = await client.create_machine()
+        stream = machine.stream(
+            "for i in range(3):\n    print(i)\nimport matplotlib.pyplot as plt\n"
+            "plt.plot([1, 3]); plt.show()\n'done'", None)
+        events = []
+        while (event := await stream.next()) is not None:
+            events.append(event)
+        outputs = [e.chunk.data for e in events if e.is_OUTPUT()]
+        assert outputs == ["0", "1", "2"]
+        assert any(e.is_RICH() and e.result.png for e in events)
+        last = events[-1]
+        assert last.is_FINISHED() and last.result.value == "'done'"
+        assert last.result.stdout == "0\n1\n2\n"
+        await machine.delete()
+
+    run(scenario())
+
+
+def test_files_in_and_out(ffi, server) -> None:
+    async def scenario() -> None:
+        client = ffi.Client(server.url, server.token)
+        machine = await client.create_machine()
+        await machine.make_dir("data", False)
+        written = await machine.write_file("data/a.bin", bytes(range(256)))
+        assert written.size == 256 and written.kind == ffi.FileKind.FILE
+        assert await machine.read_file("data/a.bin") == bytes(range(256))
+        assert (await machine.stat_file("data/a.bin")).path == written.path
+        made = await machine.make_dir("/tmp/x/y", True)
+        assert made.kind == ffi.FileKind.DIRECTORY
+        listing = await machine.list_files("data")
+        assert [e.name for e in listing.entries] == ["a.bin"] and not listing.truncated
+        seen = await machine.start_exec("len(open('data/a.bin', 'rb').read())", None).result()
+        assert seen.value == "256"
+        await machine.remove_file("data", True)
+        try:
+            await machine.stat_file("data/a.bin")
+            raise AssertionError("removed")
+        except ffi.EvervmError.NotFound:
+            pass
+        await machine.delete()
+
+    run(scenario())
+
+
+def test_fork_checkpoints_rollback_and_swap(ffi, server) -> None:
+    async def scenario() -> None:
+        client = ffi.Client(server.url, server.token)
+        machine = await client.create_machine(tags={"t": "1"})
+        await machine.start_exec("n = 1", None).result()
+        made = await machine.checkpoint("one")
+        assert made.name == "one" and made.instruction_count == 1
+        await machine.start_exec("n = 2", None).result()
+        copy = await machine.fork({"t": "copy"})
+        assert (await copy.info()).tags == {"t": "copy"}
+        rolled = await machine.rollback("one")
+        assert rolled.name == machine.name()
+        assert (await machine.start_exec("n", None).result()).value == "1"
+        assert (await copy.start_exec("n", None).result()).value == "2"
+        assert [c.name for c in await machine.checkpoints()] == ["one"]
+        await machine.delete_checkpoint("one")
+        assert await machine.checkpoints() == []
+        await copy.swap_out()
+        assert (await copy.info()).state == "swapped"
+        assert (await copy.start_exec("n + 1", None).result()).value == "3"
+        await copy.delete()
+        await machine.delete()
+
+    run(scenario())
