@@ -4,7 +4,6 @@ process backend, and on gVisor where it runs (fork and checkpoints need it)."""
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -23,22 +22,12 @@ def gvisor_available() -> bool:
     return shutil.which("runsc") is not None or Path("/usr/bin/runsc").exists()
 
 
-class Server:
-    """`evervm serve` on a free loopback port and a fresh home, stopped at the end."""
-
-    def __init__(self, backend: str) -> None:
-        self.home = tempfile.mkdtemp(prefix="evervm-py-")
-        self.process, self.url, self.token = evervm_serve.start_serve(backend, self.home)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=60)
-        shutil.rmtree(self.home, ignore_errors=True)
+Server = evervm_serve.Server
 
 
 @pytest.fixture(scope="session")
 def process_server() -> Iterator[Server]:
-    server = Server("process")
+    server = Server("process", "evervm-py-")
     yield server
     server.stop()
 
@@ -59,6 +48,6 @@ def client(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[evervm.Cl
 def gvisor_server() -> Iterator[Server]:
     if not gvisor_available():
         pytest.skip("the gVisor backend is not available here (no runsc)")
-    server = Server("gvisor")
+    server = Server("gvisor", "evervm-py-")
     yield server
     server.stop()

@@ -5,9 +5,7 @@ library into DIR, given to the tests as EVERVM_FFI_DIR. The server is `evervm se
 
 import importlib
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -27,15 +25,7 @@ def ffi():
     return importlib.import_module("evervm_ffi")
 
 
-class Server:
-    def __init__(self) -> None:
-        self.home = tempfile.mkdtemp(prefix="evervm-swift-")
-        self.process, self.url, self.token = evervm_serve.start_serve("gvisor", self.home)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=60)
-        shutil.rmtree(self.home, ignore_errors=True)
+Server = evervm_serve.Server
 
 
 @pytest.fixture(scope="session")
@@ -44,6 +34,6 @@ def server() -> Iterator[Server]:
         if os.environ.get("CI"):
             pytest.fail("the Swift FFI tests must run in CI, but gVisor needs root")
         pytest.skip("gVisor sandboxes need root")
-    s = Server()
+    s = Server("gvisor", "evervm-swift-")
     yield s
     s.stop()

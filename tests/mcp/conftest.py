@@ -5,7 +5,6 @@ MCP Python SDK."""
 import os
 import shutil
 import sys
-import tempfile
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import AsyncIterator, Iterator
@@ -40,22 +39,12 @@ def needs_gvisor() -> None:
         pytest.skip(reason)
 
 
-class Server:
-    """`evervm serve` on gVisor, a free loopback port and a fresh home."""
-
-    def __init__(self) -> None:
-        self.home = tempfile.mkdtemp(prefix="evervm-mcp-")
-        self.process, self.url, self.token = evervm_serve.start_serve("gvisor", self.home)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=60)
-        shutil.rmtree(self.home, ignore_errors=True)
+Server = evervm_serve.Server
 
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
-    s = Server()
+    s = Server("gvisor", "evervm-mcp-")
     yield s
     s.stop()
 

@@ -183,9 +183,17 @@ async def test_a_cancelled_call_interrupts_its_instruction(connect) -> None:
     async with connect() as client:
         repl = await create(client)
         await run(client, repl, "kept = 'yes'")
-        with anyio.move_on_after(3) as scope:
-            await run(client, repl, "import time\ntime.sleep(60)\nfinished = True",
-                      timeoutSeconds=120)
+        # Cancelled at its first progress notification, sent once the instruction is under way.
+        with anyio.CancelScope() as scope:
+            async def cancel_when_running(value, total, message) -> None:
+                scope.cancel()
+
+            await client.call_tool(
+                "run-python-in-repl",
+                {"replId": repl, "timeoutSeconds": 120,
+                 "pythonCode": "import time\ntime.sleep(60)\nfinished = True"},
+                progress_callback=cancel_when_running,
+            )
         assert scope.cancelled_caught
         # The instruction was interrupted (else this would wait for its minute and then find
         # `finished`), and the REPL kept its state.

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import IO
 
@@ -46,3 +48,17 @@ def start_serve(backend: str, home: Path | str, stderr: int | IO[str] = subproce
     process.kill()
     process.wait()
     raise RuntimeError("the server printed no URL and token")
+
+
+class Server:
+    """`evervm serve` on `backend`, a free loopback port and a fresh home (`prefix` names it),
+    stopped (and its home removed) by `stop`."""
+
+    def __init__(self, backend: str, prefix: str = "evervm-") -> None:
+        self.home = tempfile.mkdtemp(prefix=prefix)
+        self.process, self.url, self.token = start_serve(backend, self.home)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=60)
+        shutil.rmtree(self.home, ignore_errors=True)
