@@ -44,13 +44,22 @@ pyenv_dir="${EVERVM_PYENV:-$HOME/.cache/evervm/pyenv}"
 "$pyenv_dir/bin/pip" install -q --disable-pip-version-check "./bindings-python[test,langchain]"
 EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" -m pytest -q -p no:cacheprovider \
     bindings-python/tests
-echo "==> Swift package: its Swift sources as generated from the library (the committed ones must match), its FFI surface through uniffi's Python bindings"
+echo "==> Swift package: its Swift sources as generated from the library (the committed ones must match), its FFI surface through uniffi's Python bindings, every Swift file parsed"
+# Remote only: the engine itself (sandboxes, the store, SQLite) must stay out of its build.
+swift_deps="$(cargo tree --locked -p evervm-swift -e normal --prefix none)"
+if grep -E '^(rusqlite|zstd|prometheus-client|libsqlite3-sys) ' <<<"$swift_deps"; then
+    echo "the Swift package depends on the engine's runtime (above): keep evervm-engine's runtime feature off" >&2
+    exit 1
+fi
 ffi_dir="$(mktemp -d)"
 bindings-swift/scripts/generate.sh "$ffi_dir"
 if ! git diff --exit-code -- bindings-swift/Sources; then
     echo "bindings-swift/Sources differ from what scripts/generate.sh writes: commit them" >&2
     exit 1
 fi
+# No Swift compiler here: the Swift files are parsed (tree-sitter's Swift grammar) instead.
+"$pyenv_dir/bin/pip" install -q --disable-pip-version-check "tree-sitter==0.26.1" \
+    "tree-sitter-swift==0.7.4"
 EVERVM_FFI_DIR="$ffi_dir" EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" -m pytest -q \
     -p no:cacheprovider bindings-swift/tests
 rm -rf "$ffi_dir"

@@ -166,6 +166,7 @@ impl Error {
     }
 }
 
+#[cfg(feature = "runtime")]
 impl From<rusqlite::Error> for Error {
     fn from(e: rusqlite::Error) -> Self {
         Error::internal(format!("database error: {e}"))

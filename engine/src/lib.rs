@@ -2,23 +2,38 @@
 //! instructions, output and results kept in a store.
 //!
 //! Everything is reached through [`Engine`]; nothing here knows about HTTP or any binding.
+//!
+//! Without the `runtime` feature (on by default) this crate is only evervm's domain rules: names,
+//! limits, error kinds and the types of machines, instructions and files, which every transport
+//! checks. The remote-only client builds on that on any platform (the Swift package does).
 
+#[cfg(feature = "runtime")]
 mod engine;
 mod error;
 pub mod files;
+#[cfg(feature = "runtime")]
 pub mod fsutil;
-#[cfg(any(test, fuzzing))]
+#[cfg(all(feature = "runtime", any(test, fuzzing)))]
 pub mod fuzz_targets;
+#[cfg(feature = "runtime")]
 pub mod guest;
+#[cfg(feature = "runtime")]
 mod machine;
+#[cfg(feature = "runtime")]
 mod metrics;
+#[cfg(feature = "runtime")]
 mod pool;
+#[cfg(feature = "runtime")]
 pub mod sandbox;
+#[cfg(feature = "runtime")]
 pub mod snapshot;
+#[cfg(feature = "runtime")]
 pub mod store;
+#[cfg(feature = "runtime")]
 mod sync;
 mod types;
 
+#[cfg(feature = "runtime")]
 pub use engine::{
     BackendChoice, Engine, EngineConfig, Hook, Hooks, LINE_OVERHEAD_BYTES, Limits,
     create_token_in_home, list_tokens_in_home, parse_memory_list, revoke_token_in_home,

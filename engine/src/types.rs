@@ -172,6 +172,7 @@ impl MachineName {
         Ok(Self(name.to_owned()))
     }
 
+    #[cfg(feature = "runtime")]
     pub(crate) fn generate() -> Self {
         use rand::Rng;
         const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
@@ -451,6 +452,7 @@ impl ExecRequest {
         }
     }
 
+    #[cfg(feature = "runtime")]
     pub(crate) fn validate(&self) -> Result<()> {
         if self.code.len() > MAX_CODE_BYTES {
             return Err(Error::too_large(format!(
@@ -500,6 +502,7 @@ impl OutputStream {
         }
     }
 
+    #[cfg(feature = "runtime")]
     pub(crate) fn from_str_opt(s: &str) -> Option<Self> {
         match s {
             "stdout" => Some(OutputStream::Stdout),
@@ -596,6 +599,7 @@ impl RichResult {
             .ok()
     }
 
+    #[cfg(feature = "runtime")]
     /// The base64 PNG of a figure, if it is one.
     pub(crate) fn figure_png(&self) -> Option<&str> {
         (self.kind == RichKind::Figure)
@@ -700,6 +704,7 @@ impl Default for ExecResult {
 }
 
 impl ExecResult {
+    #[cfg(feature = "runtime")]
     pub(crate) fn failure(cause: FailureCause, text: impl Into<String>) -> Self {
         Self {
             outcome: Outcome::Error {

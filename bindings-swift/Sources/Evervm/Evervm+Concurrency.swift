@@ -46,3 +46,16 @@ public struct ExecEvents: AsyncSequence, Sendable {
         AsyncIterator(stream: stream)
     }
 }
+
+extension EvervmError {
+    /// What went wrong, in words (every case carries one).
+    public var message: String {
+        switch self {
+        case .NotFound(let message), .InvalidInput(let message), .Unauthorized(let message),
+            .Unsupported(let message), .MachineCrashed(let message), .Conflict(let message),
+            .LimitExceeded(let message), .TooLarge(let message), .PermissionDenied(let message),
+            .Transport(let message), .Internal(let message), .Cancelled(let message):
+            return message
+        }
+    }
+}
