@@ -42,13 +42,13 @@ struct Target {
     /// Run the engine in this process instead of talking to a server.
     #[arg(long, global = true)]
     local: bool,
-    /// The engine's home, for `serve`, `token` and --local (default: $EVERVM_HOME or
+    /// The engine's home, for `serve`, `mcp`, `token` and --local (default: $EVERVM_HOME or
     /// ~/.local/share/evervm).
     #[arg(long, env = "EVERVM_HOME", global = true)]
     home: Option<PathBuf>,
-    /// The sandbox backend, for `serve` and --local: `auto` (gVisor; --local falls back to
-    /// `process` with a warning, `serve` refuses to), `gvisor`, or `process` (no security
-    /// boundary: for development).
+    /// The sandbox backend, for `serve`, `mcp` and --local: `auto` (gVisor; `mcp` and --local
+    /// fall back to `process` with a warning, `serve` refuses to), `gvisor`, or `process` (no
+    /// security boundary: for development).
     #[arg(long, env = "EVERVM_BACKEND", global = true)]
     backend: Option<String>,
 }
