@@ -21,6 +21,7 @@ pub mod guest;
 mod machine;
 #[cfg(feature = "runtime")]
 mod metrics;
+pub mod network;
 #[cfg(feature = "runtime")]
 mod pool;
 #[cfg(feature = "runtime")]
