@@ -182,6 +182,7 @@ impl NativeClient {
             ),
             ttl,
             expires_at: None,
+            network: None,
         };
         let machine = self.client.create_machine(options).await.map_err(to_js)?;
         Ok(NativeMachine { machine })

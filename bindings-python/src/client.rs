@@ -195,6 +195,7 @@ fn create_options(
         secret_env: evervm::SecretEnv(secret_env.unwrap_or_default()),
         ttl,
         expires_at: None,
+        network: None,
     })
 }
 

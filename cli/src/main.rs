@@ -60,6 +60,14 @@ enum Command {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
+        /// The network of machines created without one: `none` (loopback only; the default) or
+        /// `public` (public addresses).
+        #[arg(long, env = "EVERVM_NETWORK_DEFAULT", value_name = "MODE")]
+        network_default: Option<String>,
+        /// The most network a machine may ask for: `none`, `allow` (its own list of names and
+        /// blocks) or `public` (the default).
+        #[arg(long, env = "EVERVM_NETWORK_MAX", value_name = "MODE")]
+        network_max: Option<String>,
     },
     /// Build and list root filesystem images (for the gVisor backend).
     Image {
@@ -178,6 +186,15 @@ enum MachineCommand {
         /// Delete the machine this long after its creation: a number and s, m, h or d (`2h`).
         #[arg(long)]
         ttl: Option<String>,
+        /// What the machine may reach: `none` (loopback only), `public` (public addresses), or
+        /// `allow` with --allow; the server's default (`none` unless set otherwise) when
+        /// absent.
+        #[arg(long, value_name = "MODE")]
+        network: Option<String>,
+        /// A name (`pypi.org`, `*.pythonhosted.org`), address or CIDR block the machine may
+        /// reach (repeatable; implies `--network allow`).
+        #[arg(long = "allow", value_name = "NAME|CIDR")]
+        allow: Vec<String>,
     },
     /// List machines, newest first; with --tag only those carrying every tag.
     List {
@@ -318,10 +335,16 @@ async fn main() -> ExitCode {
 
 async fn run(command: Command, target: &Target) -> Result<ExitCode> {
     match command {
-        Command::Serve { listen } => {
+        Command::Serve {
+            listen,
+            network_default,
+            network_max,
+        } => {
             let options = ServeOptions {
                 home: target.home.clone(),
                 backend: target.backend.clone(),
+                network_default,
+                network_max,
             };
             serve(listen, options).await
         }
@@ -571,6 +594,14 @@ fn print_machine(info: &evervm::MachineInfo) {
             interpreter.started_at.to_rfc3339()
         );
     }
+    if let Some(network) = &info.network {
+        let rules = network.allow_rules();
+        if rules.is_empty() {
+            println!("  network:      {}", network.mode());
+        } else {
+            println!("  network:      {} {}", network.mode(), rules.join(" "));
+        }
+    }
     for (key, value) in &info.env {
         println!("  env:          {key}={value}");
     }
@@ -592,7 +623,20 @@ async fn machine(command: MachineCommand, client: &Client) -> Result<ExitCode> {
             env,
             secret_env,
             ttl,
+            network,
+            allow,
         } => {
+            let network = match (network.as_deref(), allow.is_empty()) {
+                (None, true) => None,
+                (None, false) => Some(evervm::NetworkPolicy::new(
+                    evervm::NetworkMode::Allow,
+                    &allow,
+                )?),
+                (Some(mode), _) => Some(evervm::NetworkPolicy::new(
+                    evervm::NetworkMode::parse(mode)?,
+                    &allow,
+                )?),
+            };
             let machine = client
                 .create_machine(CreateMachineOptions {
                     tags: parse_tags(&tags)?,
@@ -606,6 +650,7 @@ async fn machine(command: MachineCommand, client: &Client) -> Result<ExitCode> {
                         .map(evervm::admin::parse_duration)
                         .transpose()?,
                     expires_at: None,
+                    network,
                 })
                 .await?;
             println!("{}", machine.name());

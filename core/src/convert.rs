@@ -121,6 +121,7 @@ impl From<ApiMachine> for MachineInfo {
             secret_env: m.secret_env,
             expires_at: m.expires_at,
             interpreter: m.interpreter,
+            network: m.network,
         }
     }
 }
@@ -147,6 +148,7 @@ impl From<MachineInfo> for ApiMachine {
             env: m.env,
             secret_env: m.secret_env,
             interpreter: m.interpreter,
+            network: m.network,
         }
     }
 }
@@ -252,6 +254,7 @@ pub(crate) mod engine {
                     started_at: m.interpreter_started_at.unwrap_or(m.created_at),
                     snapshot_at: start.snapshot_at(),
                 }),
+                network: Some(m.network),
             }
         }
     }
@@ -391,6 +394,7 @@ pub(crate) mod engine {
                 .map(engine::Durability::parse)
                 .transpose()?,
             env,
+            network: options.network,
         })
     }
 }
@@ -521,6 +525,7 @@ pub(crate) mod server {
             secret_env: request.secret_env.unwrap_or_default(),
             ttl: request.ttl_seconds.map(Duration::from_secs),
             expires_at: None,
+            network: request.network,
         })
     }
 
@@ -594,9 +599,11 @@ pub(crate) mod server {
                 secret_env: Some(crate::types::SecretEnv(
                     [("TOKEN".to_owned(), "s3cret".to_owned())].into(),
                 )),
+                network: Some(crate::types::NetworkPolicy::Public),
             }))
             .unwrap();
             assert_eq!(create.tags.get("a").map(String::as_str), Some("b"));
+            assert_eq!(create.network, Some(crate::types::NetworkPolicy::Public));
             let in_a_minute = create.expires_at.unwrap() - chrono::Utc::now();
             assert!(
                 (55..=60).contains(&in_a_minute.num_seconds()),

@@ -6,6 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 /// The default and the longest instruction timeout: the engine's, the one definition every
 /// surface uses.
+pub use evervm_engine::network::{NetworkMode, NetworkPolicy};
 pub use evervm_engine::{DEFAULT_TIMEOUT, MAX_TIMEOUT};
 use serde::{Deserialize, Serialize};
 
@@ -42,6 +43,10 @@ pub struct CreateMachineOptions {
     pub ttl: Option<Duration>,
     /// The machine is deleted at this time (a server is sent the seconds until it).
     pub expires_at: Option<DateTime<Utc>>,
+    /// What the machine may reach over the network: `none` (loopback only), `public` (public
+    /// addresses) or `allow` (listed names and address blocks); the server's default (`none`
+    /// unless it was set otherwise) when `None`.
+    pub network: Option<NetworkPolicy>,
 }
 
 /// How a machine's current (or last) interpreter began.
@@ -143,6 +148,8 @@ pub struct MachineInfo {
     /// How its current interpreter (or its last, when it is not resident) began; `None` before
     /// its first start under the current engine, and from servers that do not say.
     pub interpreter: Option<InterpreterInfo>,
+    /// What it may reach over the network; `None` from servers that do not say.
+    pub network: Option<NetworkPolicy>,
 }
 
 /// A named, kept snapshot of a machine.

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::guest::channel::{AgentEvent, AgentOutcome, AgentRequest};
 use crate::guest::connection::AgentConnection;
 use crate::guest::image::Profile;
-use crate::sandbox::{Sandbox, SandboxSpec};
+use crate::sandbox::{Sandbox, SandboxNetwork, SandboxSpec};
 use crate::snapshot::{self, SnapshotManifest};
 use crate::sync::lock;
 
@@ -85,7 +85,7 @@ pub(crate) async fn start_sandbox(engine: &EngineInner, shape: Shape) -> Result<
 
 async fn start_sandbox_unmeasured(engine: &EngineInner, shape: Shape) -> Result<Resident> {
     if !engine.backend.capabilities().snapshots {
-        return boot_sandbox(engine, shape).await;
+        return boot_sandbox(engine, shape, None).await;
     }
     match restore_base(engine, shape).await {
         Ok(resident) => Ok(resident),
@@ -94,7 +94,7 @@ async fn start_sandbox_unmeasured(engine: &EngineInner, shape: Shape) -> Result<
                 profile = shape.profile.as_str(),
                 "no base snapshot ({e}); booting a sandbox instead"
             );
-            boot_sandbox(engine, shape).await
+            boot_sandbox(engine, shape, None).await
         }
     }
 }
@@ -107,6 +107,7 @@ async fn restore_base(engine: &EngineInner, shape: Shape) -> Result<Resident> {
         memory_mb: shape.memory_mb,
         profile: shape.profile,
         image_id: manifest.image_id.clone(),
+        network: None,
     };
     let sandbox = engine
         .backend
@@ -180,7 +181,7 @@ async fn make_base(
         hook(format!("{}-{}", shape.profile.as_str(), shape.memory_mb)).await;
     }
     let started = std::time::Instant::now();
-    let mut fresh = boot_sandbox(engine, shape).await?;
+    let mut fresh = boot_sandbox(engine, shape, None).await?;
     if imports_libraries(engine, shape) {
         let warm_up = AgentRequest::Exec {
             id: -1,
@@ -235,13 +236,30 @@ async fn make_base(
     Ok(manifest)
 }
 
+/// A sandbox with a network, booted for one machine: never pooled and never from a base
+/// snapshot (those have no network).
+pub(crate) async fn start_networked(
+    engine: &EngineInner,
+    shape: Shape,
+    network: SandboxNetwork,
+) -> Result<Resident> {
+    let started = boot_sandbox(engine, shape, Some(network)).await;
+    engine.metrics.sandbox_started(started.is_ok());
+    started
+}
+
 /// Boots one sandbox and waits for its agent.
-async fn boot_sandbox(engine: &EngineInner, shape: Shape) -> Result<Resident> {
+async fn boot_sandbox(
+    engine: &EngineInner,
+    shape: Shape,
+    network: Option<SandboxNetwork>,
+) -> Result<Resident> {
     let spec = SandboxSpec {
         id: sandbox_id(),
         memory_mb: shape.memory_mb,
         profile: shape.profile,
         image_id: None,
+        network,
     };
     let mut sandbox = engine.backend.start(&spec).await?;
     let Some((reader, writer)) = sandbox.take_channel() else {

@@ -228,6 +228,9 @@ pub struct CreateMachine {
     pub env: Env,
     /// When the machine is deleted (`None`: never). At most [`MAX_LIFETIME`] from now.
     pub expires_at: Option<DateTime<Utc>>,
+    /// What it may reach over the network; the engine's default when `None`. Refused when more
+    /// than the engine allows.
+    pub network: Option<crate::network::NetworkPolicy>,
 }
 
 /// The longest a machine may be given to live with an expiry.
@@ -427,6 +430,8 @@ pub struct MachineInfo {
     pub secret_env: Vec<String>,
     /// When it is deleted (`None`: never).
     pub expires_at: Option<DateTime<Utc>>,
+    /// What it may reach over the network.
+    pub network: crate::network::NetworkPolicy,
     /// How its current interpreter (or its last, when it is not resident) began; `None` before
     /// its first start under this engine.
     pub interpreter: Option<InterpreterStart>,

@@ -508,6 +508,7 @@ async fn machines_expire_and_lists_page_through_a_thousand() {
                     env: evervm_engine::Env::new(),
                     expires_at: None,
                     position: 0,
+                    network: evervm_engine::network::NetworkPolicy::None,
                 })
                 .unwrap();
         }

@@ -315,6 +315,7 @@ impl Transport for RemoteTransport {
             env: (!options.env.is_empty()).then_some(options.env),
             secret_env: (!options.secret_env.0.is_empty()).then_some(options.secret_env),
             ttl_seconds: remote_ttl(options.ttl, options.expires_at)?,
+            network: options.network,
         };
         let answer: CreateMachineResponse = self
             .call(

@@ -111,6 +111,15 @@ pub struct CreateMachineRequest {
     )]
     #[cfg_attr(feature = "server", schemars(range(min = 1, max = 316_224_000)))]
     pub ttl_seconds: Option<u64>,
+    /// evervm: what the machine may reach over the network: `{"mode": "none"}` (loopback
+    /// only), `{"mode": "public"}` (TCP and DNS to public addresses) or `{"mode": "allow",
+    /// "allow": ["pypi.org", "*.pythonhosted.org", "203.0.113.0/24"]}` (those names and blocks
+    /// only). Never the host, private, shared, link-local (the metadata service) or other
+    /// special addresses, whatever the mode. Default: the server's (`none` unless
+    /// `--network-default public`); more than the server allows (`--network-max`) is `403`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "server", schemars(with = "Option<schema::Network>"))]
+    pub network: Option<crate::types::NetworkPolicy>,
 }
 
 /// The new machine's name.
@@ -219,6 +228,10 @@ pub struct ApiMachine {
     /// absent before its first start under the running server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interpreter: Option<crate::types::InterpreterInfo>,
+    /// evervm: what it may reach over the network; see `CreateMachineRequest.network`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "server", schemars(with = "Option<schema::Network>"))]
+    pub network: Option<crate::types::NetworkPolicy>,
 }
 
 /// An instruction: code and a timeout in seconds ([`DEFAULT_TIMEOUT_SECONDS`] when absent).

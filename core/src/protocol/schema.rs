@@ -177,6 +177,35 @@ impl JsonSchema for Durability {
     }
 }
 
+/// A network policy (`evervm_engine::network::NetworkPolicy`).
+pub(crate) struct Network;
+
+impl JsonSchema for Network {
+    fn schema_name() -> Cow<'static, str> {
+        "Network".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        schema(json!({
+            "type": "object",
+            "required": ["mode"],
+            "additionalProperties": false,
+            "properties": {
+                "mode": { "type": "string", "enum": ["none", "allow", "public"] },
+                "allow": {
+                    "type": "array",
+                    "description": "With `allow` (and only then, at least one): domain names \
+                        (`example.com`; `*.example.com` for every name under it), IP addresses \
+                        and CIDR blocks.",
+                    "maxItems": engine::network::MAX_ALLOW_RULES,
+                    "items": { "type": "string", "minLength": 1, "maxLength": 255 },
+                },
+            },
+            "examples": [{ "mode": "allow", "allow": ["pypi.org", "*.pythonhosted.org"] }],
+        }))
+    }
+}
+
 /// A checkpoint's name.
 pub(crate) struct CheckpointName;
 

@@ -16,6 +16,12 @@ pub struct ServeOptions {
     /// not run), `gvisor`, or `process`, which is no security boundary and serves only when
     /// named here.
     pub backend: Option<String>,
+    /// The network of machines created without one: `none` or `public`
+    /// (`EVERVM_NETWORK_DEFAULT`; `none` when `None`).
+    pub network_default: Option<String>,
+    /// The most network a machine may ask for: `none`, `allow` or `public`
+    /// (`EVERVM_NETWORK_MAX`; `public` when `None`).
+    pub network_max: Option<String>,
 }
 
 /// Why a server does not start on the process backend unless it is asked for by name.
@@ -47,6 +53,28 @@ pub async fn open(options: ServeOptions) -> Result<Server> {
     let backend = options.backend.as_deref().unwrap_or("auto");
     let mut config = EngineConfig::new(options.home.unwrap_or_else(EngineConfig::default_home));
     config.backend = BackendChoice::parse(backend);
+    if let Some(default) = options.network_default.as_deref() {
+        config.network_default = match crate::types::NetworkMode::parse(default)? {
+            crate::types::NetworkMode::None => crate::types::NetworkPolicy::None,
+            crate::types::NetworkMode::Public => crate::types::NetworkPolicy::Public,
+            crate::types::NetworkMode::Allow => {
+                return Err(Error::invalid(
+                    "the default network is `none` or `public`: an allow list is given per \
+                     machine",
+                ));
+            }
+        };
+    }
+    if let Some(max) = options.network_max.as_deref() {
+        config.network_max = crate::types::NetworkMode::parse(max)?;
+    }
+    if config.network_default.mode() > config.network_max {
+        return Err(Error::invalid(format!(
+            "the default network `{}` is more than the most allowed, `{}`",
+            config.network_default.mode(),
+            config.network_max
+        )));
+    }
     let process_named =
         matches!(config.backend, BackendChoice::Named(ref name) if name == "process");
     let engine = Engine::open(config).await?;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 
 use crate::guest::image::Profile;
+use crate::network::{NetworkMode, NetworkPolicy, NetworkSettings};
 
 /// Which sandbox backend machines run on.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -232,6 +233,14 @@ pub struct EngineConfig {
     pub runsc_platform: Option<String>,
     /// Limits per machine and per account.
     pub limits: Limits,
+    /// The network of machines created without one: `none` unless `EVERVM_NETWORK_DEFAULT` says
+    /// `public`.
+    pub network_default: NetworkPolicy,
+    /// The most network a machine may be given (`EVERVM_NETWORK_MAX`: `none`, `allow` or
+    /// `public`, the default): a machine asking for more is refused.
+    pub network_max: NetworkMode,
+    /// How machines' networks are made (DNS servers, connection limits).
+    pub network: NetworkSettings,
     #[doc(hidden)]
     pub hooks: Hooks,
 }
@@ -298,6 +307,27 @@ impl EngineConfig {
             runsc: None,
             runsc_platform: None,
             limits: Limits::from_env(),
+            network_default: match std::env::var("EVERVM_NETWORK_DEFAULT").as_deref() {
+                Ok("public") => NetworkPolicy::Public,
+                Ok("none" | "") | Err(_) => NetworkPolicy::None,
+                Ok(other) => {
+                    tracing::warn!(
+                        "ignoring EVERVM_NETWORK_DEFAULT={other:?}: use `none` or `public`"
+                    );
+                    NetworkPolicy::None
+                }
+            },
+            network_max: match std::env::var("EVERVM_NETWORK_MAX") {
+                Ok(mode) if !mode.trim().is_empty() => {
+                    NetworkMode::parse(mode.trim()).unwrap_or_else(|e| {
+                        // A typo must not open more than meant: the least, then.
+                        tracing::warn!("EVERVM_NETWORK_MAX={mode:?}: {e}; machines get none");
+                        NetworkMode::None
+                    })
+                }
+                _ => NetworkMode::Public,
+            },
+            network: NetworkSettings::from_env(),
             hooks: Hooks::default(),
         }
     }

@@ -111,6 +111,7 @@ async fn gvisor_backend(config: &EngineConfig) -> Result<Arc<dyn SandboxBackend>
     let mut gvisor = GvisorConfig::new(config.home.clone(), config.images_dir.clone());
     gvisor.runsc = config.runsc.clone().or(gvisor.runsc);
     gvisor.platform = config.runsc_platform.clone().or(gvisor.platform);
+    gvisor.network = config.network.clone();
     Ok(Arc::new(
         GvisorBackend::open(gvisor, Arc::new(StderrProgress::default())).await?,
     ))

@@ -56,6 +56,26 @@ impl Engine {
                 self.inner.backend.name()
             )));
         }
+        let network = request
+            .network
+            .unwrap_or_else(|| self.inner.config.network_default.clone());
+        let max = self.inner.config.network_max;
+        if network.mode() > max {
+            return Err(Error::new(
+                crate::error::ErrorKind::PermissionDenied,
+                format!(
+                    "this server gives machines at most the network `{max}`, not `{}` \
+                 (EVERVM_NETWORK_MAX or `evervm serve --network-max`)",
+                    network.mode()
+                ),
+            ));
+        }
+        if network.is_networked() && !self.inner.backend.capabilities().network {
+            return Err(Error::unsupported(format!(
+                "the {} backend gives machines no network (the gVisor backend does)",
+                self.inner.backend.name()
+            )));
+        }
         let record = MachineRecord {
             name: MachineName::generate(),
             account_id: account.id,
@@ -73,6 +93,7 @@ impl Engine {
             env: request.env,
             expires_at,
             position: 0,
+            network,
         };
         self.insert_machine(&record).await?;
         let handle = self.spawn_handle(&record, true);
@@ -449,6 +470,7 @@ pub(super) fn info_of(
             .map(|(name, _)| name.clone())
             .collect(),
         expires_at: record.expires_at,
+        network: record.network.clone(),
         interpreter: interpreter.map(|(start, _)| start),
         interpreter_started_at: interpreter.map(|(_, at)| at),
     }

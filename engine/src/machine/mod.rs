@@ -120,6 +120,8 @@ pub(crate) struct MachineHandle {
     pub durability: Durability,
     /// The environment a fresh interpreter of this machine gets (secrets included).
     env: crate::types::Env,
+    /// What its sandboxes may reach.
+    network: crate::network::NetworkPolicy,
     /// Unbounded as a channel, bounded by [`crate::Limits::max_queued_instructions`]: an
     /// instruction is refused before it is sent when the queue is full.
     jobs: mpsc::UnboundedSender<Work>,
@@ -136,6 +138,16 @@ pub(crate) struct MachineHandle {
 }
 
 impl MachineHandle {
+    /// The network its sandboxes get, if it has one.
+    pub(crate) fn sandbox_network(&self) -> Option<crate::sandbox::SandboxNetwork> {
+        self.network
+            .is_networked()
+            .then(|| crate::sandbox::SandboxNetwork {
+                machine: self.name.to_string(),
+                policy: self.network.clone(),
+            })
+    }
+
     /// Creates the handle and starts the machine's task. With `eager`, the machine takes its
     /// sandbox at once (from the pool), so that its first instruction does not wait for one.
     pub(crate) fn spawn(
@@ -170,6 +182,7 @@ impl MachineHandle {
             shape,
             durability: record.durability,
             env: record.env.clone(),
+            network: record.network.clone(),
             state: Mutex::new(state),
             jobs,
             controls,

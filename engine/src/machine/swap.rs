@@ -125,6 +125,7 @@ async fn restore_snapshot(
         memory_mb: machine.shape.memory_mb,
         profile: machine.shape.profile,
         image_id: manifest.image_id.clone(),
+        network: machine.sandbox_network(),
     };
     let restored = engine.backend.restore(&spec, dir, &manifest.runtime).await;
     let checked = checking
@@ -149,9 +150,13 @@ async fn restore_snapshot(
 
 /// What the next instruction's output starts with after the machine's sandbox ended
 /// abnormally (or its state was lost): how it came back.
-/// A fresh interpreter from the pool, made the machine's: its environment, its home.
+/// A fresh interpreter from the pool, made the machine's: its environment, its home. A machine
+/// with a network boots one of its own (pooled sandboxes have none).
 async fn fresh_interpreter(engine: &Arc<EngineInner>, machine: &MachineHandle) -> Result<Resident> {
-    let mut resident = Pool::take(engine, machine.shape).await?;
+    let mut resident = match machine.sandbox_network() {
+        None => Pool::take(engine, machine.shape).await?,
+        Some(network) => crate::pool::start_networked(engine, machine.shape, network).await?,
+    };
     if machine.env.is_empty() {
         return Ok(resident);
     }
@@ -473,6 +478,7 @@ async fn restore_uncommitted(
         memory_mb: machine.shape.memory_mb,
         profile: machine.shape.profile,
         image_id,
+        network: machine.sandbox_network(),
     };
     let sandbox = engine.backend.restore(&spec, staging, runtime).await?;
     let mut back = connect_restored(engine, sandbox, false).await?;

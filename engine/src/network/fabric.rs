@@ -37,6 +37,56 @@ pub struct NetworkSettings {
     pub max_connections: usize,
 }
 
+impl NetworkSettings {
+    /// From `EVERVM_DNS_UPSTREAM`, `EVERVM_NETWORK_ALSO_PUBLIC` and
+    /// `EVERVM_NETWORK_MAX_CONNECTIONS`; what cannot be read is left out, with a warning.
+    pub fn from_env() -> Self {
+        let list = |key: &str| {
+            std::env::var(key)
+                .unwrap_or_default()
+                .split(',')
+                .map(str::trim)
+                .filter(|item| !item.is_empty())
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        let dns_upstream = list("EVERVM_DNS_UPSTREAM")
+            .into_iter()
+            .filter_map(|item| {
+                let parsed = item.parse::<SocketAddr>().ok().or_else(|| {
+                    item.parse::<std::net::IpAddr>()
+                        .ok()
+                        .map(|ip| SocketAddr::new(ip, 53))
+                });
+                if parsed.is_none() {
+                    tracing::warn!("EVERVM_DNS_UPSTREAM: ignoring {item:?} (IP or IP:PORT)");
+                }
+                parsed
+            })
+            .collect();
+        let also_public = list("EVERVM_NETWORK_ALSO_PUBLIC")
+            .into_iter()
+            .filter_map(|item| match Cidr::parse(&item) {
+                Ok(block) => Some(block),
+                Err(e) => {
+                    tracing::warn!("EVERVM_NETWORK_ALSO_PUBLIC: ignoring {e}");
+                    None
+                }
+            })
+            .collect();
+        let max_connections = std::env::var("EVERVM_NETWORK_MAX_CONNECTIONS")
+            .ok()
+            .and_then(|n| n.trim().parse().ok())
+            .filter(|n| *n > 0)
+            .unwrap_or(DEFAULT_MAX_CONNECTIONS);
+        Self {
+            dns_upstream,
+            also_public,
+            max_connections,
+        }
+    }
+}
+
 impl Default for NetworkSettings {
     fn default() -> Self {
         Self {

@@ -23,6 +23,15 @@ pub struct SandboxSpec {
     /// An exact image (a restore needs the one its snapshot was taken on); the newest image of
     /// the profile when `None`.
     pub image_id: Option<String>,
+    /// The network of the machine the sandbox is for; none (only loopback) when `None`.
+    pub network: Option<SandboxNetwork>,
+}
+
+/// A sandbox's network: whose it is (for logs) and what it may reach.
+#[derive(Debug, Clone)]
+pub struct SandboxNetwork {
+    pub machine: String,
+    pub policy: crate::network::NetworkPolicy,
 }
 
 /// What a backend can do beyond running an agent.
@@ -32,6 +41,8 @@ pub struct Capabilities {
     pub snapshots: bool,
     /// New sandboxes can be saved and left running ([`Sandbox::checkpoint_in_place`]).
     pub save_in_place: bool,
+    /// Sandboxes can be given a network ([`SandboxSpec::network`]).
+    pub network: bool,
 }
 
 /// How hard a backend works to make a snapshot small.

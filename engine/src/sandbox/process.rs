@@ -128,6 +128,7 @@ impl SandboxBackend for ProcessBackend {
         Capabilities {
             snapshots: false,
             save_in_place: false,
+            network: false,
         }
     }
 

@@ -9,6 +9,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::guest::image::Profile;
+use crate::network::NetworkPolicy;
 use crate::types::{Account, Durability, Env, MachineName, Tags, TokenInfo};
 
 mod history;
@@ -45,6 +46,8 @@ pub struct MachineRecord {
     pub env: Env,
     /// When it is deleted (`None`: never).
     pub expires_at: Option<DateTime<Utc>>,
+    /// What it may reach over the network.
+    pub network: NetworkPolicy,
     /// Its place in the order machines were created (set by the store; 0 before it is stored).
     pub position: i64,
 }
@@ -280,10 +283,12 @@ impl Store {
             .map_err(|e| Error::internal(format!("cannot encode tags: {e}")))?;
         let env = serde_json::to_string(&record.env)
             .map_err(|e| Error::internal(format!("cannot encode the environment: {e}")))?;
+        let network = serde_json::to_string(&record.network)
+            .map_err(|e| Error::internal(format!("cannot encode the network policy: {e}")))?;
         self.conn.execute(
             "INSERT INTO machines (name, account_id, created_at, tags, memory_mb, image, backend,
-             next_seq, durability, snapshot_at, env, expires_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 0, ?8, ?9, ?10, ?11)",
+             next_seq, durability, snapshot_at, env, expires_at, network)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 0, ?8, ?9, ?10, ?11, ?12)",
             params![
                 record.name.as_str(),
                 record.account_id,
@@ -295,7 +300,8 @@ impl Store {
                 record.durability.as_str(),
                 record.snapshot_at.map(stored),
                 env,
-                record.expires_at.map(stored)
+                record.expires_at.map(stored),
+                network
             ],
         )?;
         Ok(())
@@ -319,12 +325,13 @@ impl Store {
             env: row.get(13)?,
             expires_at: row.get(14)?,
             position: row.get(15)?,
+            network: row.get(16)?,
         })
     }
 
     const MACHINE_COLUMNS: &'static str = "name, account_id, created_at, tags, memory_mb, \
         backend, next_seq, last_used_at, last_error, image, durability, unsaved_since, \
-        snapshot_at, env, expires_at, position";
+        snapshot_at, env, expires_at, position, network";
 
     pub fn machine(&self, name: &str) -> Result<Option<MachineRecord>> {
         let raw = self
@@ -458,6 +465,7 @@ struct RawMachine {
     env: String,
     expires_at: Option<String>,
     position: i64,
+    network: String,
 }
 
 impl RawMachine {
@@ -469,6 +477,12 @@ impl RawMachine {
         let env: Env = serde_json::from_str(&self.env).map_err(|_| {
             Error::internal(format!(
                 "the stored environment of {} is unreadable",
+                self.name
+            ))
+        })?;
+        let network: NetworkPolicy = serde_json::from_str(&self.network).map_err(|e| {
+            Error::internal(format!(
+                "the stored network policy of {} is unreadable: {e}",
                 self.name
             ))
         })?;
@@ -489,6 +503,7 @@ impl RawMachine {
             env,
             expires_at: self.expires_at.as_deref().map(parse_time).transpose()?,
             position: self.position,
+            network,
         })
     }
 }
@@ -521,6 +536,7 @@ mod tests {
                     env: Env::new(),
                     expires_at: None,
                     position: 0,
+                    network: NetworkPolicy::None,
                 })
                 .unwrap();
         }

@@ -3,16 +3,17 @@
 //! Version 4 gave every row that belongs to a machine a foreign key with `ON DELETE CASCADE`, so
 //! that no instruction, output or checkpoint outlives its machine (a delete racing an insert
 //! can no longer leave orphans: the insert fails instead). Version 5 gave machines their
-//! environment (`env`, JSON) and an expiry time (`expires_at`).
+//! environment (`env`, JSON) and an expiry time (`expires_at`). Version 6 gave them a network
+//! policy (`network`, JSON).
 
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::error::{Error, Result};
 
-pub(super) const VERSION: i64 = 5;
+pub(super) const VERSION: i64 = 6;
 
 /// Tables that do not depend on a machine: created as they are in every version.
-const BASE: &str = r"
+const BASE: &str = r#"
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -45,9 +46,10 @@ CREATE TABLE IF NOT EXISTS machines (
     unsaved_since TEXT,
     snapshot_at TEXT,
     env TEXT NOT NULL DEFAULT '{}',
-    expires_at TEXT
+    expires_at TEXT,
+    network TEXT NOT NULL DEFAULT '{"mode":"none"}'
 );
-";
+"#;
 
 /// The tables of a machine's history, as of version 4.
 const MACHINE_ROWS: &str = r"
@@ -156,10 +158,16 @@ fn migrate(conn: &mut Connection, from: i64) -> Result<()> {
         if from < 4 {
             to_version_4(&tx)?;
         }
-        // Version 5: machines have an environment and may expire.
+        if from < 5 {
+            // Version 5: machines have an environment and may expire.
+            tx.execute_batch(
+                "ALTER TABLE machines ADD COLUMN env TEXT NOT NULL DEFAULT '{}';
+                 ALTER TABLE machines ADD COLUMN expires_at TEXT;",
+            )?;
+        }
+        // Version 6: machines have a network policy (every earlier machine had none).
         tx.execute_batch(
-            "ALTER TABLE machines ADD COLUMN env TEXT NOT NULL DEFAULT '{}';
-             ALTER TABLE machines ADD COLUMN expires_at TEXT;",
+            "ALTER TABLE machines ADD COLUMN network TEXT NOT NULL DEFAULT '{\"mode\":\"none\"}';",
         )?;
         tx.execute(
             "UPDATE meta SET value = ?1 WHERE key = 'schema_version'",

@@ -69,6 +69,7 @@ fn populate(home: &std::path::Path, count: usize, runtime: &str) -> Result<Vec<S
             env: evervm::engine::Env::new(),
             expires_at: None,
             position: 0,
+            network: evervm::NetworkPolicy::None,
         })?;
         let dir = evervm::engine::snapshot::snapshot_dir(home, &name);
         std::fs::create_dir_all(&dir)?;

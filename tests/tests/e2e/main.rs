@@ -8,6 +8,7 @@ mod files;
 mod forever;
 mod gvisor;
 mod isolation;
+mod network;
 mod rich;
 mod sdk;
 

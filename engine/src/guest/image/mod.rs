@@ -33,6 +33,12 @@ pub const MACHINE_UID: u32 = 1000;
 pub const MACHINE_HOME: &str = "/home/machine";
 /// matplotlib's configuration and font cache, built into the image.
 pub const MPLCONFIGDIR: &str = "/opt/evervm/matplotlib";
+/// The image's `/etc/nsswitch.conf`: names from `/etc/hosts` only (a machine has no network
+/// unless its sandbox gets one).
+pub const NSSWITCH_CONF: &str = "passwd: files\ngroup: files\nhosts: files\n";
+/// The `/etc/nsswitch.conf` mounted over the image's in a sandbox with a network: names also
+/// from DNS (the machine's DNS server, in the `/etc/resolv.conf` mounted beside it).
+pub const NSSWITCH_CONF_WITH_DNS: &str = "passwd: files\ngroup: files\nhosts: files dns\n";
 
 /// What goes into an image.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

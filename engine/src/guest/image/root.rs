@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use super::packages::run;
-use super::{AGENT_PATH, MACHINE_HOME, MACHINE_UID, MPLCONFIGDIR, Profile};
+use super::{AGENT_PATH, MACHINE_HOME, MACHINE_UID, MPLCONFIGDIR, NSSWITCH_CONF, Profile};
 use crate::error::{Error, Result};
 use crate::guest::AGENT_SOURCE;
 
@@ -110,11 +110,7 @@ pub(super) fn configure_root(root: &Path, profile: Profile) -> Result<()> {
         "/etc/hosts",
         "127.0.0.1\tlocalhost machine\n::1\tlocalhost\n",
     )?;
-    write_file(
-        root,
-        "/etc/nsswitch.conf",
-        "passwd: files\ngroup: files\nhosts: files\n",
-    )?;
+    write_file(root, "/etc/nsswitch.conf", NSSWITCH_CONF)?;
     if root.join("usr/share/zoneinfo/Etc/UTC").exists() {
         symlink("/usr/share/zoneinfo/Etc/UTC", &root.join("etc/localtime"))?;
     }

@@ -9,7 +9,9 @@ use tokio::process::{Child, Command};
 
 use super::runsc::{Runsc, global_args};
 use crate::error::{Error, Result};
-use crate::guest::image::{AGENT_PATH, Image, MACHINE_HOME, MACHINE_UID, MPLCONFIGDIR};
+use crate::guest::image::{
+    AGENT_PATH, Image, MACHINE_HOME, MACHINE_UID, MPLCONFIGDIR, NSSWITCH_CONF_WITH_DNS,
+};
 
 /// The part of the cgroup limit above `memory_mb`: the sentry, its page tables and buffers.
 pub(super) const BACKSTOP_EXTRA_MB: u64 = 192;
@@ -115,17 +117,44 @@ pub(super) fn bundle_spec(image: &Image, memory_mb: u32) -> serde_json::Value {
     })
 }
 
-/// Writes a sandbox's bundle; returns its directory.
+/// Writes a sandbox's bundle; returns its directory. With `netns`, the sandbox joins that
+/// network namespace (its veth is gVisor's) and resolves names with the machine's DNS server.
 pub(super) fn write_bundle(
     bundles_dir: &Path,
     id: &str,
     image: &Image,
     memory_mb: u32,
+    netns: Option<&Path>,
 ) -> Result<PathBuf> {
     let dir = bundles_dir.join(id);
     std::fs::create_dir_all(&dir)
         .map_err(|e| Error::internal(format!("cannot create {}: {e}", dir.display())))?;
-    let spec = serde_json::to_vec_pretty(&bundle_spec(image, memory_mb))
+    let mut spec = bundle_spec(image, memory_mb);
+    if let Some(netns) = netns {
+        let files = [
+            ("resolv.conf", crate::network::MachineNetwork::resolv_conf()),
+            ("nsswitch.conf", NSSWITCH_CONF_WITH_DNS.to_owned()),
+        ];
+        for (name, text) in files {
+            let source = dir.join(name);
+            std::fs::write(&source, text)
+                .map_err(|e| Error::internal(format!("cannot write a bundle: {e}")))?;
+            if let Some(mounts) = spec["mounts"].as_array_mut() {
+                mounts.push(json!({
+                    "destination": format!("/etc/{name}"), "type": "bind",
+                    "source": source, "options": ["bind", "ro"]
+                }));
+            }
+        }
+        if let Some(namespaces) = spec["linux"]["namespaces"].as_array_mut() {
+            for namespace in namespaces.iter_mut() {
+                if namespace["type"] == "network" {
+                    namespace["path"] = json!(netns);
+                }
+            }
+        }
+    }
+    let spec = serde_json::to_vec_pretty(&spec)
         .map_err(|e| Error::internal(format!("cannot encode a bundle: {e}")))?;
     std::fs::write(dir.join("config.json"), spec)
         .map_err(|e| Error::internal(format!("cannot write a bundle: {e}")))?;
@@ -134,7 +163,17 @@ pub(super) fn write_bundle(
 
 /// Starts `runsc run` for a bundle, with the container's stdin and stdout piped to us.
 pub(super) fn spawn_run(runsc: &Runsc, state_dir: &Path, bundle: &Path, id: &str) -> Result<Child> {
-    spawn_runsc(runsc, state_dir, bundle, &["run".to_owned()], id)
+    spawn_runsc(runsc, state_dir, bundle, &["run".to_owned()], id, false)
+}
+
+/// runsc's network flag for a sandbox: its own netstack on the namespace's veth, or only
+/// loopback.
+pub(super) fn network_flag(networked: bool) -> &'static str {
+    if networked {
+        "--network=sandbox"
+    } else {
+        "--network=none"
+    }
 }
 
 /// Starts `runsc <command...> --bundle=B ID` (`run`, or `restore --image-path=...`), with the
@@ -145,12 +184,14 @@ pub(super) fn spawn_runsc(
     bundle: &Path,
     command_args: &[String],
     id: &str,
+    networked: bool,
 ) -> Result<Child> {
     let log = std::fs::File::create(bundle.join("runsc.log"))
         .map_err(|e| Error::internal(format!("cannot create a sandbox log: {e}")))?;
     let mut command = Command::new(&runsc.path);
     command
         .args(global_args(runsc, state_dir))
+        .arg(network_flag(networked))
         .args(command_args)
         .arg(format!("--bundle={}", bundle.display()))
         .arg(id)

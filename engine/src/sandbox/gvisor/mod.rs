@@ -18,6 +18,7 @@ use tokio::process::Command;
 use super::{Capabilities, Sandbox, SandboxBackend, SandboxSpec};
 use crate::error::{Error, Result};
 use crate::guest::image::{Image, ImageBuilder, Profile, Progress};
+use crate::network::{Fabric, MachineNetwork};
 
 mod bundle;
 mod pages;
@@ -53,6 +54,8 @@ pub struct GvisorConfig {
     pub platform: Option<String>,
     /// Sandboxes created ahead of time for restores (`EVERVM_PRECREATED`, default 2; 0: none).
     pub precreated: usize,
+    /// How sandboxes with a network get it.
+    pub network: crate::network::NetworkSettings,
 }
 
 impl GvisorConfig {
@@ -67,6 +70,7 @@ impl GvisorConfig {
             precreated: var("EVERVM_PRECREATED")
                 .and_then(|n| n.to_str().and_then(|n| n.trim().parse().ok()))
                 .unwrap_or(DEFAULT_PRECREATED),
+            network: crate::network::NetworkSettings::from_env(),
         }
     }
 }
@@ -84,6 +88,9 @@ pub struct GvisorBackend {
     /// Sandboxes created ahead of time for restores by this runsc.
     precreated: Arc<Precreated>,
     progress: Arc<dyn Progress>,
+    network_settings: crate::network::NetworkSettings,
+    /// Opened for the first sandbox with a network (or why it could not be).
+    fabric: std::sync::OnceLock<std::result::Result<Arc<Fabric>, String>>,
 }
 
 impl std::fmt::Debug for GvisorBackend {
@@ -138,6 +145,8 @@ impl GvisorBackend {
             builder,
             progress,
             precreated,
+            network_settings: config.network,
+            fabric: std::sync::OnceLock::new(),
         };
         tracing::info!(
             runsc = %backend.runsc.path.display(),
@@ -176,8 +185,21 @@ impl GvisorBackend {
         }
     }
 
+    /// The machines' network fabric, opened on first use.
+    fn fabric(&self) -> Result<Arc<Fabric>> {
+        self.fabric
+            .get_or_init(|| {
+                Fabric::open(&self.network_settings)
+                    .map(Arc::new)
+                    .map_err(|e| e.message().to_owned())
+            })
+            .clone()
+            .map_err(Error::unsupported)
+    }
+
     /// Writes the sandbox's bundle and starts `runsc <command>` on it (`run`, or `restore`
-    /// from a snapshot), with the container's stdio as the agent channel.
+    /// from a snapshot), with the container's stdio as the agent channel. A sandbox with a
+    /// network gets its namespaces, proxy and DNS first.
     async fn launch(
         &self,
         spec: &SandboxSpec,
@@ -186,8 +208,25 @@ impl GvisorBackend {
         unpacked: Option<pages::Unpacked>,
     ) -> Result<Box<dyn Sandbox>> {
         let image = self.image_of(spec).await?;
-        let bundle = write_bundle(&self.bundles_dir, &spec.id, &image, spec.memory_mb)?;
-        let mut child = match spawn_runsc(runsc, &self.state_dir, &bundle, command, &spec.id) {
+        let network = match &spec.network {
+            Some(network) => Some(
+                self.fabric()?
+                    .attach(&network.machine, &network.policy)
+                    .await?,
+            ),
+            None => None,
+        };
+        let netns = network.as_ref().map(MachineNetwork::netns_path);
+        let bundle = write_bundle(&self.bundles_dir, &spec.id, &image, spec.memory_mb, netns)?;
+        let spawned = spawn_runsc(
+            runsc,
+            &self.state_dir,
+            &bundle,
+            command,
+            &spec.id,
+            network.is_some(),
+        );
+        let mut child = match spawned {
             Ok(child) => child,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&bundle);
@@ -211,6 +250,7 @@ impl GvisorBackend {
             released: false,
             image_id: image.id,
             unpacked,
+            network,
         }))
     }
 
@@ -254,6 +294,7 @@ impl GvisorBackend {
             released: false,
             image_id: created.image_id,
             unpacked: None,
+            network: None,
         }))
     }
 }
@@ -363,6 +404,7 @@ impl SandboxBackend for GvisorBackend {
         Capabilities {
             snapshots: true,
             save_in_place: self.runsc.leave_running,
+            network: true,
         }
     }
 
@@ -397,7 +439,9 @@ impl SandboxBackend for GvisorBackend {
                 ))
             })?;
         let unpacked = self.unpack(dir).await?;
+        // Created sandboxes have no network: a machine with one is restored in its own.
         if runsc.digest == self.runsc.digest
+            && spec.network.is_none()
             && self.precreated.enabled()
             && let Some(sandbox) = self.restore_into_created(spec, unpacked.path()).await
         {

@@ -210,6 +210,7 @@ pub(super) async fn create(
             format!("--pid-file={}", pid_file.display()),
         ],
         id,
+        false,
     )?;
     let (Some(reader), Some(writer)) = (child.stdout.take(), child.stdin.take()) else {
         let _ = child.kill().await;
@@ -430,7 +431,7 @@ impl Precreated {
             self.prefix,
             self.next.fetch_add(1, Ordering::Relaxed)
         );
-        let bundle = write_bundle(&self.bundles_dir, &id, image, memory_mb)?;
+        let bundle = write_bundle(&self.bundles_dir, &id, image, memory_mb, None)?;
         match create(&self.runsc, &self.state_dir, &bundle, &id).await {
             Ok((reader, writer, processes)) => Ok(Created {
                 id,

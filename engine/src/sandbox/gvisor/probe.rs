@@ -150,7 +150,7 @@ pub(super) async fn probe_platform(
     bundles_dir: &Path,
 ) -> Result<()> {
     let id = format!("probe-{}-{}", runsc.platform, std::process::id());
-    let bundle = write_bundle(bundles_dir, &id, image, 256)?;
+    let bundle = write_bundle(bundles_dir, &id, image, 256, None)?;
     let result = async {
         let mut child = spawn_run(runsc, state_dir, &bundle, &id)?;
         let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
@@ -192,7 +192,7 @@ async fn probe_abilities(
     bundles_dir: &Path,
 ) -> Abilities {
     let id = format!("probe-lr-{}-{}", runsc.platform, std::process::id());
-    let Ok(bundle) = write_bundle(bundles_dir, &id, image, 256) else {
+    let Ok(bundle) = write_bundle(bundles_dir, &id, image, 256, None) else {
         return Abilities::default();
     };
     let images = bundle.join("checkpoint");
@@ -252,7 +252,7 @@ async fn probe_restore_into_created(
     images: &Path,
 ) -> bool {
     let id = format!("probe-rc-{}-{}", runsc.platform, std::process::id());
-    let Ok(bundle) = write_bundle(bundles_dir, &id, image, 256) else {
+    let Ok(bundle) = write_bundle(bundles_dir, &id, image, 256, None) else {
         return false;
     };
     let works = async {

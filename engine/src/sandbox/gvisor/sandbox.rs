@@ -36,6 +36,8 @@ pub(super) struct GvisorSandbox {
     /// The unpacked copy of the snapshot a plain `runsc restore` reads from; removed when the
     /// sandbox stops (or this is dropped).
     pub(super) unpacked: Option<super::pages::Unpacked>,
+    /// Its network (namespaces, proxy, DNS), if it has one: it goes when the sandbox does.
+    pub(super) network: Option<crate::network::MachineNetwork>,
 }
 
 #[async_trait]
@@ -173,6 +175,7 @@ impl GvisorSandbox {
         let mut command = Command::new(&self.runsc.path);
         command
             .args(global_args(&self.runsc, &self.state_dir))
+            .arg(super::bundle::network_flag(self.network.is_some()))
             .arg("checkpoint");
         if leave_running {
             command.arg("--leave-running");
