@@ -16,7 +16,9 @@
 //! `--only swap` (or `density`) runs just that part on gVisor; `--only images` machines on
 //! each image (create, restore, a first `import pandas`) on gVisor; `--only exec` the in-process
 //! round trip and stdout throughput on every backend given; `--only files` the file write and
-//! read throughput (100 MiB, in-process and over HTTP) on every backend given.
+//! read throughput (100 MiB, in-process and over HTTP) on every backend given; `--only network`
+//! what a network costs on gVisor: create plus first instruction, restore plus first
+//! instruction and the snapshot, for machines without a network and with `public`.
 #![allow(clippy::print_stdout)]
 
 use std::time::{Duration, Instant};
@@ -58,12 +60,12 @@ fn parse_args() -> Result<Args> {
             "--only" => {
                 args.only = Some(
                     it.next()
-                        .context("--only needs exec, files, images, swap or density")?,
+                        .context("--only needs exec, files, images, network, swap or density")?,
                 );
             }
             other => bail!(
                 "unknown argument {other:?}; use --backend NAME, --rounds N, --throughput-only, \
-                 --density N, --only exec|files|images|swap|density"
+                 --density N, --only exec|files|images|network|swap|density"
             ),
         }
     }
@@ -488,6 +490,62 @@ async fn image_figures() -> Result<()> {
     Ok(())
 }
 
+/// What a network costs a machine on gVisor: create plus first instruction (a machine with a
+/// network boots a sandbox of its own, with its namespaces, proxy and DNS; one without takes a
+/// ready one from the pool), restore plus first instruction, and its snapshot.
+async fn network_figures() -> Result<()> {
+    let home = tempfile::tempdir()?;
+    let mut config = EngineConfig::new(home.path());
+    config.backend = BackendChoice::parse("gvisor");
+    config.pool_size = 2;
+    config.idle_swap = None;
+    config.default_image = evervm::engine::guest::image::Profile::Minimal;
+    let engine = Engine::open(config).await?;
+    let account = engine.ensure_account("bench").await?;
+    let client = Client::from_engine(engine.clone(), account);
+    for network in [evervm::NetworkPolicy::None, evervm::NetworkPolicy::Public] {
+        println!("network {} (minimal image)", network.mode());
+        let options = CreateMachineOptions {
+            network: Some(network.clone()),
+            ..CreateMachineOptions::default()
+        };
+        let mut firsts = Vec::new();
+        for _ in 0..10 {
+            wait_for_pool(&engine, 2).await;
+            let started = Instant::now();
+            let machine = client.create_machine(options.clone()).await?;
+            machine.exec("1 + 1").await?;
+            firsts.push(started.elapsed());
+            machine.delete().await?;
+        }
+        report("create + first instruction", firsts);
+        let machine = client.create_machine(options).await?;
+        machine.exec("x = 1").await?;
+        let mut restores = Vec::new();
+        for _ in 0..10 {
+            machine.swap_out().await?;
+            tokio::time::sleep(IDLE_BEFORE_RESTORE).await;
+            let started = Instant::now();
+            machine.exec("x + 1").await?;
+            restores.push(started.elapsed());
+        }
+        report("restore + first instruction", restores);
+        machine.swap_out().await?;
+        let snapshot = home
+            .path()
+            .join("machines")
+            .join(machine.name())
+            .join("snapshot");
+        println!(
+            "  snapshot of the machine on disk                        {:>8.2} MB",
+            dir_bytes(&snapshot) as f64 / 1e6
+        );
+        machine.delete().await?;
+    }
+    engine.shutdown().await;
+    Ok(())
+}
+
 /// Memory of the engine process plus every sandbox process of `home` (PSS, bytes).
 fn engine_memory(home: &std::path::Path) -> u64 {
     own_pss() + pss_of(&home.join("runsc").display().to_string())
@@ -697,6 +755,12 @@ async fn main() -> Result<()> {
         if args.only.as_deref() == Some("images") {
             if backend == "gvisor" {
                 image_figures().await?;
+            }
+            continue;
+        }
+        if args.only.as_deref() == Some("network") {
+            if backend == "gvisor" {
+                network_figures().await?;
             }
             continue;
         }
