@@ -447,26 +447,7 @@ async fn image_figures() -> Result<()> {
         let machine = client
             .create_machine(CreateMachineOptions::default())
             .await?;
-        machine.exec("x = 1").await?;
-        let mut restores = Vec::new();
-        for _ in 0..10 {
-            machine.swap_out().await?;
-            tokio::time::sleep(IDLE_BEFORE_RESTORE).await;
-            let started = Instant::now();
-            machine.exec("x + 1").await?;
-            restores.push(started.elapsed());
-        }
-        report("restore + first instruction (fresh machine)", restores);
-        machine.swap_out().await?;
-        let snapshot = home
-            .path()
-            .join("machines")
-            .join(machine.name())
-            .join("snapshot");
-        println!(
-            "  snapshot of a fresh machine on disk                    {:>8.2} MB",
-            dir_bytes(&snapshot) as f64 / 1e6
-        );
+        restores_and_snapshot(&machine, home.path(), "fresh machine").await?;
         if image == "data" {
             let mut imports = Vec::new();
             for _ in 0..5 {
@@ -487,6 +468,33 @@ async fn image_figures() -> Result<()> {
         }
         engine.shutdown().await;
     }
+    Ok(())
+}
+
+/// Ten swaps of a fresh machine, each followed by an instruction (timed: restore plus first
+/// instruction), then the size of its snapshot on disk (under `home`).
+async fn restores_and_snapshot(
+    machine: &evervm::Machine,
+    home: &std::path::Path,
+    what: &str,
+) -> Result<()> {
+    machine.exec("x = 1").await?;
+    let mut restores = Vec::new();
+    for _ in 0..10 {
+        machine.swap_out().await?;
+        tokio::time::sleep(IDLE_BEFORE_RESTORE).await;
+        let started = Instant::now();
+        machine.exec("x + 1").await?;
+        restores.push(started.elapsed());
+    }
+    report(&format!("restore + first instruction ({what})"), restores);
+    machine.swap_out().await?;
+    let snapshot = home.join("machines").join(machine.name()).join("snapshot");
+    println!(
+        "  snapshot of a {what} on disk{:>w$.2} MB",
+        dir_bytes(&snapshot) as f64 / 1e6,
+        w = 41usize.saturating_sub(what.len())
+    );
     Ok(())
 }
 
@@ -520,26 +528,7 @@ async fn network_figures() -> Result<()> {
         }
         report("create + first instruction", firsts);
         let machine = client.create_machine(options).await?;
-        machine.exec("x = 1").await?;
-        let mut restores = Vec::new();
-        for _ in 0..10 {
-            machine.swap_out().await?;
-            tokio::time::sleep(IDLE_BEFORE_RESTORE).await;
-            let started = Instant::now();
-            machine.exec("x + 1").await?;
-            restores.push(started.elapsed());
-        }
-        report("restore + first instruction", restores);
-        machine.swap_out().await?;
-        let snapshot = home
-            .path()
-            .join("machines")
-            .join(machine.name())
-            .join("snapshot");
-        println!(
-            "  snapshot of the machine on disk                        {:>8.2} MB",
-            dir_bytes(&snapshot) as f64 / 1e6
-        );
+        restores_and_snapshot(&machine, home.path(), "fresh machine").await?;
         machine.delete().await?;
     }
     engine.shutdown().await;
