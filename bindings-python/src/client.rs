@@ -165,6 +165,41 @@ async fn checkpoints(machine: evervm::Machine) -> PyResult<Vec<Checkpoint>> {
     Ok(list.into_iter().map(Into::into).collect())
 }
 
+/// `network=`: a mode (`"none"`, `"public"`) or the rules of an allow list.
+#[derive(FromPyObject)]
+pub(crate) enum NetworkArg {
+    Mode(String),
+    Allow(Vec<String>),
+}
+
+impl NetworkArg {
+    fn policy(self) -> PyResult<evervm::NetworkPolicy> {
+        let empty: [&str; 0] = [];
+        match self {
+            NetworkArg::Mode(mode) => {
+                let mode = evervm::NetworkMode::parse(&mode).map_err(|e| {
+                    invalid_input(format!(
+                        "network={mode:?}: {} (or a list of names and blocks to allow)",
+                        e.message()
+                    ))
+                })?;
+                if mode == evervm::NetworkMode::Allow {
+                    return Err(invalid_input(
+                        "network=\"allow\": give the list itself, network=[\"pypi.org\", ...]",
+                    ));
+                }
+                evervm::NetworkPolicy::new(mode, &empty).map_err(|e| to_py(e.into()))
+            }
+            NetworkArg::Allow(rules) => {
+                evervm::NetworkPolicy::new(evervm::NetworkMode::Allow, &rules)
+                    .map_err(|e| to_py(e.into()))
+            }
+        }
+    }
+}
+
+// One parameter per keyword argument of `create_machine`.
+#[allow(clippy::too_many_arguments)]
 fn create_options(
     tags: Option<Tags>,
     memory_mb: Option<u32>,
@@ -173,6 +208,7 @@ fn create_options(
     env: Option<Tags>,
     secret_env: Option<Tags>,
     ttl_seconds: Option<f64>,
+    network: Option<NetworkArg>,
 ) -> PyResult<evervm::CreateMachineOptions> {
     let ttl = ttl_seconds
         .map(|seconds| {
@@ -195,7 +231,7 @@ fn create_options(
         secret_env: evervm::SecretEnv(secret_env.unwrap_or_default()),
         ttl,
         expires_at: None,
-        network: None,
+        network: network.map(NetworkArg::policy).transpose()?,
     })
 }
 
@@ -254,7 +290,7 @@ impl Client {
 
     // One parameter per keyword argument of the Python method.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (*, tags=None, memory_mb=None, image=None, durability=None, env=None, secret_env=None, ttl_seconds=None))]
+    #[pyo3(signature = (*, tags=None, memory_mb=None, image=None, durability=None, env=None, secret_env=None, ttl_seconds=None, network=None))]
     fn create_machine(
         &self,
         py: Python<'_>,
@@ -265,6 +301,7 @@ impl Client {
         env: Option<Tags>,
         secret_env: Option<Tags>,
         ttl_seconds: Option<f64>,
+        network: Option<NetworkArg>,
     ) -> PyResult<Machine> {
         let options = create_options(
             tags,
@@ -274,6 +311,7 @@ impl Client {
             env,
             secret_env,
             ttl_seconds,
+            network,
         )?;
         let inner = wait(py, create_machine(self.checked()?, options), None)?;
         Ok(Machine {
@@ -668,7 +706,7 @@ impl AsyncClient {
 
     // One parameter per keyword argument of the Python method.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (*, tags=None, memory_mb=None, image=None, durability=None, env=None, secret_env=None, ttl_seconds=None))]
+    #[pyo3(signature = (*, tags=None, memory_mb=None, image=None, durability=None, env=None, secret_env=None, ttl_seconds=None, network=None))]
     fn create_machine<'py>(
         &self,
         py: Python<'py>,
@@ -679,6 +717,7 @@ impl AsyncClient {
         env: Option<Tags>,
         secret_env: Option<Tags>,
         ttl_seconds: Option<f64>,
+        network: Option<NetworkArg>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let options = create_options(
             tags,
@@ -688,6 +727,7 @@ impl AsyncClient {
             env,
             secret_env,
             ttl_seconds,
+            network,
         )?;
         let client = self.checked()?;
         let conn = Arc::clone(&self.conn);

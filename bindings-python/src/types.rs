@@ -286,6 +286,11 @@ pub(crate) struct MachineInfo {
     pub interpreter_started_at: Option<String>,
     /// When the snapshot it came from was written; `None` when it began fresh.
     pub interpreter_snapshot_at: Option<String>,
+    /// What it may reach: `"none"`, `"public"` or `"allow"` (see `network_allow`); `None` from
+    /// servers that do not say.
+    pub network: Option<String>,
+    /// The names and blocks it may reach when `network` is `"allow"`.
+    pub network_allow: Vec<String>,
 }
 
 /// One page of a machine list, newest first.
@@ -353,6 +358,12 @@ impl MachineInfo {
                 .as_ref()
                 .and_then(|i| i.snapshot_at)
                 .map(|t| t.to_rfc3339()),
+            network: m.network.as_ref().map(|n| n.mode().as_str().to_owned()),
+            network_allow: m
+                .network
+                .as_ref()
+                .map(evervm::NetworkPolicy::allow_rules)
+                .unwrap_or_default(),
         })
     }
 }

@@ -58,3 +58,32 @@ def test_a_dataframe_and_figures_come_back_as_rich_results(gvisor_server) -> Non
     assert all(p is not None and p.startswith(b"\x89PNG") for p in pngs)
     assert pngs[0] != pngs[1]
     machine.delete()
+
+
+def test_a_network_policy_is_chosen_at_creation_and_kept(gvisor_server) -> None:  # type: ignore[no-untyped-def]
+    client = evervm.Client(gvisor_server.url, gvisor_server.token)
+    plain = client.create_machine()
+    assert (plain.info().network, plain.info().network_allow) == ("none", [])
+    public = client.create_machine(network="public")
+    assert public.info().network == "public"
+    allow = client.create_machine(network=["PyPI.org.", "*.pythonhosted.org", "198.51.100.0/24"])
+    info = allow.info()
+    assert info.network == "allow"
+    assert info.network_allow == ["pypi.org", "*.pythonhosted.org", "198.51.100.0/24"]
+    # Names it may not look up fail as names do.
+    assert allow.exec(
+        "import socket\ntry:\n    socket.getaddrinfo('example.com', 80)\nexcept OSError as e:\n"
+        "    print(type(e).__name__)"
+    ).stdout == "gaierror\n"
+    allow.swap_out()
+    assert allow.info().network_allow == info.network_allow
+    for bad in ["open", "allow", ["10.0.0.1/8"], ["bad name.com"], []]:
+        with pytest.raises(evervm.InvalidInputError):
+            client.create_machine(network=bad)
+    for machine in [plain, public, allow]:
+        machine.delete()
+
+
+def test_the_process_backend_refuses_a_network(client: evervm.Client) -> None:
+    with pytest.raises(evervm.UnsupportedError):
+        client.create_machine(network="public")

@@ -1,6 +1,6 @@
 """Type stubs of evervm's native module (checked against it with mypy's stubtest)."""
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from os import PathLike
 from types import TracebackType
 from typing import Any, Awaitable, Optional, Union, final
@@ -125,6 +125,10 @@ class MachineInfo:
     def interpreter_started_at(self) -> Optional[str]: ...
     @property
     def interpreter_snapshot_at(self) -> Optional[str]: ...
+    @property
+    def network(self) -> Optional[str]: ...
+    @property
+    def network_allow(self) -> list[str]: ...
 
 @final
 class MachinePage:
@@ -265,6 +269,7 @@ class Client:
         env: Optional[dict[str, str]] = None,
         secret_env: Optional[dict[str, str]] = None,
         ttl_seconds: Optional[float] = None,
+        network: Union[str, Sequence[str], None] = None,
     ) -> Machine: ...
     def list_machines(self, *, tags: Optional[dict[str, str]] = None) -> list[MachineInfo]: ...
     def list_machines_page(
@@ -321,6 +326,7 @@ class AsyncClient:
         env: Optional[dict[str, str]] = None,
         secret_env: Optional[dict[str, str]] = None,
         ttl_seconds: Optional[float] = None,
+        network: Union[str, Sequence[str], None] = None,
     ) -> Awaitable[AsyncMachine]: ...
     def list_machines(
         self, *, tags: Optional[dict[str, str]] = None
