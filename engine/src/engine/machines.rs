@@ -72,7 +72,10 @@ impl Engine {
         }
         if network.is_networked() && !self.inner.backend.capabilities().network {
             return Err(Error::unsupported(format!(
-                "the {} backend gives machines no network (the gVisor backend does)",
+                "the {} backend gives machines no network here: the process backend never does; \
+                 gVisor does with a current runsc (scripts/runsc.sh builds one; Debian's 2022 \
+                 runsc cannot on current kernels), as root, with `ip` and `nft` installed \
+                 (apt-get install iproute2 nftables)",
                 self.inner.backend.name()
             )));
         }

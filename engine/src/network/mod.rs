@@ -26,4 +26,6 @@ mod policy;
 pub use address::{AddressClass, Cidr, classify, classify_v4, classify_v6};
 #[cfg(feature = "runtime")]
 pub use fabric::{DEFAULT_MAX_CONNECTIONS, Fabric, MachineNetwork, NetworkSettings};
+#[cfg(feature = "runtime")]
+pub(crate) use netns::{Tools, create as create_namespaces};
 pub use policy::{AllowList, MAX_ALLOW_RULES, NetworkMode, NetworkPolicy};

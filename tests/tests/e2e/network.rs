@@ -618,7 +618,30 @@ async fn machines_reach_what_their_policy_allows_across_swap_and_fork() {
         Some(NetworkPolicy::None)
     );
 
-    let public = machine_with(&client, Some(NetworkPolicy::Public)).await;
+    let public = match client
+        .create_machine(evervm::CreateMachineOptions {
+            image: Some("minimal".to_owned()),
+            network: Some(NetworkPolicy::Public),
+            ..evervm::CreateMachineOptions::default()
+        })
+        .await
+    {
+        Ok(machine) => machine,
+        // Debian's 2022 runsc cannot run a sandbox with a network on current kernels (the
+        // engine finds out by trying, once): the second pass of CI runs on it.
+        Err(e) if e.kind() == evervm::ErrorKind::Unsupported => {
+            let on_debian_runsc = std::env::var_os("EVERVM_RUNSC").is_some();
+            assert!(
+                on_debian_runsc || std::env::var_os("CI").is_none(),
+                "the engine's runsc must run machines with a network in CI: {e}"
+            );
+            eprintln!("skipping: this runsc gives machines no network ({e})");
+            engine.shutdown().await;
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    crate::value(&public, FETCH).await;
     let host_port = internet.host_listener_port;
     let seen = format!(
         "[fetch('198.18.0.10'), fetch('10.99.0.10'), fetch('169.254.169.254', 80), \

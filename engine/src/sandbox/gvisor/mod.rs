@@ -404,7 +404,7 @@ impl SandboxBackend for GvisorBackend {
         Capabilities {
             snapshots: true,
             save_in_place: self.runsc.leave_running,
-            network: true,
+            network: self.runsc.network,
         }
     }
 

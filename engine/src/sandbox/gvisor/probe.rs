@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::process::Command;
 
-use super::bundle::{remove_sandbox, spawn_run, write_bundle};
+use super::bundle::{remove_sandbox, spawn_run, spawn_runsc, write_bundle};
 use super::runsc::{INSTALL_HINT, Runsc, binary_digest, candidates};
 use crate::error::{Error, Result};
 use crate::guest::image::Image;
@@ -24,6 +24,9 @@ pub(super) struct ProbeCache {
     /// Whether a snapshot restores into a created sandbox (`None` in files from before).
     #[serde(default)]
     restore_into_created: Option<bool>,
+    /// Whether a sandbox with a network runs (`None` in files from before it was tried).
+    #[serde(default)]
+    network: Option<bool>,
 }
 
 impl ProbeCache {
@@ -31,6 +34,7 @@ impl ProbeCache {
         Some(Abilities {
             leave_running: self.leave_running?,
             restore_into_created: self.restore_into_created?,
+            network: self.network?,
         })
     }
 }
@@ -42,6 +46,8 @@ pub(super) struct Abilities {
     leave_running: bool,
     /// `runsc restore --detach` restores a snapshot into a sandbox made by `runsc create`.
     restore_into_created: bool,
+    /// A sandbox with a network runs.
+    network: bool,
 }
 
 /// Finds the platform this runsc runs containers on here: `known` first (what worked last
@@ -75,6 +81,7 @@ pub(super) async fn probe_runsc(
             digest: digest.clone(),
             leave_running: false,
             restore_into_created: false,
+            network: false,
             compression_flag,
         };
         // This binary ran sandboxes on this platform before: no need to start one now (a
@@ -109,6 +116,7 @@ pub(super) async fn probe_runsc(
             digest: digest.clone(),
             leave_running: false,
             restore_into_created: false,
+            network: false,
             compression_flag,
         };
         match tokio::time::timeout(
@@ -178,6 +186,7 @@ impl Abilities {
     fn apply(self, runsc: &mut Runsc) {
         runsc.leave_running = self.leave_running;
         runsc.restore_into_created = self.restore_into_created;
+        runsc.network = self.network;
     }
 }
 
@@ -228,18 +237,59 @@ async fn probe_abilities(
         Some(Abilities {
             leave_running,
             restore_into_created,
+            network: false,
         })
     }
     .await
     .unwrap_or_default();
     remove_sandbox(runsc, state_dir, &id, &bundle).await;
+    let abilities = Abilities {
+        network: probe_network(runsc, image, state_dir, bundles_dir).await,
+        ..abilities
+    };
     tracing::info!(
         runsc = %runsc.path.display(),
-        "checkpoint --leave-running {}; restore into created sandboxes {}",
+        "checkpoint --leave-running {}; restore into created sandboxes {}; sandboxes with a network {}",
         if abilities.leave_running { "works" } else { "does not work" },
         if abilities.restore_into_created { "works" } else { "does not work" },
+        if abilities.network { "work" } else { "do not work" },
     );
     abilities
+}
+
+/// Whether a sandbox with a network runs its agent: made in a machine network's namespaces.
+async fn probe_network(runsc: &Runsc, image: &Image, state_dir: &Path, bundles_dir: &Path) -> bool {
+    let Ok(tools) = crate::network::Tools::find() else {
+        return false;
+    };
+    let Ok(namespaces) = crate::network::create_namespaces(&tools).await else {
+        return false;
+    };
+    let id = format!("probe-net-{}-{}", runsc.platform, std::process::id());
+    let netns = namespaces.sandbox_path();
+    let Ok(bundle) = write_bundle(bundles_dir, &id, image, 256, Some(&netns)) else {
+        return false;
+    };
+    let works = async {
+        let mut child =
+            spawn_runsc(runsc, state_dir, &bundle, &["run".to_owned()], &id, true).ok()?;
+        let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
+            return None;
+        };
+        let ready = crate::guest::connection::AgentConnection::establish(
+            Box::new(stdout),
+            Box::new(stdin),
+            Duration::from_secs(10),
+        )
+        .await;
+        let _ = child.kill().await;
+        Some(ready.is_ok())
+    }
+    .await
+    .unwrap_or(false);
+    remove_sandbox(runsc, state_dir, &id, &bundle).await;
+    drop(namespaces);
+    works
 }
 
 /// Whether the snapshot in `images` (of a 256 MB sandbox of `image`) restores into a sandbox
@@ -323,6 +373,7 @@ pub(super) async fn find_runsc(
                     platform: runsc.platform.clone(),
                     leave_running: Some(runsc.leave_running),
                     restore_into_created: Some(runsc.restore_into_created),
+                    network: Some(runsc.network),
                 };
                 let newest = cache.path.clone();
                 let mut entries = vec![cache];

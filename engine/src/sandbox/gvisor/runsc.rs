@@ -24,6 +24,11 @@ pub struct Runsc {
     /// `runsc restore --detach` restores a snapshot into a sandbox made ahead of time by
     /// `runsc create` (a current runsc; Debian's answers "container already exists").
     pub restore_into_created: bool,
+    /// A sandbox with a network (its own netstack on a namespace's veth) runs: a current runsc
+    /// does; Debian's 2022 one refuses on current kernels ("cannot run with network enabled in
+    /// root network namespace"). False also where the namespaces cannot be made (no root, no
+    /// `ip` or `nft`).
+    pub network: bool,
     /// `runsc checkpoint --compression` chooses between compressed and uncompressed images (a
     /// current runsc writes them uncompressed by default; Debian's 2022 one always compresses).
     pub compression_flag: bool,
@@ -146,6 +151,7 @@ pub(super) fn kept_binaries(kept_dir: &Path) -> Vec<Runsc> {
                 platform: kept.platform,
                 leave_running: kept.leave_running,
                 restore_into_created: false,
+                network: false,
                 compression_flag: false,
             })
         })
