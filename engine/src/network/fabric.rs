@@ -187,6 +187,7 @@ impl Fabric {
             resolver: self.resolver.clone(),
             remembered: Remembered::default(),
             connections: Arc::new(Semaphore::new(self.max_connections)),
+            refusals_logged: super::gate::Throttle::default(),
         });
         let tasks = vec![
             tokio::spawn(serve_proxy(proxy, context.clone())),

@@ -37,6 +37,43 @@ pub(crate) struct GateContext {
     pub remembered: Remembered,
     /// Connections open at once, at most.
     pub connections: Arc<Semaphore>,
+    /// What a machine is refused is logged, but not more than once in a while: a machine
+    /// cannot fill the host's logs by knocking.
+    pub refusals_logged: Throttle,
+}
+
+/// Lets an event through at most once per [`Throttle::EVERY`], counting those held back.
+#[derive(Default)]
+pub(crate) struct Throttle {
+    last: std::sync::Mutex<Option<Instant>>,
+    held_back: std::sync::atomic::AtomicU64,
+}
+
+impl Throttle {
+    const EVERY: Duration = Duration::from_secs(10);
+
+    /// `Some(how many were held back since the last one)` when this one may go.
+    pub fn allow(&self) -> Option<u64> {
+        use std::sync::atomic::Ordering;
+        let Ok(mut last) = self.last.lock() else {
+            return None;
+        };
+        let now = Instant::now();
+        if last.is_some_and(|t| now.duration_since(t) < Self::EVERY) {
+            self.held_back.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        *last = Some(now);
+        Some(self.held_back.swap(0, Ordering::Relaxed))
+    }
+}
+
+fn more_note(held_back: u64) -> String {
+    if held_back == 0 {
+        String::new()
+    } else {
+        format!(" ({held_back} more refusals in the last while were not logged)")
+    }
 }
 
 /// Accepts the machine's connections until aborted (which closes them all).
@@ -77,11 +114,14 @@ async fn relay(mut inside: TcpStream, context: &GateContext) {
         &context.remembered,
         destination.ip(),
     ) {
-        tracing::info!(
-            machine = context.machine,
-            %destination,
-            "network: connection refused: {why}"
-        );
+        if let Some(more) = context.refusals_logged.allow() {
+            tracing::info!(
+                machine = context.machine,
+                %destination,
+                "network: connection refused: {why}{}",
+                more_note(more)
+            );
+        }
         refuse(inside);
         return;
     }
@@ -178,11 +218,14 @@ async fn answer(context: &GateContext, query: &[u8]) -> Option<Vec<u8>> {
     reply.add_query(question.clone());
     let name = question.name().to_ascii();
     if !context.policy.allows_name(&name) {
-        tracing::info!(
-            machine = context.machine,
-            name,
-            "network: name refused: not in this machine's allow list"
-        );
+        if let Some(more) = context.refusals_logged.allow() {
+            tracing::info!(
+                machine = context.machine,
+                name,
+                "network: name refused: not in this machine's allow list{}",
+                more_note(more)
+            );
+        }
         reply.metadata.response_code = ResponseCode::Refused;
         return reply.to_vec().ok();
     }
@@ -197,11 +240,14 @@ async fn answer(context: &GateContext, query: &[u8]) -> Option<Vec<u8>> {
                     for ip in found.iter() {
                         let IpAddr::V4(v4) = ip else { continue };
                         if let Some(why) = context.judge.refusal(ip) {
-                            tracing::info!(
-                                machine = context.machine,
-                                name,
-                                "network: address withheld: {why}"
-                            );
+                            if let Some(more) = context.refusals_logged.allow() {
+                                tracing::info!(
+                                    machine = context.machine,
+                                    name,
+                                    "network: address withheld: {why}{}",
+                                    more_note(more)
+                                );
+                            }
                             refused += 1;
                             continue;
                         }
@@ -248,4 +294,21 @@ async fn answer(context: &GateContext, query: &[u8]) -> Option<Vec<u8>> {
         },
     }
     reply.to_vec().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_throttle_lets_one_through_then_counts_the_rest() {
+        let throttle = Throttle::default();
+        assert_eq!(throttle.allow(), Some(0));
+        assert_eq!(throttle.allow(), None);
+        assert_eq!(throttle.allow(), None);
+        *throttle.last.lock().unwrap() = Instant::now().checked_sub(Throttle::EVERY);
+        assert_eq!(throttle.allow(), Some(2));
+        assert_eq!(more_note(0), "");
+        assert!(more_note(2).contains("2 more refusals"));
+    }
 }
