@@ -187,20 +187,38 @@ impl JsonSchema for Network {
 
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
         schema(json!({
-            "type": "object",
-            "required": ["mode"],
-            "additionalProperties": false,
-            "properties": {
-                "mode": { "type": "string", "enum": ["none", "allow", "public"] },
-                "allow": {
-                    "type": "array",
-                    "description": "With `allow` (and only then, at least one): domain names \
-                        (`example.com`; `*.example.com` for every name under it), IP addresses \
-                        and CIDR blocks.",
-                    "maxItems": engine::network::MAX_ALLOW_RULES,
-                    "items": { "type": "string", "minLength": 1, "maxLength": 255 },
+            "oneOf": [
+                {
+                    "type": "object",
+                    "required": ["mode"],
+                    "additionalProperties": false,
+                    "properties": {
+                        "mode": { "type": "string", "enum": ["none", "public"] },
+                        "allow": { "type": "array", "maxItems": 0 },
+                    },
                 },
-            },
+                {
+                    "type": "object",
+                    "required": ["mode", "allow"],
+                    "additionalProperties": false,
+                    "properties": {
+                        "mode": { "type": "string", "enum": ["allow"] },
+                        "allow": {
+                            "type": "array",
+                            "description": "Domain names (`example.com`; `*.example.com` for \
+                                every name under it), IPv4 addresses and IPv4 CIDR blocks.",
+                            "minItems": 1,
+                            "maxItems": engine::network::MAX_ALLOW_RULES,
+                            "items": {
+                                "type": "string",
+                                "minLength": 1,
+                                "maxLength": engine::network::MAX_RULE_BYTES,
+                                "pattern": engine::network::RULE_PATTERN,
+                            },
+                        },
+                    },
+                },
+            ],
             "examples": [{ "mode": "allow", "allow": ["pypi.org", "*.pythonhosted.org"] }],
         }))
     }
@@ -247,6 +265,85 @@ mod tests {
             }
         }
         false
+    }
+
+    #[test]
+    fn allow_rules_follow_the_engine() {
+        // The schema's pattern and length against the engine's parser: a rule is accepted by
+        // one exactly when by the other (schemathesis holds the server to the schema both ways).
+        let pattern = regex::Regex::new(engine::network::RULE_PATTERN).unwrap();
+        let by_schema = |rule: &str| {
+            pattern.is_match(rule)
+                && !rule.is_empty()
+                && rule.chars().count() <= engine::network::MAX_RULE_BYTES
+        };
+        let by_engine = |rule: &str| {
+            engine::network::NetworkPolicy::new(engine::network::NetworkMode::Allow, &[rule])
+                .is_ok()
+        };
+        let label = "a".repeat(63);
+        let long_label = "a".repeat(64);
+        let long_rule = format!("{label}.{label}.{label}.{}", "b".repeat(63));
+        let too_long = format!("{long_rule}.c");
+        let mut rules: Vec<String> = [
+            "example.com",
+            "EXAMPLE.com.",
+            "*.example.com",
+            "*.",
+            "*",
+            "a",
+            "a_b.c",
+            "_srv.x",
+            "-a.com",
+            "a-.com",
+            "a--b.com",
+            "a..b",
+            ".a",
+            "a.",
+            "*.*.a",
+            "ex*ample.com",
+            "1.2.3.4",
+            "1.2.3.4/8",
+            "1.2.3.4/32",
+            "1.2.3.4/33",
+            "1.2.3.4/08",
+            "01.2.3.4",
+            "256.1.1.1",
+            "1.2.3",
+            "1.2.3.4.",
+            "0.0.0.0/0",
+            "::1",
+            "2001:db8::/32",
+            "fe80::1%eth0",
+            "a b",
+            " a.com",
+            "a.com ",
+            "a.com\n",
+            "bücher.de",
+            "a/b",
+            "a:b",
+            "",
+            label.as_str(),
+            long_label.as_str(),
+            long_rule.as_str(),
+            too_long.as_str(),
+        ]
+        .iter()
+        .map(|r| (*r).to_owned())
+        .collect();
+        // And a sweep of short strings over the characters that matter.
+        let alphabet = ['a', '0', '9', '-', '_', '.', '*', '/', ':', '3', '2'];
+        for a in alphabet {
+            for b in alphabet {
+                for c in alphabet {
+                    rules.push(format!("{a}{b}{c}"));
+                    rules.push(format!("1.2.3.{a}{b}{c}"));
+                }
+            }
+        }
+        for rule in &rules {
+            assert_eq!(by_schema(rule), by_engine(rule), "{rule:?}");
+        }
     }
 
     #[test]

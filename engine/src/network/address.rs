@@ -211,6 +211,39 @@ impl Cidr {
         Ok(cidr)
     }
 
+    /// Like [`Cidr::parse`], but bits set past the prefix are cleared (`10.0.0.1/8` is
+    /// `10.0.0.0/8`).
+    pub fn parse_masked(text: &str) -> std::result::Result<Self, String> {
+        match Self::parse(text) {
+            Ok(cidr) => Ok(cidr),
+            Err(_) => {
+                let (address, prefix) = text
+                    .split_once('/')
+                    .ok_or_else(|| format!("{text:?} is not an IP address or a CIDR block"))?;
+                let network: IpAddr = address
+                    .parse()
+                    .map_err(|_| format!("{text:?} is not an IP address or a CIDR block"))?;
+                let max = if network.is_ipv4() { 32 } else { 128 };
+                let prefix = prefix
+                    .parse::<u8>()
+                    .ok()
+                    .filter(|n| *n <= max && n.to_string() == prefix)
+                    .ok_or_else(|| {
+                        format!("{text:?}: the prefix length must be a number from 0 to {max}")
+                    })?;
+                let cidr = Self { network, prefix };
+                Ok(Self {
+                    network: cidr.masked(),
+                    prefix,
+                })
+            }
+        }
+    }
+
+    pub fn is_ipv4(&self) -> bool {
+        self.network.is_ipv4()
+    }
+
     fn masked(&self) -> IpAddr {
         match self.network {
             IpAddr::V4(v4) => {

@@ -28,4 +28,6 @@ pub use address::{AddressClass, Cidr, classify, classify_v4, classify_v6};
 pub use fabric::{DEFAULT_MAX_CONNECTIONS, Fabric, MachineNetwork, NetworkSettings};
 #[cfg(feature = "runtime")]
 pub(crate) use netns::{Tools, create as create_namespaces};
-pub use policy::{AllowList, MAX_ALLOW_RULES, NetworkMode, NetworkPolicy};
+pub use policy::{
+    AllowList, MAX_ALLOW_RULES, MAX_RULE_BYTES, NetworkMode, NetworkPolicy, RULE_PATTERN,
+};

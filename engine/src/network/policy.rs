@@ -11,9 +11,22 @@ use crate::error::{Error, Result};
 
 /// The most rules an allow list may hold.
 pub const MAX_ALLOW_RULES: usize = 256;
-/// The longest domain name (RFC 1035), without a trailing dot.
+/// The longest rule, in bytes.
+pub const MAX_RULE_BYTES: usize = 255;
+/// The longest name looked up (RFC 1035), without a trailing dot.
 const MAX_NAME_BYTES: usize = 253;
 const MAX_LABEL_BYTES: usize = 63;
+/// What a rule is, as a regular expression (the wire schema's; `parse_rule` accepts exactly
+/// these, up to [`MAX_RULE_BYTES`]): a domain name of letters, digits, `_` and `-` labels (not
+/// starting or ending with `-`), with `*.` in front for every name under it and an optional
+/// trailing dot; or an IPv4 address with an optional prefix length. Machines have no IPv6, so
+/// an allow list has no IPv6 blocks.
+pub const RULE_PATTERN: &str = concat!(
+    r"^(\*\.)?([A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?\.)*",
+    r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?\.?$",
+    r"|^((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}",
+    r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(/(3[0-2]|[12][0-9]|[0-9]))?$",
+);
 
 /// How much of the network a machine reaches, from least to most: the operator's maximum is one
 /// of these, and a machine may ask for its mode or a lesser one.
@@ -75,6 +88,7 @@ pub enum NetworkPolicy {
 
 /// How a policy is written: `{"mode": "allow", "allow": ["pypi.org", "*.pythonhosted.org"]}`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct PolicyFields {
     mode: NetworkMode,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -207,7 +221,7 @@ impl AllowList {
     }
 
     fn allows_name(&self, name: &str) -> bool {
-        let Some(name) = normalize_name(name) else {
+        let Some(name) = normalize_name(name, MAX_NAME_BYTES) else {
             return false;
         };
         self.rules.iter().any(|rule| match rule {
@@ -228,10 +242,22 @@ impl AllowList {
 }
 
 fn parse_rule(text: &str) -> Result<AllowRule> {
-    let text = text.trim();
+    if text.len() > MAX_RULE_BYTES {
+        return Err(Error::invalid(format!(
+            "allow list: a rule of {} bytes (at most {MAX_RULE_BYTES})",
+            text.len()
+        )));
+    }
     // An address or a block: anything with a `/` or a `:`, or that parses as an address.
     if text.contains('/') || text.contains(':') || text.parse::<IpAddr>().is_ok() {
-        let block = Cidr::parse(text).map_err(|e| Error::invalid(format!("allow list: {e}")))?;
+        let block =
+            Cidr::parse_masked(text).map_err(|e| Error::invalid(format!("allow list: {e}")))?;
+        if !block.is_ipv4() {
+            return Err(Error::invalid(format!(
+                "allow list: {text:?} is IPv6, and machines have no IPv6: list IPv4 addresses \
+                 and blocks, or names"
+            )));
+        }
         return Ok(AllowRule::Block(block));
     }
     let (wildcard, name) = match text.strip_prefix("*.") {
@@ -250,19 +276,12 @@ fn parse_rule(text: &str) -> Result<AllowRule> {
              example.com, nothing else takes a wildcard",
         ));
     }
-    let Some(name) = normalize_name(name) else {
+    let Some(name) = normalize_name(name, MAX_RULE_BYTES) else {
         return Err(bad(
-            "is not a domain name: labels of 1 to 63 letters, digits, hyphens (not at either \
-             end) or underscores, 253 bytes in all",
+            "is neither an IPv4 address or block nor a domain name (labels of 1 to 63 letters, \
+             digits, hyphens (not at either end) or underscores)",
         ));
     };
-    if name
-        .rsplit('.')
-        .next()
-        .is_some_and(|tld| tld.bytes().all(|b| b.is_ascii_digit()))
-    {
-        return Err(bad("looks like an IP address but is not one"));
-    }
     Ok(if wildcard {
         AllowRule::Subdomains(name)
     } else {
@@ -270,11 +289,12 @@ fn parse_rule(text: &str) -> Result<AllowRule> {
     })
 }
 
-/// A domain name lowercased and without its trailing dot, if it is a valid host name.
-fn normalize_name(name: &str) -> Option<String> {
+/// A domain name lowercased and without its trailing dot, if it is a valid host name of at most
+/// `max` bytes.
+fn normalize_name(name: &str, max: usize) -> Option<String> {
     let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
     let valid = !name.is_empty()
-        && name.len() <= MAX_NAME_BYTES
+        && name.len() <= max
         && name.split('.').all(|label| {
             !label.is_empty()
                 && label.len() <= MAX_LABEL_BYTES
@@ -339,9 +359,12 @@ mod tests {
 
     #[test]
     fn a_domain_rule_never_lets_a_literal_address_through_but_a_block_does() {
-        let policy = allow(&["example.com", "203.0.113.0/24", "2001:db8::/32", "8.8.8.8"]);
+        let policy = allow(&["example.com", "203.0.113.0/24", "10.1.2.3/8", "8.8.8.8"]);
         assert!(policy.allows_literal_address("203.0.113.9".parse().unwrap()));
-        assert!(policy.allows_literal_address("2001:db8::5".parse().unwrap()));
+        // A block written with host bits is the block they are in.
+        assert!(policy.allows_literal_address("10.200.0.1".parse().unwrap()));
+        assert!(policy.allow_rules().contains(&"10.0.0.0/8".to_owned()));
+        assert!(policy.allows_literal_address("::ffff:8.8.8.8".parse().unwrap()));
         assert!(policy.allows_literal_address("8.8.8.8".parse().unwrap()));
         assert!(!policy.allows_literal_address("8.8.4.4".parse().unwrap()));
         assert!(!policy.allows_literal_address("93.184.216.34".parse().unwrap()));
@@ -356,16 +379,16 @@ mod tests {
     fn bad_rules_are_refused_with_what_was_wrong() {
         let cases = [
             ("*", "wildcard"),
-            ("*.", "not a domain name"),
+            ("*.", "nor a domain name"),
             ("ex*ample.com", "wildcard"),
             ("*.*.example.com", "wildcard"),
-            ("-example.com", "not a domain name"),
-            ("exa mple.com", "not a domain name"),
+            ("-example.com", "nor a domain name"),
+            ("exa mple.com", "nor a domain name"),
+            (" example.com", "nor a domain name"),
             ("bücher.de", "punycode"),
-            ("1.2.3", "looks like an IP address"),
-            ("10.0.0.1/8", "did you mean 10.0.0.0/8"),
             ("10.0.0.0/40", "prefix length"),
             ("fe80::1%eth0", "not an IP address"),
+            ("2001:db8::/32", "machines have no IPv6"),
         ];
         for (rule, why) in cases {
             let e = NetworkPolicy::new(NetworkMode::Allow, &[rule]).unwrap_err();
