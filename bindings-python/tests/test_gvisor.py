@@ -77,7 +77,7 @@ def test_a_network_policy_is_chosen_at_creation_and_kept(gvisor_server) -> None:
     ).stdout == "gaierror\n"
     allow.swap_out()
     assert allow.info().network_allow == info.network_allow
-    for bad in ["open", "allow", ["10.0.0.1/8"], ["bad name.com"], []]:
+    for bad in ["open", "allow", ["10.0.0.0/40"], ["2001:db8::/32"], ["bad name.com"], []]:
         with pytest.raises(evervm.InvalidInputError):
             client.create_machine(network=bad)
     for machine in [plain, public, allow]:
