@@ -219,6 +219,18 @@ impl MachineNetwork {
         &self.netns_path
     }
 
+    /// Closes the machine's connections and sockets and releases its namespaces, returning once
+    /// they are (dropping it does the same, without waiting).
+    pub async fn close(mut self) {
+        let tasks = std::mem::take(&mut self.tasks);
+        for task in &tasks {
+            task.abort();
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
+    }
+
     /// Both namespaces of the sandbox (its own, then its gate's), as paths that name them while
     /// this lives: for checks that they go when it does.
     pub fn namespace_paths(&self) -> [&std::path::Path; 2] {

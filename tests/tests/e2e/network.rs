@@ -12,7 +12,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use evervm::engine::network::{Cidr, Fabric, NetworkMode, NetworkPolicy, NetworkSettings};
 use hickory_resolver::proto::op::{Message, MessageType, Query, ResponseCode};
@@ -475,31 +475,24 @@ async fn a_dropped_network_leaves_no_namespace_and_no_rule() {
                 .join(l.file_name().unwrap())
         })
         .collect();
-    drop(network);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let left: Vec<PathBuf> = ids
-            .iter()
-            .flat_map(|id| holders(id))
-            .filter(|h| !our_links.contains(h))
-            .collect();
-        // The gate's sockets (which hold its namespace without naming it) are closed too.
-        let gate = paths[1].clone();
-        let gate_sockets = as_machine_in(&ours[1], move || {
-            let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
-            let udp = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
-            let _ = gate;
-            tcp.contains(":3A99 ") || udp.contains(":3AFD ")
-        });
-        if left.is_empty() && !gate_sockets {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still there after the network was dropped: {left:?}, gate sockets open: {gate_sockets}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    network.close().await;
+    let left: Vec<PathBuf> = ids
+        .iter()
+        .flat_map(|id| holders(id))
+        .filter(|h| !our_links.contains(h))
+        .collect();
+    assert_eq!(
+        left,
+        Vec::<PathBuf>::new(),
+        "still held after the network was closed"
+    );
+    // The gate's sockets (which hold its namespace without naming it) are closed too.
+    let gate_sockets = as_machine_in(&ours[1], || {
+        let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+        let udp = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
+        tcp.contains(":3A99 ") || udp.contains(":3AFD ")
+    });
+    assert!(!gate_sockets, "the gate's sockets are still open");
     drop(ours);
     // The rules lived in the gate's namespace, now gone; the host's own ruleset has no table of
     // ours.
@@ -679,17 +672,12 @@ async fn machines_reach_what_their_policy_allows_across_swap_and_fork() {
     for machine in [none, public, allow, fork] {
         machine.delete().await.unwrap();
     }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let left: Vec<String> = namespaces_held().difference(&before).cloned().collect();
-        if left.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "namespaces still held after delete: {left:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // Deleting a machine stops its sandbox and closes its network before it returns.
+    let left: Vec<String> = namespaces_held().difference(&before).cloned().collect();
+    assert_eq!(
+        left,
+        Vec::<String>::new(),
+        "namespaces still held after delete"
+    );
     engine.shutdown().await;
 }

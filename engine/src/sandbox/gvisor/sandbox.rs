@@ -126,6 +126,9 @@ impl Sandbox for GvisorSandbox {
             Processes::Detached(detached) => detached.kill(),
         }
         self.unpacked = None;
+        if let Some(network) = self.network.take() {
+            network.close().await;
+        }
         if self.released {
             return Ok(());
         }
