@@ -158,9 +158,23 @@ pub(super) async fn probe_platform(
     bundles_dir: &Path,
 ) -> Result<()> {
     let id = format!("probe-{}-{}", runsc.platform, std::process::id());
-    let bundle = write_bundle(bundles_dir, &id, image, 256, None)?;
+    agent_starts(runsc, image, state_dir, bundles_dir, &id, None).await
+}
+
+/// Starts a 256 MB sandbox `id` of `image` (in the network namespace `netns`, if given), waits
+/// for its agent to be ready, and removes it; the error ends with the last line of runsc's log.
+async fn agent_starts(
+    runsc: &Runsc,
+    image: &Image,
+    state_dir: &Path,
+    bundles_dir: &Path,
+    id: &str,
+    netns: Option<&Path>,
+) -> Result<()> {
+    let bundle = write_bundle(bundles_dir, id, image, 256, netns)?;
+    let run = ["run".to_owned()];
     let result = async {
-        let mut child = spawn_run(runsc, state_dir, &bundle, &id)?;
+        let mut child = spawn_runsc(runsc, state_dir, &bundle, &run, id, netns.is_some())?;
         let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
             return Err(Error::internal("runsc has no stdio pipes"));
         };
@@ -178,7 +192,7 @@ pub(super) async fn probe_platform(
         })
     }
     .await;
-    remove_sandbox(runsc, state_dir, &id, &bundle).await;
+    remove_sandbox(runsc, state_dir, id, &bundle).await;
     result
 }
 
@@ -267,29 +281,9 @@ async fn probe_network(runsc: &Runsc, image: &Image, state_dir: &Path, bundles_d
     };
     let id = format!("probe-net-{}-{}", runsc.platform, std::process::id());
     let netns = namespaces.sandbox_path();
-    let Ok(bundle) = write_bundle(bundles_dir, &id, image, 256, Some(&netns)) else {
-        return false;
-    };
-    let works = async {
-        let mut child =
-            spawn_runsc(runsc, state_dir, &bundle, &["run".to_owned()], &id, true).ok()?;
-        let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
-            return None;
-        };
-        let ready = crate::guest::connection::AgentConnection::establish(
-            Box::new(stdout),
-            Box::new(stdin),
-            Duration::from_secs(10),
-        )
-        .await;
-        let _ = child.kill().await;
-        Some(ready.is_ok())
-    }
-    .await
-    .unwrap_or(false);
-    remove_sandbox(runsc, state_dir, &id, &bundle).await;
+    let works = agent_starts(runsc, image, state_dir, bundles_dir, &id, Some(&netns)).await;
     drop(namespaces);
-    works
+    works.is_ok()
 }
 
 /// Whether the snapshot in `images` (of a 256 MB sandbox of `image`) restores into a sandbox
