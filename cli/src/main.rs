@@ -220,6 +220,15 @@ enum MachineCommand {
     Delete { name: String },
     /// Save a machine to disk and release its memory (gVisor); its next instruction restores it.
     Swap { name: String },
+    /// Install packages from the server's package index into a machine (binary wheels only,
+    /// hash-checked, dependencies included); the machine needs no network.
+    Install {
+        name: String,
+        /// Requirements like requests==2.32.3 (PEP 508), optionally with --hash=sha256:HEX in
+        /// the same argument.
+        #[arg(required = true, value_name = "REQUIREMENT")]
+        requirements: Vec<String>,
+    },
     /// Create a new machine from a machine's current state and print its name (gVisor).
     Fork {
         name: String,
@@ -695,6 +704,11 @@ async fn machine(command: MachineCommand, client: &Client) -> Result<ExitCode> {
         MachineCommand::Delete { name } => {
             client.machine(&name).delete().await?;
             eprintln!("deleted {name}");
+        }
+        MachineCommand::Install { name, requirements } => {
+            let requirements: Vec<&str> = requirements.iter().map(String::as_str).collect();
+            let report = client.machine(&name).install(&requirements).await?;
+            print!("{}", report.summary());
         }
         MachineCommand::Swap { name } => {
             client.machine(&name).swap_out().await?;

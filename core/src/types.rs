@@ -8,6 +8,7 @@ use chrono::{DateTime, Utc};
 /// surface uses.
 pub use evervm_engine::network::{NetworkMode, NetworkPolicy};
 pub use evervm_engine::{DEFAULT_TIMEOUT, MAX_TIMEOUT};
+pub use evervm_engine::{InstallReport, InstalledPackage, SatisfiedPackage};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};

@@ -238,6 +238,14 @@ fn event_json(event: &AgentEvent) -> serde_json::Value {
             json!({"ev": "ready", "python": ""})
         }
         AgentEvent::FileEnd { size } => json!({"ev": "file_end", "size": size}),
+        AgentEvent::Packages {
+            environment,
+            libc,
+            installed,
+        } => json!({
+            "ev": "packages", "environment": environment, "libc": libc, "installed": installed,
+        }),
+        AgentEvent::Installed { site } => json!({"ev": "installed", "site": site}),
     }
 }
 

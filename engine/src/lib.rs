@@ -22,6 +22,7 @@ mod machine;
 #[cfg(feature = "runtime")]
 mod metrics;
 pub mod network;
+pub mod packages;
 #[cfg(feature = "runtime")]
 mod pool;
 #[cfg(feature = "runtime")]
@@ -41,4 +42,5 @@ pub use engine::{
 };
 pub use error::{Error, ErrorKind, Result};
 pub use files::{ByteStream, FileInfo, FileKind, FileList, FileRead, WriteFileOptions};
+pub use packages::{InstallReport, InstalledPackage, SatisfiedPackage};
 pub use types::*;

@@ -10,7 +10,7 @@ use crate::convert::engine::event_from_engine;
 use crate::error::Result;
 use crate::types::{
     Accepted, ByteStream, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult,
-    FileInfo, FileList, FileRead, MachineInfo, MachinePage, Tags, WriteFileOptions,
+    FileInfo, FileList, FileRead, InstallReport, MachineInfo, MachinePage, Tags, WriteFileOptions,
 };
 use evervm_engine::{self as engine, Account, Engine, EngineConfig};
 
@@ -168,6 +168,13 @@ impl Transport for LocalTransport {
             .into_iter()
             .map(Into::into)
             .collect())
+    }
+
+    async fn install(&self, name: &str, requirements: &[String]) -> Result<InstallReport> {
+        Ok(self
+            .engine
+            .install_packages(&self.account, name, requirements)
+            .await?)
     }
 
     async fn rollback(&self, name: &str, checkpoint: &str) -> Result<MachineInfo> {

@@ -15,8 +15,8 @@ use futures::stream::BoxStream;
 use crate::error::{Error, ErrorKind, Result};
 use crate::types::{
     Accepted, ByteStream, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult,
-    Execution, FileInfo, FileList, FileRead, MachineInfo, MachinePage, OutputChunk, Tags,
-    WriteFileOptions,
+    Execution, FileInfo, FileList, FileRead, InstallReport, MachineInfo, MachinePage, OutputChunk,
+    Tags, WriteFileOptions,
 };
 
 #[cfg(feature = "local")]
@@ -53,6 +53,7 @@ pub(crate) trait Transport: Send + Sync + 'static {
     ) -> Result<CheckpointInfo>;
     async fn list_checkpoints(&self, name: &str) -> Result<Vec<CheckpointInfo>>;
     async fn rollback(&self, name: &str, checkpoint: &str) -> Result<MachineInfo>;
+    async fn install(&self, name: &str, requirements: &[String]) -> Result<InstallReport>;
     async fn delete_checkpoint(&self, name: &str, checkpoint: &str) -> Result<()>;
     /// Writes `data` (of `length` bytes, when known) to `path` in the machine.
     async fn write_file(
@@ -288,6 +289,15 @@ impl Machine {
     /// The machine's checkpoints, oldest first.
     pub async fn checkpoints(&self) -> Result<Vec<CheckpointInfo>> {
         self.transport.list_checkpoints(&self.name).await
+    }
+
+    /// Installs packages from the server's package index (`requests==2.32.3`, dependencies
+    /// included): binary wheels only, checked against their sha256, fetched by the server (the
+    /// machine needs no network), unpacked into the machine's user site-packages and importable
+    /// at once. They stay through swap, restart and fork.
+    pub async fn install(&self, requirements: &[&str]) -> Result<InstallReport> {
+        let requirements: Vec<String> = requirements.iter().map(|r| (*r).to_owned()).collect();
+        self.transport.install(&self.name, &requirements).await
     }
 
     /// Returns the machine to a checkpoint's state; the instructions run since stay in its

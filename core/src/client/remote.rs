@@ -18,7 +18,8 @@ use crate::protocol::{
 };
 use crate::types::{
     Accepted, ByteStream, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult,
-    FileInfo, FileKind, FileList, FileRead, MachineInfo, MachinePage, Tags, WriteFileOptions,
+    FileInfo, FileKind, FileList, FileRead, InstallReport, MachineInfo, MachinePage, Tags,
+    WriteFileOptions,
 };
 
 pub(crate) struct RemoteTransport {
@@ -584,6 +585,20 @@ impl Transport for RemoteTransport {
             url.query_pairs_mut().append_pair("recursive", "true");
         }
         self.call(Method::DELETE, url, None).await
+    }
+
+    async fn install(&self, name: &str, requirements: &[String]) -> Result<InstallReport> {
+        let request = protocol::InstallRequest {
+            requirements: requirements.to_vec(),
+        };
+        let answer: protocol::InstallResponse = self
+            .call(
+                Method::POST,
+                self.machine_url(name, &["install"])?,
+                Some(body(&request)),
+            )
+            .await?;
+        Ok(answer.into())
     }
 
     async fn rollback(&self, name: &str, checkpoint: &str) -> Result<MachineInfo> {

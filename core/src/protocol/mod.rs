@@ -503,6 +503,101 @@ pub struct SwapResponse {
     pub swapped: bool,
 }
 
+/// Packages to install from the package index (evervm): binary wheels only, hash-checked,
+/// fetched by the server, dependencies included.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
+pub struct InstallRequest {
+    /// PEP 508 requirements such as `requests==2.32.3`, each optionally followed by
+    /// `--hash=sha256:HEX`; no URLs or paths.
+    #[cfg_attr(feature = "server", schemars(with = "schema::Requirements"))]
+    pub requirements: Vec<String>,
+}
+
+/// What an install did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
+pub struct InstallResponse {
+    /// What was put into the machine, dependencies included.
+    pub installed: Vec<ApiInstalledPackage>,
+    /// What the machine had already.
+    pub satisfied: Vec<ApiSatisfiedPackage>,
+}
+
+/// A package an install put into the machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
+pub struct ApiInstalledPackage {
+    pub name: String,
+    pub version: String,
+    /// The wheel's file name.
+    pub wheel: String,
+    /// The wheel's sha256, as checked.
+    pub sha256: String,
+    /// The wheel's size in bytes.
+    pub bytes: u64,
+}
+
+/// A requirement the machine already satisfied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
+pub struct ApiSatisfiedPackage {
+    pub name: String,
+    pub version: String,
+}
+
+impl From<evervm_engine::InstallReport> for InstallResponse {
+    fn from(report: evervm_engine::InstallReport) -> Self {
+        InstallResponse {
+            installed: report
+                .installed
+                .into_iter()
+                .map(|p| ApiInstalledPackage {
+                    name: p.name,
+                    version: p.version,
+                    wheel: p.wheel,
+                    sha256: p.sha256,
+                    bytes: p.bytes,
+                })
+                .collect(),
+            satisfied: report
+                .satisfied
+                .into_iter()
+                .map(|p| ApiSatisfiedPackage {
+                    name: p.name,
+                    version: p.version,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl From<InstallResponse> for evervm_engine::InstallReport {
+    fn from(response: InstallResponse) -> Self {
+        evervm_engine::InstallReport {
+            installed: response
+                .installed
+                .into_iter()
+                .map(|p| evervm_engine::InstalledPackage {
+                    name: p.name,
+                    version: p.version,
+                    wheel: p.wheel,
+                    sha256: p.sha256,
+                    bytes: p.bytes,
+                })
+                .collect(),
+            satisfied: response
+                .satisfied
+                .into_iter()
+                .map(|p| evervm_engine::SatisfiedPackage {
+                    name: p.name,
+                    version: p.version,
+                })
+                .collect(),
+        }
+    }
+}
+
 /// A fork's options; an empty body, `null` and `{}` all mean the defaults. Answered like a new
 /// machine, with the fork's name.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -69,6 +69,27 @@ impl JsonSchema for RichResult {
 /// [`super::WireTags`] as a new machine or a fork takes them.
 pub(crate) struct Tags;
 
+/// An install's requirements (see `evervm_engine::packages`).
+pub(crate) struct Requirements;
+
+impl JsonSchema for Requirements {
+    fn schema_name() -> Cow<'static, str> {
+        "Requirements".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        use evervm_engine::packages::{MAX_REQUIREMENT_BYTES, MAX_REQUIREMENTS};
+        schema(json!({
+            "type": "array",
+            "description": "PEP 508 requirements (`requests==2.32.3`), each optionally followed \
+                            by `--hash=sha256:HEX`.",
+            "minItems": 1,
+            "maxItems": MAX_REQUIREMENTS,
+            "items": {"type": "string", "minLength": 1, "maxLength": MAX_REQUIREMENT_BYTES},
+        }))
+    }
+}
+
 impl JsonSchema for Tags {
     fn schema_name() -> Cow<'static, str> {
         "Tags".into()

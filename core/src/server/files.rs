@@ -15,7 +15,7 @@ use serde::Deserialize;
 use super::AppState;
 use super::auth::Authed;
 use super::error::ApiFailure;
-use super::extract::{WirePath, WireQuery};
+use super::extract::{JsonBody, WirePath, WireQuery};
 use crate::types::{FileInfo, FileList};
 
 type ApiResult<T> = Result<Json<T>, ApiFailure>;
@@ -233,6 +233,20 @@ pub(crate) async fn remove(
         .remove_file(&account, &name, &machine_path(&path), query.recursive)
         .await?;
     Ok(Json(info.into()))
+}
+
+/// `POST /v1/machine/{machine_name}/install` (evervm): installs packages from the package index.
+pub(crate) async fn install(
+    State(state): State<AppState>,
+    Authed(account): Authed,
+    WirePath(name): WirePath<String>,
+    JsonBody(request): JsonBody<crate::protocol::InstallRequest>,
+) -> ApiResult<crate::protocol::InstallResponse> {
+    let report = state
+        .engine
+        .install_packages(&account, &name, &request.requirements)
+        .await?;
+    Ok(Json(report.into()))
 }
 
 #[cfg(test)]

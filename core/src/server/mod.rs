@@ -85,6 +85,7 @@ pub(crate) mod paths {
         "/v1/machine/{machine_name}/exec/{instruction_seq}/stream-result";
     pub(crate) const REPL: &str = "/v1/machine/{machine_name}/repl";
     pub(crate) const FILES: &str = "/v1/machine/{machine_name}/files";
+    pub(crate) const INSTALL: &str = "/v1/machine/{machine_name}/install";
     /// As `openapi.json` writes it; the router's pattern is [`FILE_ROUTE`] (the path may hold
     /// `/`).
     #[cfg(test)]
@@ -115,6 +116,7 @@ pub(crate) mod paths {
         REPL,
         FILES,
         FILE,
+        INSTALL,
     ];
 }
 
@@ -173,6 +175,7 @@ pub fn router_with_metrics_token(engine: Engine, metrics_token: Option<String>) 
         .route(paths::STREAM_RESULT, get(exec::stream_result))
         .route(paths::REPL, get(repl::repl))
         .route(paths::FILES, get(files::list))
+        .route(paths::INSTALL, post(files::install))
         .route(
             paths::FILE_ROUTE,
             get(files::read)

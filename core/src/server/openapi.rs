@@ -66,9 +66,10 @@ mod tests {
     use crate::protocol::{
         ApiCheckpoint, ApiError, CreateCheckpointRequest, CreateMachineRequest,
         CreateMachineResponse, DeleteCheckpointResponse, DeleteMachineResponse, ExecRequest,
-        ExecResponse, ExecResultResponse, ForkMachineRequest, HealthResponse, InterruptResponse,
-        ListCheckpointsResponse, ListMachinesRequest, ListMachinesResponse, MachineInfoResponse,
-        MessageFromServer, MessageToServer, SignupRequest, SwapResponse, WhoamiResponse,
+        ExecResponse, ExecResultResponse, ForkMachineRequest, HealthResponse, InstallRequest,
+        InstallResponse, InterruptResponse, ListCheckpointsResponse, ListMachinesRequest,
+        ListMachinesResponse, MachineInfoResponse, MessageFromServer, MessageToServer,
+        SignupRequest, SwapResponse, WhoamiResponse,
     };
     use crate::server::paths;
     use crate::types::{FileInfo, FileList};
@@ -198,6 +199,12 @@ mod tests {
             ),
             ("get", paths::REPL, None, ByHand),
             ("get", paths::FILES, None, Json(body::<FileList>)),
+            (
+                "post",
+                paths::INSTALL,
+                Required(body::<InstallRequest>),
+                Json(body::<InstallResponse>),
+            ),
             ("get", paths::FILE, None, ByHand),
             ("head", paths::FILE, None, ByHand),
             ("put", paths::FILE, Request::ByHand, Json(body::<FileInfo>)),

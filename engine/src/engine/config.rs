@@ -9,6 +9,7 @@ use futures::future::BoxFuture;
 
 use crate::guest::image::Profile;
 use crate::network::{NetworkMode, NetworkPolicy, NetworkSettings};
+use crate::packages::PackageSettings;
 
 /// Which sandbox backend machines run on.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -241,6 +242,8 @@ pub struct EngineConfig {
     pub network_max: NetworkMode,
     /// How machines' networks are made (DNS servers, connection limits).
     pub network: NetworkSettings,
+    /// Where `install` fetches wheels from, and its bounds.
+    pub packages: PackageSettings,
     #[doc(hidden)]
     pub hooks: Hooks,
 }
@@ -328,6 +331,7 @@ impl EngineConfig {
                 _ => NetworkMode::Public,
             },
             network: NetworkSettings::from_env(),
+            packages: PackageSettings::from_env(),
             hooks: Hooks::default(),
         }
     }

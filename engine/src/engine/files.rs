@@ -8,6 +8,7 @@ use crate::files::{
     ByteStream, FileInfo, FileList, FileRead, WriteFileOptions, validate_mode, validate_path,
 };
 use crate::machine::{FileOperation, FileOutcome};
+use crate::packages::InstallReport;
 use crate::types::Account;
 
 impl Engine {
@@ -117,6 +118,31 @@ impl Engine {
         };
         match self.file_operation(account, name, path, operation).await? {
             FileOutcome::Info(info) => Ok(info),
+            _ => Err(unexpected()),
+        }
+    }
+}
+
+impl Engine {
+    /// Installs packages from the package index into the machine: `requirements` like
+    /// `requests==2.32.3` (PEP 508, optionally `--hash=sha256:HEX`), their dependencies with
+    /// them; binary wheels only, hash-checked, fetched by the engine (see `crate::packages`).
+    /// Runs in the machine's turn, like a file operation.
+    pub async fn install_packages(
+        &self,
+        account: &Account,
+        name: &str,
+        requirements: &[String],
+    ) -> Result<InstallReport> {
+        crate::packages::validate_requirements(requirements)?;
+        crate::packages::resolve::parse_requirements(requirements)?;
+        let handle = self.handle(account, name).await?;
+        self.inner.take_instruction_token(account.id)?;
+        let operation = FileOperation::Install {
+            requirements: requirements.to_vec(),
+        };
+        match handle.file_operation(&self.inner, operation).await? {
+            FileOutcome::Installed(report) => Ok(report),
             _ => Err(unexpected()),
         }
     }

@@ -58,6 +58,8 @@ pub(crate) struct EngineInner {
     disk: Mutex<HashMap<String, DiskFacts>>,
     rates: Mutex<HashMap<i64, Bucket>>,
     pub(crate) metrics: crate::metrics::Metrics,
+    /// The package index and wheel cache of `install` (an unusable index URL is told at install).
+    pub(crate) packages: Result<crate::packages::index::PackageIndex>,
 }
 
 impl EngineInner {
@@ -67,6 +69,8 @@ impl EngineInner {
         backend: Arc<dyn SandboxBackend>,
         home_lock: File,
     ) -> Self {
+        let packages =
+            crate::packages::index::PackageIndex::new(&config.packages, config.home.join("wheels"));
         Self {
             config,
             store,
@@ -80,6 +84,7 @@ impl EngineInner {
             home_lock: Mutex::new(Some(home_lock)),
             disk: Mutex::new(HashMap::new()),
             rates: Mutex::new(HashMap::new()),
+            packages,
             metrics: crate::metrics::Metrics::default(),
         }
     }

@@ -23,6 +23,10 @@ Host -> agent:
   {"op": "write", ..., "mode": M | null, "parents": B}: `file` once it may start, then the host
   sends "D" frames (the byte "D", then data) and {"op": "write_end"} or {"op": "write_abort"};
   answered by `file` (with info) or `file_error`. The file appears whole or not at all.
+  {"op": "packages"}: answered by `packages` (what the machine runs and has installed)
+  {"op": "install", "wheels": [path, ...]}: unpacks the wheels (written by the host, removed
+  here afterwards) into the user's site-packages, which becomes importable at once; answered by
+  `installed` or `file_error`
 Agent -> host:
   {"ev": "ready", "python": "3.11.2", "pid": P}
   output, as a binary frame (no JSON escaping of large text): the byte "O", the byte "o"
@@ -38,6 +42,9 @@ Agent -> host:
   {"ev": "file_error", "kind": "not_found" | "denied" | "exists" | ..., "error": "..."}
   file data as binary frames: the byte "D", then the data
   {"ev": "file_end", "size": BYTES}
+  {"ev": "packages", "environment": {PEP 508 marker values}, "libc": "glibc 2.36" | null,
+   "installed": {normalised name: version}}
+  {"ev": "installed", "site": PATH}
 """
 
 import ast
@@ -1256,6 +1263,208 @@ def op_write(request):
         resolved.close()
 
 
+def _canonical_name(name):
+    import re
+
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def op_packages(request):
+    import importlib.metadata
+    import platform
+
+    installed = {}
+    for dist in importlib.metadata.distributions():
+        try:
+            name = dist.metadata["Name"]
+            version = dist.version
+        except Exception:
+            continue
+        if name and version:
+            # The first on sys.path is what an import finds.
+            installed.setdefault(_canonical_name(name), version)
+    implementation = sys.implementation
+    version = implementation.version
+    implementation_version = "%d.%d.%d" % (version.major, version.minor, version.micro)
+    if version.releaselevel != "final":
+        implementation_version += version.releaselevel[0] + str(version.serial)
+    try:
+        libc = os.confstr("CS_GNU_LIBC_VERSION")
+    except (AttributeError, ValueError, OSError):
+        libc = None
+    send({
+        "ev": "packages",
+        "environment": {
+            "implementation_name": implementation.name,
+            "implementation_version": implementation_version,
+            "os_name": os.name,
+            "platform_machine": platform.machine(),
+            "platform_python_implementation": platform.python_implementation(),
+            "platform_release": platform.release(),
+            "platform_system": platform.system(),
+            "platform_version": platform.version(),
+            "python_full_version": platform.python_version(),
+            "python_version": ".".join(platform.python_version_tuple()[:2]),
+            "sys_platform": sys.platform,
+        },
+        "libc": libc,
+        "installed": installed,
+    })
+
+
+def _uninstall(site_dir, project):
+    """Removes what an earlier install of `project` put into `site_dir` (by its RECORD)."""
+    import csv
+    import shutil
+
+    try:
+        names = os.listdir(site_dir)
+    except FileNotFoundError:
+        return
+    for entry in names:
+        if not entry.endswith(".dist-info"):
+            continue
+        if _canonical_name(entry[: -len(".dist-info")].rsplit("-", 1)[0]) != project:
+            continue
+        dist_info = os.path.join(site_dir, entry)
+        try:
+            with open(os.path.join(dist_info, "RECORD"), newline="") as record:
+                rows = list(csv.reader(record))
+        except OSError:
+            rows = []
+        home = os.path.realpath(os.path.expanduser("~"))
+        for row in rows:
+            if not row:
+                continue
+            path = os.path.realpath(os.path.join(site_dir, row[0]))
+            if path.startswith(home + os.sep) and not os.path.isdir(path):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+        shutil.rmtree(dist_info, ignore_errors=True)
+
+
+def _install_wheel(path, site_dir, user_base):
+    """Unpacks one wheel the way pip does for a user install (without running anything in it):
+    its files into site-packages, `.data/scripts` into ~/.local/bin (shebangs pointed at this
+    Python), `.data/data` and `.data/headers` under ~/.local; a RECORD of what was written."""
+    import csv
+    import shutil
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        members = archive.infolist()
+        dist_infos = {m.filename.split("/")[0] for m in members
+                      if m.filename.count("/") == 1 and m.filename.endswith(".dist-info/WHEEL")}
+        if len(dist_infos) != 1:
+            raise FileError("invalid", "%s: not a wheel (no single .dist-info/WHEEL)"
+                            % os.path.basename(path))
+        dist_info = dist_infos.pop()
+        project = _canonical_name(dist_info[: -len(".dist-info")].rsplit("-", 1)[0])
+        data_dir = dist_info[: -len(".dist-info")] + ".data"
+        _uninstall(site_dir, project)
+        schemes = {
+            "purelib": site_dir,
+            "platlib": site_dir,
+            "scripts": os.path.join(user_base, "bin"),
+            "data": user_base,
+            "headers": os.path.join(user_base, "include", "python%d.%d" % sys.version_info[:2],
+                                    project),
+        }
+        written = []
+        for member in members:
+            name = member.filename
+            if name.endswith("/"):
+                continue
+            parts = name.split("/")
+            if name.startswith("/") or "\\" in name or any(p in ("", ".", "..") for p in parts):
+                raise FileError("invalid", "%s: unsafe path %r in the wheel"
+                                % (os.path.basename(path), name))
+            scheme = None
+            if parts[0] == data_dir:
+                if len(parts) < 3 or parts[1] not in schemes:
+                    continue
+                scheme = parts[1]
+                base, rest = schemes[scheme], parts[2:]
+            else:
+                base, rest = site_dir, parts
+            if rest[-1] == "RECORD" and len(rest) == 2 and rest[0] == dist_info:
+                continue
+            target = os.path.join(base, *rest)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            temp = target + ".evervm-part"
+            with archive.open(member) as source, open(temp, "wb") as out:
+                if scheme == "scripts":
+                    first = source.readline()
+                    if first.startswith(b"#!python"):
+                        first = b"#!" + sys.executable.encode() + first[len(b"#!python"):]
+                    out.write(first)
+                shutil.copyfileobj(source, out, 1024 * 1024)
+            mode = (member.external_attr >> 16) & 0o777
+            executable = scheme == "scripts" or bool(mode & 0o111)
+            os.chmod(temp, 0o755 if executable else 0o644)
+            os.replace(temp, target)
+            written.append(os.path.relpath(target, site_dir))
+        installer = os.path.join(site_dir, dist_info, "INSTALLER")
+        with open(installer, "w") as out:
+            out.write("evervm\n")
+        written.append(os.path.relpath(installer, site_dir))
+        record = os.path.join(site_dir, dist_info, "RECORD")
+        with open(record, "w", newline="") as out:
+            writer = csv.writer(out)
+            for relative in written:
+                writer.writerow([relative, "", ""])
+            writer.writerow([os.path.relpath(record, site_dir), "", ""])
+
+
+def _activate_site(site_dir):
+    """Puts the user's site-packages on sys.path where Python would have at start (before the
+    system's), runs its .pth files, and forgets what imports looked up before."""
+    import importlib
+    import site
+
+    if site_dir not in sys.path:
+        position = len(sys.path)
+        for i, entry in enumerate(sys.path):
+            if entry.endswith(("site-packages", "dist-packages")):
+                position = i
+                break
+        before = list(sys.path)
+        site.addsitedir(site_dir)
+        added = [p for p in sys.path if p not in before]
+        for entry in added:
+            sys.path.remove(entry)
+        sys.path[position:position] = added
+    importlib.invalidate_caches()
+
+
+def op_install(request):
+    import site
+
+    wheels = [w for w in request.get("wheels") or [] if isinstance(w, str)]
+    try:
+        site_dir = site.getusersitepackages()
+        user_base = site.getuserbase()
+        os.makedirs(site_dir, exist_ok=True)
+        for path in wheels:
+            try:
+                _install_wheel(path, site_dir, user_base)
+            except FileError:
+                raise
+            except Exception as exc:
+                raise FileError("invalid", "%s: %s: %s"
+                                % (os.path.basename(path), type(exc).__name__, exc))
+        _activate_site(site_dir)
+        send({"ev": "installed", "site": site_dir})
+    finally:
+        for path in wheels:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
 FILE_OPERATIONS = {
     "stat": op_stat,
     "list": op_list,
@@ -1263,6 +1472,8 @@ FILE_OPERATIONS = {
     "remove": op_remove,
     "read": op_read,
     "write": op_write,
+    "packages": op_packages,
+    "install": op_install,
 }
 
 

@@ -140,6 +140,13 @@ pub enum AgentRequest {
     },
     WriteEnd,
     WriteAbort,
+    /// What the machine runs and has installed, for an install; answered by `packages`.
+    Packages,
+    /// Unpack the wheels (files the host wrote, removed afterwards) into the user's
+    /// site-packages and make them importable; answered by `installed` or `file_error`.
+    Install {
+        wheels: Vec<String>,
+    },
 }
 
 /// Environment variables on their way to the agent: their values may be secrets, so they are
@@ -217,6 +224,17 @@ pub enum AgentEvent {
     FileEnd {
         size: u64,
     },
+    /// What the machine runs (PEP 508 marker values, its C library) and has installed
+    /// (normalised name to version).
+    Packages {
+        environment: Box<crate::packages::resolve::ReportedEnvironment>,
+        libc: Option<String>,
+        installed: std::collections::BTreeMap<String, String>,
+    },
+    /// The wheels are unpacked into `site`.
+    Installed {
+        site: String,
+    },
 }
 
 /// Why the agent refused or failed a file operation.
@@ -260,6 +278,10 @@ impl FileFailure {
 /// The longest file error message kept from the agent.
 const MAX_FILE_ERROR_BYTES: usize = 8 * 1024;
 
+/// The longest value in a `packages` event, and most distributions it may list.
+const MAX_PACKAGE_TEXT_BYTES: usize = 256;
+const MAX_INSTALLED_REPORTED: usize = 20_000;
+
 /// How the agent says an instruction ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AgentOutcome {
@@ -298,6 +320,14 @@ struct RawEvent {
     size: Option<u64>,
     #[serde(default)]
     results: Option<Vec<RawRichResult>>,
+    #[serde(default)]
+    environment: Option<crate::packages::resolve::ReportedEnvironment>,
+    #[serde(default)]
+    libc: Option<String>,
+    #[serde(default)]
+    installed: Option<std::collections::BTreeMap<String, String>>,
+    #[serde(default)]
+    site: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -527,6 +557,48 @@ pub fn decode_event(payload: &[u8]) -> Result<AgentEvent, ProtocolError> {
         "file_end" => Ok(AgentEvent::FileEnd {
             size: raw.size.ok_or_else(|| malformed("has no size"))?,
         }),
+        "packages" => {
+            let environment = raw
+                .environment
+                .ok_or_else(|| malformed("has no environment"))?;
+            let installed = raw.installed.unwrap_or_default();
+            let values = [
+                &environment.implementation_name,
+                &environment.implementation_version,
+                &environment.os_name,
+                &environment.platform_machine,
+                &environment.platform_python_implementation,
+                &environment.platform_release,
+                &environment.platform_system,
+                &environment.platform_version,
+                &environment.python_full_version,
+                &environment.python_version,
+                &environment.sys_platform,
+            ];
+            let long = |text: &String| text.len() > MAX_PACKAGE_TEXT_BYTES;
+            if values.into_iter().any(long) || raw.libc.as_ref().is_some_and(long) {
+                return Err(malformed("has a value that is too long"));
+            }
+            if installed.len() > MAX_INSTALLED_REPORTED
+                || installed
+                    .iter()
+                    .any(|(name, version)| long(name) || long(version))
+            {
+                return Err(malformed("lists too many or too long distributions"));
+            }
+            Ok(AgentEvent::Packages {
+                environment: Box::new(environment),
+                libc: raw.libc,
+                installed,
+            })
+        }
+        "installed" => {
+            let site = raw.site.ok_or_else(|| malformed("has no site"))?;
+            if site.len() > MAX_PATH_BYTES {
+                return Err(malformed("has a site path that is too long"));
+            }
+            Ok(AgentEvent::Installed { site })
+        }
         other => Err(ProtocolError::Malformed(format!(
             "unknown event type {other:?}"
         ))),

@@ -60,6 +60,10 @@ pub(crate) enum FileOperation {
         options: WriteFileOptions,
         data: ByteStream,
     },
+    /// Packages from the index, unpacked into the machine (`crate::packages`).
+    Install {
+        requirements: Vec<String>,
+    },
 }
 
 impl FileOperation {
@@ -69,6 +73,7 @@ impl FileOperation {
             FileOperation::MakeDir { .. }
                 | FileOperation::Remove { .. }
                 | FileOperation::Write { .. }
+                | FileOperation::Install { .. }
         )
     }
 }
@@ -78,6 +83,7 @@ pub(crate) enum FileOutcome {
     Info(FileInfo),
     List(FileList),
     Read(FileRead),
+    Installed(crate::packages::InstallReport),
 }
 
 /// A file operation in the machine's queue, and where its answer goes.
@@ -150,6 +156,10 @@ pub(super) async fn run(
                 parents,
             };
             send_answer(reply, simple(&mut current, &request, false).await)
+        }
+        FileOperation::Install { requirements } => {
+            let installed = install(engine, &mut current, &requirements).await;
+            send_answer(reply, installed.map(|r| r.map(FileOutcome::Installed)))
         }
         FileOperation::Remove { path, recursive } => {
             let request = AgentRequest::Remove {
@@ -407,4 +417,113 @@ async fn write(
         AgentEvent::FileError { .. } => Ok(Err(failure)),
         other => Err(out_of_place(&other)),
     }
+}
+
+/// Where the host puts wheels for the agent to unpack (under the home; the agent removes them).
+const INSTALL_STAGING: &str = ".cache/evervm-install";
+
+/// Installs packages into the machine (see `crate::packages`): asks what it runs and has,
+/// resolves and fetches wheels on the host, writes them into the machine, has the agent unpack
+/// them. An `Err` outside means the channel broke; an inner `Err` that nothing was installed.
+pub(super) async fn install(
+    engine: &Arc<EngineInner>,
+    current: &mut Resident,
+    requirements: &[String],
+) -> Result<Result<crate::packages::InstallReport>> {
+    use crate::packages::resolve::{MachinePython, parse_requirements, resolve};
+
+    let parsed = match crate::packages::validate_requirements(requirements)
+        .and_then(|()| parse_requirements(requirements))
+    {
+        Ok(parsed) => parsed,
+        Err(e) => return Ok(Err(e)),
+    };
+    let index = match &engine.packages {
+        Ok(index) => index,
+        Err(e) => return Ok(Err(e.clone())),
+    };
+    current.agent.send(&AgentRequest::Packages).await?;
+    let machine_python = match next_file_event(current).await? {
+        AgentEvent::Packages {
+            environment,
+            libc,
+            installed,
+        } => MachinePython::new(&environment, libc.as_deref(), installed),
+        AgentEvent::FileError { failure, message } => return Ok(Err(refused(failure, message))),
+        other => return Err(out_of_place(&other)),
+    };
+    let machine_python = match machine_python {
+        Ok(found) => found,
+        Err(e) => return Ok(Err(e)),
+    };
+    let limits = &engine.config.packages;
+    let plan = match resolve(index, &machine_python, parsed, limits.max_install_bytes).await {
+        Ok(plan) => plan,
+        Err(e) => return Ok(Err(e)),
+    };
+    let mut report = crate::packages::InstallReport {
+        installed: Vec::new(),
+        satisfied: plan.satisfied,
+    };
+    if plan.install.is_empty() {
+        return Ok(Ok(report));
+    }
+    let roots: Vec<String> = engine
+        .backend
+        .file_roots()
+        .iter()
+        .map(|root| (*root).to_owned())
+        .collect();
+    let mut staged = Vec::new();
+    for planned in plan.install {
+        let data = match wheel_stream(&planned.wheel.path).await {
+            Ok(data) => data,
+            Err(e) => return Ok(Err(e)),
+        };
+        let request = AgentRequest::Write {
+            path: format!("{INSTALL_STAGING}/{}.whl", planned.wheel.sha256),
+            roots: roots.clone(),
+            mode: Some(0o600),
+            parents: true,
+        };
+        match write(&engine.metrics, current, request, data, u64::MAX).await? {
+            Ok(info) => staged.push(info.path),
+            Err(e) => return Ok(Err(e.context("the wheel could not be put into the machine"))),
+        }
+        report.installed.push(planned.package);
+    }
+    current
+        .agent
+        .send(&AgentRequest::Install { wheels: staged })
+        .await?;
+    match next_file_event(current).await? {
+        AgentEvent::Installed { .. } => Ok(Ok(report)),
+        AgentEvent::FileError { failure, message } => Ok(Err(refused(failure, message))),
+        other => Err(out_of_place(&other)),
+    }
+}
+
+/// A wheel in the cache as a stream of pieces.
+async fn wheel_stream(path: &std::path::Path) -> Result<ByteStream> {
+    use tokio::io::AsyncReadExt;
+
+    let file = tokio::fs::File::open(path)
+        .await
+        .map_err(|e| Error::internal(format!("opening a cached wheel: {e}")))?;
+    Ok(futures::stream::unfold(Some(file), |file| async move {
+        let mut file = file?;
+        let mut piece = vec![0; WRITE_PIECE];
+        match file.read(&mut piece).await {
+            Ok(0) => None,
+            Ok(n) => {
+                piece.truncate(n);
+                Some((Ok(Bytes::from(piece)), Some(file)))
+            }
+            Err(e) => Some((
+                Err(Error::internal(format!("reading a cached wheel: {e}"))),
+                None,
+            )),
+        }
+    })
+    .boxed())
 }

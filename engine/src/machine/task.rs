@@ -342,6 +342,9 @@ async fn run_instruction(
         job.live.push_chunks([(OutputStream::Stderr, note)]);
     }
     machine.mark_unsaved(engine).await;
+    if let Some(pip) = crate::packages::pip_install_line(&job.code) {
+        return pip_install(engine, machine, resident, current, job, pip).await;
+    }
     let request = AgentRequest::Exec {
         id: job.seq,
         code: job.code.clone(),
@@ -422,6 +425,35 @@ async fn run_instruction(
             }
         }
     }
+}
+
+/// A `%pip install ...` instruction: the engine installs the packages (`crate::packages`), and
+/// the instruction's output says what it did, like pip would.
+async fn pip_install(
+    engine: &Arc<EngineInner>,
+    machine: &MachineHandle,
+    resident: &mut Option<Resident>,
+    mut current: Resident,
+    job: &Job,
+    requirements: std::result::Result<Vec<String>, String>,
+) -> ExecResult {
+    let started = Instant::now();
+    let installed = match requirements {
+        Ok(requirements) => super::files::install(engine, &mut current, &requirements).await,
+        Err(text) => Ok(Err(Error::invalid(text))),
+    };
+    let mut result = match installed {
+        Ok(Ok(report)) => {
+            job.live
+                .push_chunks([(OutputStream::Stdout, report.summary())]);
+            ExecResult::default()
+        }
+        Ok(Err(e)) => ExecResult::failure(FailureCause::Exception, format!("InstallError: {e}")),
+        Err(broken) => return crashed(engine, machine, current, broken.to_string()).await,
+    };
+    *resident = Some(current);
+    result.runtime_ms = started.elapsed().as_millis() as u64;
+    result
 }
 
 /// The machine's sandbox: the one it has, or one acquired now (a restore, or a fresh start).
