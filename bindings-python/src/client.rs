@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 
 use crate::error::{invalid_input, to_py};
 use crate::runtime::{awaitable, wait};
-use crate::types::{Checkpoint, ExecResult, MachineInfo, MachinePage, OutputChunk};
+use crate::types::{Checkpoint, ExecResult, InstallReport, MachineInfo, MachinePage, OutputChunk};
 
 type Tags = BTreeMap<String, String>;
 
@@ -466,6 +466,25 @@ impl Machine {
         wait(py, info(self.checked()?), None)
     }
 
+    /// Installs packages from the server's package index (`"requests==2.32.3"`, dependencies
+    /// included): binary wheels only, checked against their sha256, fetched by the engine, so
+    /// the machine needs no network. Importable at once; kept through swap, restart and fork.
+    fn install(&self, py: Python<'_>, requirements: Vec<String>) -> PyResult<InstallReport> {
+        let machine = self.checked()?;
+        wait(
+            py,
+            async move {
+                let requirements: Vec<&str> = requirements.iter().map(String::as_str).collect();
+                machine
+                    .install(&requirements)
+                    .await
+                    .map(InstallReport::from)
+                    .map_err(to_py)
+            },
+            None,
+        )
+    }
+
     /// Saves the machine to disk and releases its memory; its next instruction restores it.
     fn swap_out(&self, py: Python<'_>) -> PyResult<()> {
         let machine = self.checked()?;
@@ -868,6 +887,22 @@ impl AsyncMachine {
 
     fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         awaitable(py, info(self.checked()?))
+    }
+
+    fn install<'py>(
+        &self,
+        py: Python<'py>,
+        requirements: Vec<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let machine = self.checked()?;
+        awaitable(py, async move {
+            let requirements: Vec<&str> = requirements.iter().map(String::as_str).collect();
+            machine
+                .install(&requirements)
+                .await
+                .map(InstallReport::from)
+                .map_err(to_py)
+        })
     }
 
     fn swap_out<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {

@@ -23,6 +23,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<types::MachineInfo>()?;
     m.add_class::<types::MachinePage>()?;
     m.add_class::<types::Checkpoint>()?;
+    m.add_class::<types::InstallReport>()?;
+    m.add_class::<types::InstalledPackage>()?;
+    m.add_class::<types::SatisfiedPackage>()?;
     m.add_class::<files::Files>()?;
     m.add_class::<files::AsyncFiles>()?;
     m.add_class::<files::FileInfo>()?;

@@ -368,6 +368,130 @@ impl MachineInfo {
     }
 }
 
+/// A package `Machine.install` put into the machine.
+#[pyclass(module = "evervm", frozen, get_all)]
+#[derive(Clone)]
+pub(crate) struct InstalledPackage {
+    pub name: String,
+    pub version: String,
+    /// The wheel's file name.
+    pub wheel: String,
+    /// The wheel's sha256, as checked.
+    pub sha256: String,
+    /// The wheel's size in bytes.
+    pub bytes: u64,
+}
+
+#[pymethods]
+impl InstalledPackage {
+    fn __repr__(&self) -> String {
+        format!(
+            "InstalledPackage(name={:?}, version={:?})",
+            self.name, self.version
+        )
+    }
+}
+
+/// A requirement the machine already satisfied.
+#[pyclass(module = "evervm", frozen, get_all)]
+#[derive(Clone)]
+pub(crate) struct SatisfiedPackage {
+    pub name: String,
+    pub version: String,
+}
+
+#[pymethods]
+impl SatisfiedPackage {
+    fn __repr__(&self) -> String {
+        format!(
+            "SatisfiedPackage(name={:?}, version={:?})",
+            self.name, self.version
+        )
+    }
+}
+
+/// What `Machine.install` did.
+#[pyclass(module = "evervm", frozen, get_all)]
+pub(crate) struct InstallReport {
+    /// What was put into the machine, dependencies included.
+    pub installed: Vec<InstalledPackage>,
+    /// What the machine had already.
+    pub satisfied: Vec<SatisfiedPackage>,
+}
+
+#[pymethods]
+impl InstallReport {
+    /// pip-like lines saying what was done.
+    fn summary(&self) -> String {
+        self.report().summary()
+    }
+
+    fn __repr__(&self) -> String {
+        let names: Vec<String> = self
+            .installed
+            .iter()
+            .map(|p| format!("{}=={}", p.name, p.version))
+            .collect();
+        format!(
+            "InstallReport(installed=[{}], satisfied={})",
+            names.join(", "),
+            self.satisfied.len()
+        )
+    }
+}
+
+impl InstallReport {
+    fn report(&self) -> evervm::InstallReport {
+        evervm::InstallReport {
+            installed: self
+                .installed
+                .iter()
+                .map(|p| evervm::InstalledPackage {
+                    name: p.name.clone(),
+                    version: p.version.clone(),
+                    wheel: p.wheel.clone(),
+                    sha256: p.sha256.clone(),
+                    bytes: p.bytes,
+                })
+                .collect(),
+            satisfied: self
+                .satisfied
+                .iter()
+                .map(|p| evervm::SatisfiedPackage {
+                    name: p.name.clone(),
+                    version: p.version.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl From<evervm::InstallReport> for InstallReport {
+    fn from(report: evervm::InstallReport) -> Self {
+        Self {
+            installed: report
+                .installed
+                .into_iter()
+                .map(|p| InstalledPackage {
+                    name: p.name,
+                    version: p.version,
+                    wheel: p.wheel,
+                    sha256: p.sha256,
+                    bytes: p.bytes,
+                })
+                .collect(),
+            satisfied: report
+                .satisfied
+                .into_iter()
+                .map(|p| SatisfiedPackage {
+                    name: p.name,
+                    version: p.version,
+                })
+                .collect(),
+        }
+    }
+}
+
 /// A named, kept snapshot of a machine.
 #[pyclass(module = "evervm", frozen, get_all)]
 pub(crate) struct Checkpoint {

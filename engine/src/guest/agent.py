@@ -1561,6 +1561,16 @@ def main():
     sys.argv = [""]
     if sys.path and sys.path[0] in ("", os.path.dirname(AGENT_FILE)):
         sys.path[0] = os.getcwd()
+    # The user's site-packages is on sys.path from the start (made if need be), so that what
+    # `pip install` (into it, as the image's own is not writable) or `install` puts there is
+    # importable at once.
+    try:
+        import site
+
+        os.makedirs(site.getusersitepackages(), exist_ok=True)
+        _activate_site(site.getusersitepackages())
+    except Exception:
+        pass
     machine = Machine()
     send({"ev": "ready", "python": sys.version.split()[0], "pid": os.getpid()})
     while True:

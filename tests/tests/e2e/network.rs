@@ -20,6 +20,8 @@ use hickory_resolver::proto::rr::rdata::A;
 use hickory_resolver::proto::rr::{Name, RData, Record, RecordType};
 
 const ECHO_PORT: u16 = 8080;
+/// A package index on the public test host (`http://allowed.test:8081/simple/`).
+const INDEX_PORT: u16 = 8081;
 /// The little internet's block: part of the benchmarking range (RFC 2544), which is meant for
 /// test networks, so that the routes the test adds on the host shadow nothing real (checked
 /// first: the package registries of some hosts sit in documentation ranges).
@@ -96,7 +98,7 @@ fn build_internet() -> Internet {
     let pid = std::process::id();
     let host_fd = host_ns.as_raw_fd();
     let peer = host_if.clone();
-    let (namespace, listener, dns) = std::thread::spawn(move || {
+    let (namespace, listener, dns, index) = std::thread::spawn(move || {
         // SAFETY: unshare takes no pointers and moves only this (short-lived) thread.
         assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
         let namespace = OwnedFd::from(std::fs::File::open("/proc/thread-self/ns/net").unwrap());
@@ -111,7 +113,8 @@ fn build_internet() -> Internet {
         ));
         let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, ECHO_PORT)).unwrap();
         let dns = UdpSocket::bind((PUBLIC_HOST, 53)).unwrap();
-        (namespace, listener, dns)
+        let index = TcpListener::bind((PUBLIC_HOST, INDEX_PORT)).unwrap();
+        (namespace, listener, dns, index)
     })
     .join()
     .unwrap();
@@ -132,6 +135,20 @@ fn build_internet() -> Internet {
         }
     });
     std::thread::spawn(move || serve_test_dns(&dns));
+    let mut routes = std::collections::HashMap::new();
+    let greeting = crate::packages::wheel(
+        "evervm-fetched",
+        "1.0",
+        "py3-none-any",
+        &[],
+        &[("evervm_fetched.py", b"WHERE = 'the index'\n".to_vec())],
+    );
+    crate::packages::project(
+        &mut routes,
+        "evervm-fetched",
+        vec![(greeting.0, greeting.1, None)],
+    );
+    crate::packages::serve(index, routes, "allowed.test");
     let host_listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
     let host_listener_port = host_listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
@@ -652,6 +669,23 @@ async fn machines_reach_what_their_policy_allows_across_swap_and_fork() {
         'ConnectionResetError', 'gaierror']";
     assert_eq!(crate::value(&allow, seen).await, expected);
 
+    // pip in a machine whose policy reaches the index: into the user's site-packages,
+    // importable at once.
+    let pip = "import subprocess, sys\n\
+        r = subprocess.run([sys.executable, '-m', 'pip', 'install', '--no-cache-dir', \
+        '--disable-pip-version-check', '--index-url', 'http://allowed.test:8081/simple/', '--trusted-host', 'allowed.test', \
+        'evervm-fetched'], capture_output=True, text=True)\n\
+        r.returncode, r.stdout.strip().splitlines()[-1:], r.stderr[-500:]";
+    let installed = crate::value(&allow, pip).await;
+    assert!(
+        installed.starts_with("(0, ['Successfully installed evervm-fetched-1.0']"),
+        "{installed}"
+    );
+    assert_eq!(
+        crate::value(&allow, "import evervm_fetched; evervm_fetched.WHERE").await,
+        "'the index'"
+    );
+
     // After a swap the machine is restored into a new sandbox: its network comes back with the
     // same policy (open connections are closed).
     public.swap_out().await.unwrap();
@@ -667,6 +701,10 @@ async fn machines_reach_what_their_policy_allows_across_swap_and_fork() {
     let fork = allow.fork(None).await.unwrap();
     assert_eq!(crate::value(&fork, seen).await, expected);
     assert_eq!(fork.info().await.unwrap().network, Some(policy));
+    assert_eq!(
+        crate::value(&fork, "import evervm_fetched; evervm_fetched.WHERE").await,
+        "'the index'"
+    );
 
     // Deleting the machines releases their namespaces.
     for machine in [none, public, allow, fork] {

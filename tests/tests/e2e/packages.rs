@@ -11,14 +11,13 @@ use std::sync::Arc;
 
 use evervm::{Client, Machine};
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::value;
 use evervm_tests::backends;
 
 /// A wheel: its file name and bytes, made from `files` (path in the archive, contents) plus the
 /// dist-info this needs.
-fn wheel(
+pub(crate) fn wheel(
     name: &str,
     version: &str,
     tag: &str,
@@ -89,31 +88,35 @@ PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
     std::fs::read(library).unwrap()
 }
 
-/// A package index on loopback: PEP 691 pages and files, from a map of paths to bodies. Counts
-/// requests, so that a test can see the engine's wheel cache at work.
-struct Index {
-    url: String,
+/// A package index: PEP 691 pages and files, from a map of paths to bodies, served on
+/// `listener` by a thread (for the life of the test binary). Counts requests, so that a test can
+/// see the engine's wheel cache at work.
+pub(crate) struct Index {
+    pub(crate) url: String,
     requests: Arc<std::sync::atomic::AtomicUsize>,
 }
 
-async fn serve(routes: HashMap<String, Vec<u8>>) -> Index {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    let routes = Arc::new(routes);
+pub(crate) fn serve(
+    listener: std::net::TcpListener,
+    routes: HashMap<String, Vec<u8>>,
+    host: &str,
+) -> Index {
+    use std::io::Read;
+
+    let port = listener.local_addr().unwrap().port();
     let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = Arc::clone(&requests);
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut stream, _)) = listener.accept().await else {
-                return;
-            };
-            let routes = Arc::clone(&routes);
+    let routes = Arc::new(routes);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
             counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            tokio::spawn(async move {
+            let routes = Arc::clone(&routes);
+            std::thread::spawn(move || {
                 let mut head = Vec::new();
                 let mut byte = [0u8; 1];
                 while !head.ends_with(b"\r\n\r\n") && head.len() < 16 * 1024 {
-                    if stream.read(&mut byte).await.unwrap_or(0) == 0 {
+                    if stream.read(&mut byte).unwrap_or(0) == 0 {
                         return;
                     }
                     head.push(byte[0]);
@@ -124,25 +127,30 @@ async fn serve(routes: HashMap<String, Vec<u8>>) -> Index {
                     Some(body) => ("200 OK", body.clone()),
                     None => ("404 Not Found", b"not found".to_vec()),
                 };
+                let kind = if path.starts_with("/files/") {
+                    "application/octet-stream"
+                } else {
+                    "application/vnd.pypi.simple.v1+json"
+                };
                 let answer = format!(
-                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nContent-Type: \
-                     application/vnd.pypi.simple.v1+json\r\nConnection: close\r\n\r\n",
+                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nContent-Type: {kind}\r\n\
+                     Connection: close\r\n\r\n",
                     body.len()
                 );
-                let _ = stream.write_all(answer.as_bytes()).await;
-                let _ = stream.write_all(&body).await;
+                let _ = stream.write_all(answer.as_bytes());
+                let _ = stream.write_all(&body);
             });
         }
     });
     Index {
-        url: format!("http://{address}/simple/"),
+        url: format!("http://{host}:{port}/simple/"),
         requests,
     }
 }
 
 /// Adds a project to the index's routes: its page lists `files` (name, bytes, listed sha256 or
 /// the real one).
-fn project(
+pub(crate) fn project(
     routes: &mut HashMap<String, Vec<u8>>,
     name: &str,
     files: Vec<(String, Vec<u8>, Option<String>)>,
@@ -165,7 +173,7 @@ fn project(
     );
 }
 
-async fn the_index(scratch: &Path) -> Index {
+fn the_index(scratch: &Path) -> Index {
     let mut routes = HashMap::new();
     let helper = wheel(
         "evervm-helper",
@@ -262,7 +270,8 @@ async fn the_index(scratch: &Path) -> Index {
         "evervm-tampered",
         vec![(tampered.0, tampered.1, Some("0".repeat(64)))],
     );
-    serve(routes).await
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    serve(listener, routes, "127.0.0.1")
 }
 
 async fn engine_on(home: &Path, index: &Index) -> (evervm::engine::Engine, Client) {
@@ -287,7 +296,7 @@ async fn installed_wheels_are_importable_and_survive_swap_fork_and_restart() {
         return;
     }
     let scratch = tempfile::tempdir().unwrap();
-    let index = the_index(scratch.path()).await;
+    let index = the_index(scratch.path());
     let home = tempfile::tempdir().unwrap();
     let (engine, client) = engine_on(home.path(), &index).await;
     let machine = crate::new_machine(&client, Some("minimal")).await;

@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::fsutil::{fsync_dir, write_durably};
 
 /// Bumped whenever the builder changes what it puts in an image.
-const BUILDER_VERSION: u32 = 2;
+const BUILDER_VERSION: u32 = 3;
 /// Where the agent lives inside an image.
 pub const AGENT_PATH: &str = "/opt/evervm/agent.py";
 /// The unprivileged user machines run as inside the sandbox.
@@ -74,6 +74,8 @@ impl Profile {
             "python3.11-minimal",
             "libpython3.11-stdlib",
             "busybox-static",
+            // `pip install` in a machine with a network (without one, `install` is the way).
+            "python3-pip",
         ];
         if self == Profile::Data {
             roots.extend([

@@ -139,7 +139,13 @@ pub(super) fn configure_root(root: &Path, profile: Profile) -> Result<()> {
             &format!("{MPLCONFIGDIR}/matplotlibrc"),
             "backend: Agg\n",
         )?;
-        write_ca_bundle(root)?;
+    }
+    write_ca_bundle(root)?;
+    // pip installs into the machine's user site-packages: the image is the machine's own, so
+    // Debian's marker (PEP 668) that makes pip refuse to install at all is taken out.
+    let managed = root.join("usr/lib/python3.11/EXTERNALLY-MANAGED");
+    if managed.exists() {
+        std::fs::remove_file(managed)?;
     }
     Ok(())
 }
