@@ -4,6 +4,8 @@
 // Test support: a failed set-up should stop the test at once.
 #![allow(clippy::expect_used, clippy::panic)]
 
+pub mod package_index;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::OnceLock;

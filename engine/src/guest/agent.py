@@ -1263,18 +1263,36 @@ def op_write(request):
         resolved.close()
 
 
+_PACKAGES_HELPER = r'''
+"""evervm's package helper: run by the agent as a child process (`python3 -I -c`), so that
+what it imports and reads (importlib.metadata, zipfile, every distribution's metadata) never
+weighs on the machine's own interpreter and its snapshots. `report PATH_JSON` prints what the
+machine runs and has on that sys.path; `install SITE BASE WHEEL...` unpacks wheels. Prints one
+JSON object."""
+
+import json
+import os
+import sys
+
+
+class FileError(Exception):
+    def __init__(self, kind, message):
+        super().__init__(message)
+        self.kind = kind
+
+
 def _canonical_name(name):
     import re
 
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def op_packages(request):
+def _report(path):
     import importlib.metadata
     import platform
 
     installed = {}
-    for dist in importlib.metadata.distributions():
+    for dist in importlib.metadata.distributions(path=path):
         try:
             name = dist.metadata["Name"]
             version = dist.version
@@ -1292,7 +1310,7 @@ def op_packages(request):
         libc = os.confstr("CS_GNU_LIBC_VERSION")
     except (AttributeError, ValueError, OSError):
         libc = None
-    send({
+    return {
         "ev": "packages",
         "environment": {
             "implementation_name": implementation.name,
@@ -1309,7 +1327,7 @@ def op_packages(request):
         },
         "libc": libc,
         "installed": installed,
-    })
+    }
 
 
 def _uninstall(site_dir, project):
@@ -1418,6 +1436,69 @@ def _install_wheel(path, site_dir, user_base):
             writer.writerow([os.path.relpath(record, site_dir), "", ""])
 
 
+
+def _main(argv):
+    try:
+        if argv[0] == "report":
+            answer = _report(json.loads(argv[1]))
+        else:
+            site_dir, user_base = argv[1], argv[2]
+            os.makedirs(site_dir, exist_ok=True)
+            for path in argv[3:]:
+                try:
+                    _install_wheel(path, site_dir, user_base)
+                except FileError:
+                    raise
+                except Exception as exc:
+                    raise FileError("invalid", "%s: %s: %s"
+                                    % (os.path.basename(path), type(exc).__name__, exc))
+            answer = {"ev": "installed", "site": site_dir}
+    except FileError as exc:
+        answer = {"ev": "file_error", "kind": exc.kind, "error": str(exc)}
+    except Exception as exc:
+        answer = {"ev": "file_error", "kind": "io", "error": "%s: %s" % (type(exc).__name__, exc)}
+    sys.stdout.write(json.dumps(answer))
+
+
+_main(sys.argv[1:])
+'''
+
+
+def _run_package_helper(args):
+    """Runs the package helper in a child process and sends its answer on."""
+    read_end, write_end = os.pipe()
+    try:
+        pid = os.posix_spawn(
+            sys.executable,
+            [sys.executable, "-I", "-c", _PACKAGES_HELPER] + args,
+            dict(os.environ),
+            file_actions=[(os.POSIX_SPAWN_DUP2, write_end, 1), (os.POSIX_SPAWN_CLOSE, read_end)],
+        )
+    finally:
+        os.close(write_end)
+    chunks = []
+    try:
+        while True:
+            data = os.read(read_end, 1 << 16)
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(read_end)
+        os.waitpid(pid, 0)
+    try:
+        answer = json.loads(b"".join(chunks))
+    except ValueError:
+        raise FileError("io", "the package helper stopped without an answer")
+    if not isinstance(answer, dict):
+        raise FileError("io", "the package helper answered something else")
+    return answer
+
+
+def op_packages(request):
+    send(_run_package_helper(["report", json.dumps([p for p in sys.path if isinstance(p, str)])]))
+
+
 def _activate_site(site_dir):
     """Puts the user's site-packages on sys.path where Python would have at start (before the
     system's), runs its .pth files, and forgets what imports looked up before."""
@@ -1445,18 +1526,10 @@ def op_install(request):
     wheels = [w for w in request.get("wheels") or [] if isinstance(w, str)]
     try:
         site_dir = site.getusersitepackages()
-        user_base = site.getuserbase()
-        os.makedirs(site_dir, exist_ok=True)
-        for path in wheels:
-            try:
-                _install_wheel(path, site_dir, user_base)
-            except FileError:
-                raise
-            except Exception as exc:
-                raise FileError("invalid", "%s: %s: %s"
-                                % (os.path.basename(path), type(exc).__name__, exc))
-        _activate_site(site_dir)
-        send({"ev": "installed", "site": site_dir})
+        answer = _run_package_helper(["install", site_dir, site.getuserbase()] + wheels)
+        if answer.get("ev") == "installed":
+            _activate_site(site_dir)
+        send(answer)
     finally:
         for path in wheels:
             try:

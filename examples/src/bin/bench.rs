@@ -18,7 +18,11 @@
 //! round trip and stdout throughput on every backend given; `--only files` the file write and
 //! read throughput (100 MiB, in-process and over HTTP) on every backend given; `--only network`
 //! what a network costs on gVisor: create plus first instruction, restore plus first
-//! instruction and the snapshot, for machines without a network and with `public`.
+//! instruction and the snapshot, for machines without a network and with `public`;
+//! `--only packages --wheels DIR` what installed packages cost on gVisor: `install` time, and the
+//! snapshot before and after, for each project of the wheels in DIR (served by the bench on
+//! loopback as a package index; `pip download --only-binary=:all: --python-version 3.11
+//! --platform manylinux2014_x86_64 -d DIR requests numpy` makes such a directory).
 #![allow(clippy::print_stdout)]
 
 use std::time::{Duration, Instant};
@@ -38,6 +42,8 @@ struct Args {
     density: usize,
     /// Only this part (`exec`, `swap`, `density`).
     only: Option<String>,
+    /// Wheels for `--only packages`.
+    wheels: Option<std::path::PathBuf>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -47,6 +53,7 @@ fn parse_args() -> Result<Args> {
         throughput_only: false,
         density: 300,
         only: None,
+        wheels: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -57,15 +64,17 @@ fn parse_args() -> Result<Args> {
             "--rounds" => args.rounds = it.next().context("--rounds needs a number")?.parse()?,
             "--throughput-only" => args.throughput_only = true,
             "--density" => args.density = it.next().context("--density needs a number")?.parse()?,
+            "--wheels" => {
+                args.wheels = Some(it.next().context("--wheels needs a directory")?.into());
+            }
             "--only" => {
-                args.only = Some(
-                    it.next()
-                        .context("--only needs exec, files, images, network, swap or density")?,
-                );
+                args.only = Some(it.next().context(
+                    "--only needs exec, files, images, network, packages, swap or density",
+                )?);
             }
             other => bail!(
                 "unknown argument {other:?}; use --backend NAME, --rounds N, --throughput-only, \
-                 --density N, --only exec|files|images|network|swap|density"
+                 --density N, --only exec|files|images|network|packages|swap|density, --wheels DIR"
             ),
         }
     }
@@ -535,6 +544,70 @@ async fn network_figures() -> Result<()> {
     Ok(())
 }
 
+/// What installed packages cost a machine on gVisor (minimal image): the install itself (the
+/// wheels already in the engine's cache after the first machine), and the snapshot before and
+/// after it.
+async fn package_figures(wheels: &std::path::Path) -> Result<()> {
+    let routes = evervm_tests::package_index::routes_for_wheels(wheels)
+        .with_context(|| format!("reading wheels from {}", wheels.display()))?;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let index = evervm_tests::package_index::serve(listener, routes, "127.0.0.1");
+    let mut projects: Vec<String> = std::fs::read_dir(wheels)?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+        .filter_map(|n| n.strip_suffix(".whl").map(str::to_owned))
+        .filter_map(|n| n.split('-').next().map(str::to_owned))
+        .collect();
+    projects.sort();
+    projects.dedup();
+    let home = tempfile::tempdir()?;
+    let mut config = EngineConfig::new(home.path());
+    config.backend = BackendChoice::parse("gvisor");
+    config.pool_size = 1;
+    config.idle_swap = None;
+    config.default_image = evervm::engine::guest::image::Profile::Minimal;
+    config.packages.index_url = index.url.clone();
+    let engine = Engine::open(config).await?;
+    let client = Client::from_engine(engine.clone(), engine.ensure_account("bench").await?);
+    let snapshot_mb = |machine: &evervm::Machine| {
+        dir_bytes(
+            &home
+                .path()
+                .join("machines")
+                .join(machine.name())
+                .join("snapshot"),
+        ) as f64
+            / 1e6
+    };
+    println!("packages (minimal image, wheels from {})", wheels.display());
+    for project in projects {
+        for pass in ["first, downloading", "again, from the cache"] {
+            let machine = client
+                .create_machine(CreateMachineOptions::default())
+                .await?;
+            machine.exec("x = 1").await?;
+            machine.swap_out().await?;
+            let before = snapshot_mb(&machine);
+            let started = Instant::now();
+            let report = machine.install(&[project.as_str()]).await?;
+            let took = started.elapsed();
+            machine.swap_out().await?;
+            let after = snapshot_mb(&machine);
+            let wheels_mb: f64 = report.installed.iter().map(|p| p.bytes as f64).sum::<f64>() / 1e6;
+            println!(
+                "  install {project} ({pass}): {} packages, {wheels_mb:.2} MB of wheels, {:.0} ms; \
+                 snapshot {before:.2} -> {after:.2} MB",
+                report.installed.len(),
+                took.as_secs_f64() * 1e3
+            );
+            machine.delete().await?;
+        }
+    }
+    println!("  index requests: {}", index.requests());
+    engine.shutdown().await;
+    Ok(())
+}
+
 /// Memory of the engine process plus every sandbox process of `home` (PSS, bytes).
 fn engine_memory(home: &std::path::Path) -> u64 {
     own_pss() + pss_of(&home.join("runsc").display().to_string())
@@ -744,6 +817,16 @@ async fn main() -> Result<()> {
         if args.only.as_deref() == Some("images") {
             if backend == "gvisor" {
                 image_figures().await?;
+            }
+            continue;
+        }
+        if args.only.as_deref() == Some("packages") {
+            let wheels = args
+                .wheels
+                .as_deref()
+                .context("--only packages needs --wheels DIR")?;
+            if backend == "gvisor" {
+                package_figures(wheels).await?;
             }
             continue;
         }

@@ -135,20 +135,20 @@ fn build_internet() -> Internet {
         }
     });
     std::thread::spawn(move || serve_test_dns(&dns));
-    let mut routes = std::collections::HashMap::new();
-    let greeting = crate::packages::wheel(
+    let mut routes = evervm_tests::package_index::Routes::default();
+    let greeting = evervm_tests::package_index::wheel(
         "evervm-fetched",
         "1.0",
         "py3-none-any",
         &[],
         &[("evervm_fetched.py", b"WHERE = 'the index'\n".to_vec())],
     );
-    crate::packages::project(
+    evervm_tests::package_index::project(
         &mut routes,
         "evervm-fetched",
         vec![(greeting.0, greeting.1, None)],
     );
-    crate::packages::serve(index, routes, "allowed.test");
+    evervm_tests::package_index::serve(index, routes, "allowed.test");
     let host_listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
     let host_listener_port = host_listener.local_addr().unwrap().port();
     std::thread::spawn(move || {

@@ -3,60 +3,13 @@
 //! for the machines' CPython), a project with a source distribution only, and a wheel whose
 //! listed sha256 is wrong. The machines themselves have no network.
 
-use std::collections::HashMap;
-use std::fmt::Write as _;
-use std::io::Write;
 use std::path::Path;
-use std::sync::Arc;
 
 use evervm::{Client, Machine};
-use sha2::{Digest, Sha256};
 
 use crate::value;
 use evervm_tests::backends;
-
-/// A wheel: its file name and bytes, made from `files` (path in the archive, contents) plus the
-/// dist-info this needs.
-pub(crate) fn wheel(
-    name: &str,
-    version: &str,
-    tag: &str,
-    requires: &[&str],
-    files: &[(&str, Vec<u8>)],
-) -> (String, Vec<u8>) {
-    let dist = name.replace('-', "_");
-    let dist_info = format!("{dist}-{version}.dist-info");
-    let mut metadata = format!("Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n");
-    for requirement in requires {
-        writeln!(metadata, "Requires-Dist: {requirement}").unwrap();
-    }
-    let wheel_file = format!(
-        "Wheel-Version: 1.0\nGenerator: evervm-tests\nRoot-Is-Purelib: {}\nTag: {tag}\n",
-        tag.ends_with("-any")
-    );
-    let mut entries: Vec<(String, Vec<u8>)> = files
-        .iter()
-        .map(|(path, data)| ((*path).to_owned(), data.clone()))
-        .collect();
-    entries.push((format!("{dist_info}/METADATA"), metadata.into_bytes()));
-    entries.push((format!("{dist_info}/WHEEL"), wheel_file.into_bytes()));
-    let mut record = String::new();
-    for (path, _) in &entries {
-        writeln!(record, "{path},,").unwrap();
-    }
-    writeln!(record, "{dist_info}/RECORD,,").unwrap();
-    entries.push((format!("{dist_info}/RECORD"), record.into_bytes()));
-    let mut out = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
-    let options = zip::write::SimpleFileOptions::default()
-        .compression_method(zip::CompressionMethod::Deflated)
-        .unix_permissions(0o644);
-    for (path, data) in entries {
-        out.start_file(path, options).unwrap();
-        out.write_all(&data).unwrap();
-    }
-    let bytes = out.finish().unwrap().into_inner();
-    (format!("{dist}-{version}-{tag}.whl"), bytes)
-}
+use evervm_tests::package_index::{Index, project, serve, wheel};
 
 /// A C extension module `evervm_native._native` with `add(a, b)`, compiled for CPython 3.11
 /// (Debian's headers, as in the machines' image).
@@ -88,93 +41,8 @@ PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
     std::fs::read(library).unwrap()
 }
 
-/// A package index: PEP 691 pages and files, from a map of paths to bodies, served on
-/// `listener` by a thread (for the life of the test binary). Counts requests, so that a test can
-/// see the engine's wheel cache at work.
-pub(crate) struct Index {
-    pub(crate) url: String,
-    requests: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-pub(crate) fn serve(
-    listener: std::net::TcpListener,
-    routes: HashMap<String, Vec<u8>>,
-    host: &str,
-) -> Index {
-    use std::io::Read;
-
-    let port = listener.local_addr().unwrap().port();
-    let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = Arc::clone(&requests);
-    let routes = Arc::new(routes);
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let routes = Arc::clone(&routes);
-            std::thread::spawn(move || {
-                let mut head = Vec::new();
-                let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") && head.len() < 16 * 1024 {
-                    if stream.read(&mut byte).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    head.push(byte[0]);
-                }
-                let head = String::from_utf8_lossy(&head);
-                let path = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
-                let (status, body) = match routes.get(&path) {
-                    Some(body) => ("200 OK", body.clone()),
-                    None => ("404 Not Found", b"not found".to_vec()),
-                };
-                let kind = if path.starts_with("/files/") {
-                    "application/octet-stream"
-                } else {
-                    "application/vnd.pypi.simple.v1+json"
-                };
-                let answer = format!(
-                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nContent-Type: {kind}\r\n\
-                     Connection: close\r\n\r\n",
-                    body.len()
-                );
-                let _ = stream.write_all(answer.as_bytes());
-                let _ = stream.write_all(&body);
-            });
-        }
-    });
-    Index {
-        url: format!("http://{host}:{port}/simple/"),
-        requests,
-    }
-}
-
-/// Adds a project to the index's routes: its page lists `files` (name, bytes, listed sha256 or
-/// the real one).
-pub(crate) fn project(
-    routes: &mut HashMap<String, Vec<u8>>,
-    name: &str,
-    files: Vec<(String, Vec<u8>, Option<String>)>,
-) {
-    let mut listed = Vec::new();
-    for (file_name, bytes, sha256) in files {
-        let sha256 = sha256.unwrap_or_else(|| hex::encode(Sha256::digest(&bytes)));
-        listed.push(serde_json::json!({
-            "filename": file_name,
-            "url": format!("../../files/{file_name}"),
-            "hashes": {"sha256": sha256},
-            "requires-python": ">=3.8",
-        }));
-        routes.insert(format!("/files/{file_name}"), bytes);
-    }
-    let page = serde_json::json!({"meta": {"api-version": "1.1"}, "name": name, "files": listed});
-    routes.insert(
-        format!("/simple/{name}/"),
-        serde_json::to_vec(&page).unwrap(),
-    );
-}
-
 fn the_index(scratch: &Path) -> Index {
-    let mut routes = HashMap::new();
+    let mut routes = evervm_tests::package_index::Routes::default();
     let helper = wheel(
         "evervm-helper",
         "1.2",
@@ -395,9 +263,9 @@ async fn installed_wheels_are_importable_and_survive_swap_fork_and_restart() {
         "4"
     );
     let second = crate::new_machine(&client, Some("minimal")).await;
-    let before = index.requests.load(std::sync::atomic::Ordering::SeqCst);
+    let before = index.requests();
     second.install(&["evervm-helper==1.2"]).await.unwrap();
-    let after = index.requests.load(std::sync::atomic::Ordering::SeqCst);
+    let after = index.requests();
     assert_eq!(
         after - before,
         1,
