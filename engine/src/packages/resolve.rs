@@ -395,3 +395,92 @@ fn sdist_version(filename: &str, name: &str) -> Option<Version> {
     let project = PackageName::from_str(project).ok()?;
     (project.to_string() == name).then(|| Version::from_str(version).ok())?
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use url::Url;
+
+    fn machine() -> MachinePython {
+        let environment = ReportedEnvironment {
+            implementation_name: "cpython".into(),
+            implementation_version: "3.11.2".into(),
+            os_name: "posix".into(),
+            platform_machine: "x86_64".into(),
+            platform_python_implementation: "CPython".into(),
+            platform_release: "4.4.0".into(),
+            platform_system: "Linux".into(),
+            platform_version: "#1 SMP".into(),
+            python_full_version: "3.11.2".into(),
+            python_version: "3.11".into(),
+            sys_platform: "linux".into(),
+        };
+        let installed = [("numpy".to_owned(), "1.24.2".to_owned())].into();
+        MachinePython::new(&environment, Some("glibc 2.36"), installed).unwrap()
+    }
+
+    fn file(filename: &str, requires_python: Option<&str>) -> IndexFile {
+        IndexFile {
+            filename: filename.to_owned(),
+            url: Url::parse("https://example.com/x").unwrap(),
+            sha256: Some("0".repeat(64)),
+            requires_python: requires_python.map(str::to_owned),
+            yanked: false,
+            size: None,
+        }
+    }
+
+    fn best(spec: &str, files: &[IndexFile]) -> Result<String> {
+        let specifiers = VersionSpecifiers::from_str(spec).unwrap();
+        best_file(&machine(), "a", &specifiers, files).map(|(f, _)| f.filename)
+    }
+
+    #[test]
+    fn requirements_are_parsed_and_urls_refused() {
+        let parsed = parse_requirements(&[
+            "requests[socks]>=2.31,<3 ; python_version >= '3.8'".into(),
+            format!("idna==3.7 --hash=sha256:{}", "AB".repeat(32)),
+        ])
+        .unwrap();
+        assert_eq!(parsed[0].0.name.to_string(), "requests");
+        assert_eq!(parsed[1].1, vec!["ab".repeat(32)]);
+        for bad in [
+            "x @ https://example.com/x.whl",
+            "not a requirement!",
+            "a --hash=md5:00",
+            "a --hash=sha256:00",
+            "",
+        ] {
+            assert!(parse_requirements(&[bad.into()]).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_newest_usable_wheel_is_chosen() {
+        let files = [
+            file("a-1.0-py3-none-any.whl", None),
+            file("a-2.0-py3-none-any.whl", None),
+            file("a-2.0-cp311-cp311-manylinux2014_x86_64.whl", None),
+            file("a-3.0-cp312-cp312-manylinux2014_x86_64.whl", None),
+            file("a-3.1-py3-none-any.whl", Some(">=3.12")),
+            file("a-4.0b1-py3-none-any.whl", None),
+            file("a-5.0.tar.gz", None),
+        ];
+        assert_eq!(
+            best("", &files).unwrap(),
+            "a-2.0-cp311-cp311-manylinux2014_x86_64.whl"
+        );
+        assert_eq!(best("<2", &files).unwrap(), "a-1.0-py3-none-any.whl");
+        assert_eq!(best(">=4.0b1", &files).unwrap(), "a-4.0b1-py3-none-any.whl");
+        let sdist = best("==5.0", &files).unwrap_err().to_string();
+        assert!(sdist.contains("no wheel"), "{sdist}");
+        let none = best("==9", &files).unwrap_err().to_string();
+        assert!(none.contains("no version"), "{none}");
+        let mut yanked = file("a-6.0-py3-none-any.whl", None);
+        yanked.yanked = true;
+        assert_eq!(
+            best("==6.0", &[yanked]).unwrap_err().kind(),
+            crate::ErrorKind::InvalidInput
+        );
+    }
+}
