@@ -822,6 +822,7 @@ def _stop_executing():
 
 
 def run_instruction(machine, captures, request):
+    _notice_user_site()
     instruction_id = request["id"]
     timeout_s = max(0.001, request.get("timeout_ms", 15000) / 1000.0)
     STATE.current = instruction_id
@@ -1499,6 +1500,20 @@ def op_packages(request):
     send(_run_package_helper(["report", json.dumps([p for p in sys.path if isinstance(p, str)])]))
 
 
+# The user's site-packages while it does not exist yet.
+_PENDING_SITE = None
+
+
+def _notice_user_site():
+    """Once the user's site-packages exists (`pip install` in a subprocess made it), imports look
+    in it: Python remembers a missing directory on sys.path as having no finder. One stat per
+    instruction until then."""
+    global _PENDING_SITE
+    if _PENDING_SITE is not None and os.path.isdir(_PENDING_SITE):
+        sys.path_importer_cache.pop(_PENDING_SITE, None)
+        _PENDING_SITE = None
+
+
 def _activate_site(site_dir):
     """Puts the user's site-packages on sys.path where Python would have at start (before the
     system's), runs its .pth files, and forgets what imports looked up before."""
@@ -1517,6 +1532,7 @@ def _activate_site(site_dir):
         for entry in added:
             sys.path.remove(entry)
         sys.path[position:position] = added
+    sys.path_importer_cache.pop(site_dir, None)
     importlib.invalidate_caches()
 
 
@@ -1529,6 +1545,7 @@ def op_install(request):
         answer = _run_package_helper(["install", site_dir, site.getuserbase()] + wheels)
         if answer.get("ev") == "installed":
             _activate_site(site_dir)
+            _notice_user_site()
         send(answer)
     finally:
         for path in wheels:
@@ -1614,7 +1631,7 @@ def main():
     builtins.display = display
     signal.signal(signal.SIGINT, _on_sigint)
     signal.signal(signal.SIGALRM, _on_sigalrm)
-    global OUTPUT, WATCHER
+    global OUTPUT, WATCHER, _PENDING_SITE
     WATCHER = Watcher()
     captures = [Capture(1, "stdout"), Capture(2, "stderr")]
     # Writes to fds 1 and 2 (C code, subprocesses) arrive through the pipes; Python's own
@@ -1634,14 +1651,15 @@ def main():
     sys.argv = [""]
     if sys.path and sys.path[0] in ("", os.path.dirname(AGENT_FILE)):
         sys.path[0] = os.getcwd()
-    # The user's site-packages is on sys.path from the start (made if need be), so that what
-    # `pip install` (into it, as the image's own is not writable) or `install` puts there is
-    # importable at once.
+    # The user's site-packages is on sys.path from the start, even before it exists, so that
+    # what `pip install` (into it, as the image's own is not writable) or `install` puts there
+    # is importable at once (see `_notice_user_site`).
     try:
         import site
 
-        os.makedirs(site.getusersitepackages(), exist_ok=True)
         _activate_site(site.getusersitepackages())
+        if not os.path.isdir(site.getusersitepackages()):
+            _PENDING_SITE = site.getusersitepackages()
     except Exception:
         pass
     machine = Machine()
