@@ -126,11 +126,16 @@ enum Command {
 
 #[derive(Subcommand)]
 enum ImageCommand {
-    /// Build an image from Debian packages (nothing is rebuilt unless an input changed).
+    /// Build an image from Debian packages (nothing is rebuilt unless an input changed): a
+    /// built-in profile, or a custom image from its profile file (a base, extra Debian
+    /// packages, PyPI wheels; see the README's "Custom images"), which also writes FILE's lock
+    /// file (FILE with `.lock`).
     Build {
+        /// A custom image's profile file (TOML).
+        file: Option<std::path::PathBuf>,
         /// `data` (CPython 3.11 with numpy, pandas, matplotlib, requests, ...) or `minimal`
-        /// (CPython 3.11 alone).
-        #[arg(long, default_value = "data")]
+        /// (CPython 3.11 alone), when no FILE is given.
+        #[arg(long, default_value = "data", conflicts_with = "file")]
         profile: String,
     },
 }
@@ -366,14 +371,20 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Image {
-            command: ImageCommand::Build { profile },
+            command: ImageCommand::Build { file, profile },
         } => {
             let home = target
                 .home
                 .clone()
                 .unwrap_or_else(evervm::admin::default_home);
-            let root = evervm::admin::build_image(&home, &profile)?;
-            println!("{}", root.display());
+            if let Some(file) = file {
+                let (id, lock) = evervm::admin::build_custom_image(&home, &file).await?;
+                eprintln!("evervm image: wrote {}", lock.display());
+                println!("{id}");
+            } else {
+                let root = evervm::admin::build_image(&home, &profile)?;
+                println!("{}", root.display());
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Machine { command } => {

@@ -77,9 +77,35 @@ pub fn parse_duration(text: &str) -> Result<Duration> {
 /// Returns the image's root directory.
 pub fn build_image(home: &Path, profile: &str) -> Result<PathBuf> {
     let profile = Profile::parse(profile)?;
+    if let Profile::Custom(name) = &profile {
+        return Err(crate::Error::new(
+            crate::ErrorKind::InvalidInput,
+            format!(
+                "{name:?} is not a built-in profile (`minimal` or `data`); a custom image is \
+                 built from its profile file: `evervm image build FILE.toml`"
+            ),
+        ));
+    }
     let builder = ImageBuilder::new(EngineConfig::new(home).images_dir);
-    let image = builder.ensure(profile, &StderrProgress::default())?;
+    let image = builder.ensure(&profile, &StderrProgress::default())?;
     Ok(image.root)
+}
+
+/// Builds the custom image a profile file describes (see
+/// [`evervm_engine::guest::image::custom`]) where the engine on `home` looks for images, and
+/// writes its lock file beside the profile. Returns the image's id and the lock file's path.
+pub async fn build_custom_image(home: &Path, profile_file: &Path) -> Result<(String, PathBuf)> {
+    use evervm_engine::guest::image::custom;
+    let config = EngineConfig::new(home);
+    let builder = ImageBuilder::new(config.images_dir.clone());
+    let (image, _lock) = custom::build(
+        &builder,
+        &config.packages,
+        config.home.join("wheels"),
+        profile_file,
+    )
+    .await?;
+    Ok((image.id, custom::lock_path(profile_file)))
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ impl Resident {
 }
 
 /// The pool's key: sandboxes are interchangeable when these match.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Shape {
     pub profile: Profile,
     pub memory_mb: u32,
@@ -55,7 +55,11 @@ const DATA_WARM_UP: &str = "for _m in ('numpy', 'pandas', 'matplotlib', 'matplot
 
 /// `<home>/base/<profile>-<memory_mb>` (`-imported` when it imported the `data` image's
 /// libraries): the base snapshot new machines of a shape start from.
-pub(crate) fn base_dir(home: &std::path::Path, shape: Shape, imported: bool) -> std::path::PathBuf {
+pub(crate) fn base_dir(
+    home: &std::path::Path,
+    shape: &Shape,
+    imported: bool,
+) -> std::path::PathBuf {
     let suffix = if imported { "-imported" } else { "" };
     home.join("base").join(format!(
         "{}-{}{suffix}",
@@ -65,7 +69,7 @@ pub(crate) fn base_dir(home: &std::path::Path, shape: Shape, imported: bool) -> 
 }
 
 /// Whether the shape's base snapshot imports the data libraries (the operator asked).
-fn imports_libraries(engine: &EngineInner, shape: Shape) -> bool {
+fn imports_libraries(engine: &EngineInner, shape: &Shape) -> bool {
     shape.profile == Profile::Data && engine.config.base_preimport
 }
 
@@ -77,13 +81,13 @@ pub(crate) fn sandbox_id() -> String {
 
 /// A ready sandbox: restored from the shape's base snapshot where the backend has snapshots
 /// (the base is made first if needed), else booted.
-pub(crate) async fn start_sandbox(engine: &EngineInner, shape: Shape) -> Result<Resident> {
+pub(crate) async fn start_sandbox(engine: &EngineInner, shape: &Shape) -> Result<Resident> {
     let started = start_sandbox_unmeasured(engine, shape).await;
     engine.metrics.sandbox_started(started.is_ok());
     started
 }
 
-async fn start_sandbox_unmeasured(engine: &EngineInner, shape: Shape) -> Result<Resident> {
+async fn start_sandbox_unmeasured(engine: &EngineInner, shape: &Shape) -> Result<Resident> {
     if !engine.backend.capabilities().snapshots {
         return boot_sandbox(engine, shape, None).await;
     }
@@ -100,12 +104,12 @@ async fn start_sandbox_unmeasured(engine: &EngineInner, shape: Shape) -> Result<
 }
 
 /// A sandbox restored from the shape's base snapshot, its random generators reseeded.
-async fn restore_base(engine: &EngineInner, shape: Shape) -> Result<Resident> {
+async fn restore_base(engine: &EngineInner, shape: &Shape) -> Result<Resident> {
     let (dir, manifest) = ensure_base(engine, shape).await?;
     let spec = SandboxSpec {
         id: sandbox_id(),
         memory_mb: shape.memory_mb,
-        profile: shape.profile,
+        profile: shape.profile.clone(),
         image_id: manifest.image_id.clone(),
         network: None,
     };
@@ -143,15 +147,15 @@ pub(crate) async fn connect_restored(
 /// on the image new sandboxes run), made when missing or stale.
 async fn ensure_base(
     engine: &EngineInner,
-    shape: Shape,
+    shape: &Shape,
 ) -> Result<(std::path::PathBuf, SnapshotManifest)> {
-    let slot = Arc::clone(lock(&engine.pool.bases).entry(shape).or_default());
+    let slot = Arc::clone(lock(&engine.pool.bases).entry(shape.clone()).or_default());
     let mut base = slot.lock().await;
     let dir = base_dir(&engine.config.home, shape, imports_libraries(engine, shape));
     if let Some(manifest) = base.as_ref() {
         return Ok((dir, manifest.clone()));
     }
-    let current = engine.backend.current_image(shape.profile).await?;
+    let current = engine.backend.current_image(shape.profile.clone()).await?;
     let found = {
         let dir = dir.clone();
         let describe = engine.backend.describe();
@@ -174,7 +178,7 @@ async fn ensure_base(
 /// Boots a sandbox, warms it up, and checkpoints it into `dir`.
 async fn make_base(
     engine: &EngineInner,
-    shape: Shape,
+    shape: &Shape,
     dir: &std::path::Path,
 ) -> Result<SnapshotManifest> {
     if let Some(hook) = &engine.config.hooks.before_base {
@@ -240,7 +244,7 @@ async fn make_base(
 /// snapshot (those have no network).
 pub(crate) async fn start_networked(
     engine: &EngineInner,
-    shape: Shape,
+    shape: &Shape,
     network: SandboxNetwork,
 ) -> Result<Resident> {
     let started = boot_sandbox(engine, shape, Some(network)).await;
@@ -251,13 +255,13 @@ pub(crate) async fn start_networked(
 /// Boots one sandbox and waits for its agent.
 async fn boot_sandbox(
     engine: &EngineInner,
-    shape: Shape,
+    shape: &Shape,
     network: Option<SandboxNetwork>,
 ) -> Result<Resident> {
     let spec = SandboxSpec {
         id: sandbox_id(),
         memory_mb: shape.memory_mb,
-        profile: shape.profile,
+        profile: shape.profile.clone(),
         image_id: None,
         network,
     };
@@ -282,10 +286,10 @@ async fn boot_sandbox(
 impl Pool {
     /// A ready sandbox of this shape: from the pool when it has one, else started now. Either
     /// way the pool is topped up in the background.
-    pub(crate) async fn take(engine: &Arc<EngineInner>, shape: Shape) -> Result<Resident> {
+    pub(crate) async fn take(engine: &Arc<EngineInner>, shape: &Shape) -> Result<Resident> {
         let pooled = {
             let mut ready = lock(&engine.pool.ready);
-            ready.get_mut(&shape).and_then(Vec::pop)
+            ready.get_mut(shape).and_then(Vec::pop)
         };
         Self::refill(engine, shape);
         if let Some(mut resident) = pooled {
@@ -298,27 +302,29 @@ impl Pool {
     }
 
     /// Starts sandboxes until the pool holds `pool_size` of this shape.
-    pub(crate) fn refill(engine: &Arc<EngineInner>, shape: Shape) {
+    pub(crate) fn refill(engine: &Arc<EngineInner>, shape: &Shape) {
         let target = engine.config.pool_size;
         let wanted = {
-            let ready = lock(&engine.pool.ready).get(&shape).map_or(0, Vec::len);
+            let ready = lock(&engine.pool.ready).get(shape).map_or(0, Vec::len);
             let mut starting = lock(&engine.pool.starting);
-            let in_flight = starting.entry(shape).or_insert(0);
+            let in_flight = starting.entry(shape.clone()).or_insert(0);
             let wanted = target.saturating_sub(ready + *in_flight);
             *in_flight += wanted;
             wanted
         };
         for _ in 0..wanted {
             let engine = Arc::clone(engine);
+            let shape = shape.clone();
             tokio::spawn(async move {
+                let shape = &shape;
                 let started = start_sandbox(&engine, shape).await;
-                if let Some(n) = lock(&engine.pool.starting).get_mut(&shape) {
+                if let Some(n) = lock(&engine.pool.starting).get_mut(shape) {
                     *n = n.saturating_sub(1);
                 }
                 match started {
                     Ok(resident) if !engine.closing() => {
                         lock(&engine.pool.ready)
-                            .entry(shape)
+                            .entry(shape.clone())
                             .or_default()
                             .push(resident);
                     }

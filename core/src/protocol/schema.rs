@@ -30,8 +30,12 @@ const TAG_VALUE_PATTERN: &str = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$";
 /// The regular expression of a checkpoint name (`engine::validate_checkpoint_name`).
 const CHECKPOINT_NAME_PATTERN: &str = "^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$";
 
-/// The image profiles a new machine may ask for.
-pub(crate) const IMAGES: &[&str] = &["minimal", "data"];
+/// The built-in images.
+#[cfg(test)]
+const IMAGES: &[&str] = &["minimal", "data"];
+
+/// The regular expression of an image's name (`engine::guest::image::is_image_name`).
+const IMAGE_PATTERN: &str = "^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$";
 
 /// The durabilities a new machine may ask for.
 pub(crate) const DURABILITIES: &[&str] = &["idle", "instruction"];
@@ -181,7 +185,12 @@ impl JsonSchema for Image {
     }
 
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        schema(json!({ "type": "string", "enum": IMAGES }))
+        schema(json!({
+            "type": "string",
+            "description": "`minimal`, `data`, or the name of a custom image built on the server \
+                            with `evervm image build FILE` (an unknown name is a 400).",
+            "pattern": IMAGE_PATTERN,
+        }))
     }
 }
 
@@ -286,6 +295,32 @@ mod tests {
             }
         }
         false
+    }
+
+    #[test]
+    fn image_names_follow_the_engine() {
+        let pattern = regex::Regex::new(IMAGE_PATTERN).unwrap();
+        let mut names: Vec<String> = [
+            "a", "data", "minimal", "my-image", "x1", "a-", "-a", "1a", "A", "a_b", "a.b", "", "é",
+        ]
+        .iter()
+        .map(|n| (*n).to_owned())
+        .collect();
+        names.push("a".repeat(40));
+        names.push("a".repeat(41));
+        for first in ['a', 'z', '0', '-', 'A'] {
+            for second in ['a', '9', '-', '_', ' '] {
+                names.push(format!("{first}{second}"));
+                names.push(format!("{first}{second}b"));
+            }
+        }
+        for name in names {
+            assert_eq!(
+                pattern.is_match(&name),
+                engine::guest::image::is_image_name(&name),
+                "{name:?}"
+            );
+        }
     }
 
     #[test]

@@ -46,8 +46,12 @@ impl Engine {
         }
         let profile = match request.image.as_deref() {
             Some(name) => Profile::parse(name)?,
-            None => self.inner.config.default_image,
+            None => self.inner.config.default_image.clone(),
         };
+        // A custom image must have been built here (backends without images ignore it).
+        if matches!(profile, Profile::Custom(_)) {
+            self.inner.backend.current_image(profile.clone()).await?;
+        }
         let durability = request.durability.unwrap_or_default();
         if durability == Durability::Instruction && !self.inner.backend.capabilities().snapshots {
             return Err(Error::unsupported(format!(

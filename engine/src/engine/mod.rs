@@ -74,7 +74,7 @@ impl Engine {
         let engine = Self {
             inner: Arc::new(inner),
         };
-        Pool::refill(&engine.inner, engine.default_shape());
+        Pool::refill(&engine.inner, &engine.default_shape());
         tokio::spawn(lifecycle::delete_expired_machines(Arc::downgrade(
             &engine.inner,
         )));
@@ -100,7 +100,7 @@ impl Engine {
 
     fn default_shape(&self) -> Shape {
         Shape {
-            profile: self.inner.config.default_image,
+            profile: self.inner.config.default_image.clone(),
             memory_mb: self.inner.config.default_memory_mb,
         }
     }

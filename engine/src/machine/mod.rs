@@ -156,7 +156,7 @@ impl MachineHandle {
         eager: bool,
     ) -> Arc<Self> {
         let shape = Shape {
-            profile: record.image,
+            profile: record.image.clone(),
             memory_mb: record.memory_mb,
         };
         let state = MachineState {

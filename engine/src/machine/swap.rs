@@ -123,7 +123,7 @@ async fn restore_snapshot(
     let spec = SandboxSpec {
         id: sandbox_id(),
         memory_mb: machine.shape.memory_mb,
-        profile: machine.shape.profile,
+        profile: machine.shape.profile.clone(),
         image_id: manifest.image_id.clone(),
         network: machine.sandbox_network(),
     };
@@ -154,8 +154,8 @@ async fn restore_snapshot(
 /// with a network boots one of its own (pooled sandboxes have none).
 async fn fresh_interpreter(engine: &Arc<EngineInner>, machine: &MachineHandle) -> Result<Resident> {
     let mut resident = match machine.sandbox_network() {
-        None => Pool::take(engine, machine.shape).await?,
-        Some(network) => crate::pool::start_networked(engine, machine.shape, network).await?,
+        None => Pool::take(engine, &machine.shape).await?,
+        Some(network) => crate::pool::start_networked(engine, &machine.shape, network).await?,
     };
     if machine.env.is_empty() {
         return Ok(resident);
@@ -476,7 +476,7 @@ async fn restore_uncommitted(
     let spec = SandboxSpec {
         id: sandbox_id(),
         memory_mb: machine.shape.memory_mb,
-        profile: machine.shape.profile,
+        profile: machine.shape.profile.clone(),
         image_id,
         network: machine.sandbox_network(),
     };

@@ -277,3 +277,91 @@ async fn installed_wheels_are_importable_and_survive_swap_fork_and_restart() {
     );
     engine.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_custom_image_with_a_wheel_is_built_used_and_restored() {
+    use evervm::engine::guest::image::{ImageBuilder, Profile, custom};
+
+    if !backends().iter().any(|b| b == "gvisor") {
+        eprintln!("skipping: the gVisor backend is not available here");
+        return;
+    }
+    let mut routes = evervm_tests::package_index::Routes::default();
+    let baked = wheel(
+        "evervm-baked",
+        "1.0",
+        "py3-none-any",
+        &[],
+        &[("evervm_baked.py", b"WHERE = 'the image'\n".to_vec())],
+    );
+    project(&mut routes, "evervm-baked", vec![(baked.0, baked.1, None)]);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let index = serve(listener, routes, "127.0.0.1");
+    let home = tempfile::tempdir().unwrap();
+    let profile = home.path().join("baked.toml");
+    std::fs::write(
+        &profile,
+        "name = \"evervm-test-baked\"\nbase = \"minimal\"\ndebian = [\"python3-six\"]\n\
+         wheels = [\"evervm-baked\"]\n",
+    )
+    .unwrap();
+    let mut config = crate::gvisor_config(home.path());
+    config.packages.index_url = index.url.clone();
+    let builder = ImageBuilder::new(config.images_dir.clone());
+    let wheels = home.path().join("wheels");
+    let (image, lock) = custom::build(&builder, &config.packages, wheels.clone(), &profile)
+        .await
+        .unwrap();
+    assert!(image.id.starts_with("evervm-test-baked-"), "{}", image.id);
+    assert_eq!(lock.wheels.len(), 1);
+    assert_eq!(
+        (
+            lock.wheels[0].name.as_str(),
+            lock.wheels[0].version.as_str()
+        ),
+        ("evervm-baked", "1.0")
+    );
+    assert!(lock.debian.iter().any(|p| p.name == "python3-six"));
+    let written: custom::ImageLock =
+        serde_json::from_slice(&std::fs::read(custom::lock_path(&profile)).unwrap()).unwrap();
+    assert_eq!(written, lock);
+    // Built again from its lock: the same image, nothing rebuilt.
+    let (again, _) = custom::build(&builder, &config.packages, wheels, &profile)
+        .await
+        .unwrap();
+    assert_eq!(again.id, image.id);
+
+    // The server's default image, and one a machine asks for by name.
+    config.default_image = Profile::Custom("evervm-test-baked".into());
+    let engine = evervm::engine::Engine::open(config).await.unwrap();
+    let account = engine.ensure_account("local").await.unwrap();
+    let client = Client::from_engine(engine.clone(), account);
+    let by_default = client
+        .create_machine(evervm::CreateMachineOptions::default())
+        .await
+        .unwrap();
+    let named = crate::new_machine(&client, Some("evervm-test-baked")).await;
+    let check = "import six, evervm_baked; evervm_baked.WHERE, six.__name__";
+    for machine in [&by_default, &named] {
+        assert_eq!(value(machine, check).await, "('the image', 'six')");
+        assert_eq!(
+            machine.info().await.unwrap().image.as_deref(),
+            Some("evervm-test-baked")
+        );
+    }
+    named.swap_out().await.unwrap();
+    assert_eq!(value(&named, check).await, "('the image', 'six')");
+    let unknown = client
+        .create_machine(evervm::CreateMachineOptions {
+            image: Some("evervm-no-such-image".into()),
+            ..evervm::CreateMachineOptions::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.kind(), evervm::ErrorKind::InvalidInput, "{unknown}");
+    assert!(
+        unknown.to_string().contains("evervm image build"),
+        "{unknown}"
+    );
+    engine.shutdown().await;
+}

@@ -11,6 +11,7 @@ use std::process::Command;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+pub mod custom;
 mod packages;
 mod progress;
 mod root;
@@ -18,7 +19,7 @@ mod root;
 pub use progress::{Progress, StderrProgress};
 
 use packages::{NEVER, closure, parse_depends, parse_show, run, sha256_file};
-use root::{check_libraries, configure_root, precompile, smoke_test, tree_size};
+use root::{check_libraries, configure_root, in_root, precompile, smoke_test, tree_size};
 
 use super::AGENT_SOURCE;
 use crate::error::{Error, Result};
@@ -40,8 +41,9 @@ pub const NSSWITCH_CONF: &str = "passwd: files\ngroup: files\nhosts: files\n";
 /// from DNS (the machine's DNS server, in the `/etc/resolv.conf` mounted beside it).
 pub const NSSWITCH_CONF_WITH_DNS: &str = "passwd: files\ngroup: files\nhosts: files dns\n";
 
-/// What goes into an image.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// What goes into an image: one of the two built-in profiles, or a custom image built from a
+/// profile file (`evervm image build FILE`, see [`custom`]) on top of one of them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Profile {
     /// CPython 3.11 and its standard library.
@@ -49,27 +51,44 @@ pub enum Profile {
     /// Minimal plus numpy, pandas, matplotlib (non-interactive `Agg` backend), requests,
     /// Beautiful Soup and PyYAML: the default.
     Data,
+    /// A custom image, by its name.
+    Custom(String),
 }
 
+/// The longest custom image name.
+pub const MAX_IMAGE_NAME_BYTES: usize = 40;
+
 impl Profile {
+    /// `minimal`, `data`, or the name of a custom image: a lowercase letter, then lowercase
+    /// letters, digits and `-` (at most [`MAX_IMAGE_NAME_BYTES`] bytes, not ending in `-`).
+    /// Whether a custom image of that name was built is known only where images are.
     pub fn parse(name: &str) -> Result<Self> {
         match name {
             "minimal" => Ok(Profile::Minimal),
             "data" => Ok(Profile::Data),
+            other if is_image_name(other) => Ok(Profile::Custom(other.to_owned())),
             other => Err(Error::invalid(format!(
-                "unknown image profile {other:?}: use `minimal` or `data`"
+                "{other:?} is not an image: use `minimal`, `data`, or the name of a custom image \
+                 (lowercase letters, digits and `-`, starting with a letter, at most \
+                 {MAX_IMAGE_NAME_BYTES} bytes)"
             ))),
         }
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub fn as_str(&self) -> &str {
         match self {
             Profile::Minimal => "minimal",
             Profile::Data => "data",
+            Profile::Custom(name) => name,
         }
     }
 
-    fn roots(self) -> Vec<&'static str> {
+    /// The built-in profile an image is made on (a custom image's base is in its manifest).
+    pub fn is_data(&self) -> bool {
+        *self == Profile::Data
+    }
+
+    fn roots(&self) -> Vec<&'static str> {
         let mut roots = vec![
             "python3.11-minimal",
             "libpython3.11-stdlib",
@@ -77,7 +96,7 @@ impl Profile {
             // `pip install` in a machine with a network (without one, `install` is the way).
             "python3-pip",
         ];
-        if self == Profile::Data {
+        if *self == Profile::Data {
             roots.extend([
                 "python3-numpy",
                 "python3-pandas",
@@ -89,6 +108,18 @@ impl Profile {
         }
         roots
     }
+}
+
+/// A custom image's name: see [`Profile::parse`].
+pub fn is_image_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= MAX_IMAGE_NAME_BYTES
+        && bytes[0].is_ascii_lowercase()
+        && !name.ends_with('-')
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
 }
 
 /// One exact package.
@@ -112,6 +143,12 @@ pub struct ImageManifest {
     pub packages: Vec<Package>,
     pub created_at: String,
     pub root_bytes: u64,
+    /// A custom image's base profile (`minimal` or `data`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<Profile>,
+    /// A custom image's wheels, unpacked into `/usr/local/lib/python3.11/dist-packages`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub wheels: Vec<custom::LockedWheel>,
 }
 
 /// A built image.
@@ -151,8 +188,12 @@ impl ImageBuilder {
     }
 
     /// The exact packages a profile needs today, as the configured Debian archive has them.
-    pub fn resolve(&self, profile: Profile) -> Result<Vec<Package>> {
-        let roots = profile.roots();
+    pub fn resolve(&self, profile: &Profile) -> Result<Vec<Package>> {
+        self.resolve_roots(&profile.roots())
+    }
+
+    /// The exact packages these roots and their dependencies are, as the archive has them.
+    pub fn resolve_roots(&self, roots: &[&str]) -> Result<Vec<Package>> {
         let depends = run(
             Command::new("apt-cache")
                 .args([
@@ -165,10 +206,10 @@ impl ImageBuilder {
                     "--no-replaces",
                     "--no-enhances",
                 ])
-                .args(&roots),
+                .args(roots),
             "resolving the image's packages",
         )?;
-        let names = closure(&parse_depends(&depends), &roots, NEVER);
+        let names = closure(&parse_depends(&depends), roots, NEVER);
         let shown = run(
             Command::new("apt-cache")
                 .args(["show", "--no-all-versions"])
@@ -193,7 +234,16 @@ impl ImageBuilder {
     }
 
     /// The id of an image built from these packages.
-    pub fn image_id(profile: Profile, packages: &[Package]) -> String {
+    pub fn image_id(profile: &Profile, packages: &[Package]) -> String {
+        Self::image_id_with(profile, packages, &[])
+    }
+
+    /// The id of an image built from these packages and (a custom image's) wheels.
+    fn image_id_with(
+        profile: &Profile,
+        packages: &[Package],
+        wheels: &[custom::LockedWheel],
+    ) -> String {
         let mut hasher = Sha256::new();
         hasher.update(format!("evervm-image builder={BUILDER_VERSION}\n"));
         hasher.update(format!("profile={}\n", profile.as_str()));
@@ -207,13 +257,21 @@ impl ImageBuilder {
                 package.name, package.version, package.sha256
             ));
         }
+        for wheel in wheels {
+            hasher.update(format!("wheel {} {}\n", wheel.filename, wheel.sha256));
+        }
         let digest = hex::encode(hasher.finalize());
         format!("{}-{}", profile.as_str(), &digest[..16])
     }
 
     /// The image for `profile`, built first if it is not there yet. Builds of one images
     /// directory take turns (a lock file), so concurrent engines build an image once.
-    pub fn ensure(&self, profile: Profile, progress: &dyn Progress) -> Result<Image> {
+    pub fn ensure(&self, profile: &Profile, progress: &dyn Progress) -> Result<Image> {
+        if let Profile::Custom(name) = profile {
+            return self
+                .find_built(profile)?
+                .ok_or_else(|| not_built(name, &self.images_dir));
+        }
         progress.stage("resolving packages", 0);
         let packages = self.resolve(profile)?;
         let id = Self::image_id(profile, &packages);
@@ -225,11 +283,11 @@ impl ImageBuilder {
         if let Some(image) = Self::load(&dir, &id, profile)? {
             return Ok(image);
         }
-        self.build(profile, &id, &packages, progress)
+        self.build(profile, profile, &id, &packages, &[], progress)
     }
 
     /// The newest built image of a profile; if there is none, one built now.
-    pub fn built_or_build(&self, profile: Profile, progress: &dyn Progress) -> Result<Image> {
+    pub fn built_or_build(&self, profile: &Profile, progress: &dyn Progress) -> Result<Image> {
         if let Some(image) = self.find_built(profile)? {
             return Ok(image);
         }
@@ -255,8 +313,8 @@ impl ImageBuilder {
 
     /// A built image by its exact id.
     pub fn by_id(&self, id: &str) -> Result<Image> {
-        let profile = Profile::parse(id.split('-').next().unwrap_or(""))?;
-        Self::load(&self.images_dir.join(id), id, profile)?.ok_or_else(|| {
+        let profile = Profile::parse(id.rsplit_once('-').map_or("", |(name, _)| name))?;
+        Self::load(&self.images_dir.join(id), id, &profile)?.ok_or_else(|| {
             Error::new(
                 crate::error::ErrorKind::NotFound,
                 format!(
@@ -268,7 +326,7 @@ impl ImageBuilder {
     }
 
     /// The newest image of a profile that is already built, without asking apt.
-    pub fn find_built(&self, profile: Profile) -> Result<Option<Image>> {
+    pub fn find_built(&self, profile: &Profile) -> Result<Option<Image>> {
         let Ok(entries) = std::fs::read_dir(&self.images_dir) else {
             return Ok(None);
         };
@@ -284,8 +342,11 @@ impl ImageBuilder {
                     .ok()
                     .and_then(|t| serde_json::from_str::<ImageManifest>(&t).ok());
                 // An image with another agent still restores the snapshots taken on it, but
-                // new sandboxes get this engine's agent.
-                let Some(manifest) = manifest.filter(|m| m.agent_sha256 == agent_digest) else {
+                // new sandboxes get this engine's agent (the engine rebuilds built-in images;
+                // a custom one is used as built: the agent runs from the engine, not the image).
+                let custom = matches!(profile, Profile::Custom(_));
+                let Some(manifest) = manifest.filter(|m| custom || m.agent_sha256 == agent_digest)
+                else {
                     continue;
                 };
                 let created = manifest.created_at;
@@ -297,7 +358,7 @@ impl ImageBuilder {
         Ok(newest.map(|(_, image)| image))
     }
 
-    fn load(dir: &Path, id: &str, profile: Profile) -> Result<Option<Image>> {
+    fn load(dir: &Path, id: &str, profile: &Profile) -> Result<Option<Image>> {
         let manifest_path = dir.join("manifest.json");
         let Ok(text) = std::fs::read_to_string(&manifest_path) else {
             return Ok(None);
@@ -309,12 +370,13 @@ impl ImageBuilder {
                 dir.display()
             ))
         })?;
-        if manifest.id != id || manifest.profile != profile || manifest.builder != BUILDER_VERSION {
+        if manifest.id != id || manifest.profile != *profile || manifest.builder != BUILDER_VERSION
+        {
             return Ok(None);
         }
         Ok(Some(Image {
             id: id.to_owned(),
-            profile,
+            profile: profile.clone(),
             root: dir.join("rootfs"),
         }))
     }
@@ -367,9 +429,11 @@ impl ImageBuilder {
 
     fn build(
         &self,
-        profile: Profile,
+        profile: &Profile,
+        base: &Profile,
         id: &str,
         packages: &[Package],
+        wheels: &[(custom::LockedWheel, PathBuf)],
         progress: &dyn Progress,
     ) -> Result<Image> {
         self.download(packages, progress)?;
@@ -380,21 +444,26 @@ impl ImageBuilder {
         if staging.exists() {
             std::fs::remove_dir_all(&staging)?;
         }
-        let result = self.build_in(profile, id, packages, &staging, progress);
+        let result = self.build_in(profile, base, id, packages, wheels, &staging, progress);
         if result.is_err() {
             let _ = std::fs::remove_dir_all(&staging);
         }
         result
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn build_in(
         &self,
-        profile: Profile,
+        profile: &Profile,
+        base: &Profile,
         id: &str,
         packages: &[Package],
+        wheels: &[(custom::LockedWheel, PathBuf)],
         staging: &Path,
         progress: &dyn Progress,
     ) -> Result<Image> {
+        // A custom image is configured, compiled and checked as its base is.
+        let custom_base = matches!(profile, Profile::Custom(_)).then(|| base.clone());
         let root = staging.join("rootfs");
         std::fs::create_dir_all(&root)?;
         progress.stage(
@@ -413,22 +482,35 @@ impl ImageBuilder {
         }
         progress.step(packages.len(), "");
         progress.stage("configuring", 0);
-        configure_root(&root, profile)?;
+        configure_root(&root, base)?;
+        if !wheels.is_empty() {
+            progress.stage(&format!("unpacking {} wheels", wheels.len()), wheels.len());
+            for (done, (wheel, path)) in wheels.iter().enumerate() {
+                progress.step(done, &wheel.name);
+                custom::unpack_wheel(path, &root, &wheel.filename)?;
+            }
+            progress.step(wheels.len(), "");
+        }
         progress.stage("checking shared libraries", 0);
         check_libraries(&root)?;
         progress.stage("precompiling the standard library", 0);
-        precompile(&root, profile)?;
-        smoke_test(&root, profile)?;
+        precompile(&root, base)?;
+        smoke_test(&root, base)?;
+        if !wheels.is_empty() {
+            custom::check_wheels(&root, wheels)?;
+        }
 
         let manifest = ImageManifest {
             format: 1,
             id: id.to_owned(),
-            profile,
+            profile: profile.clone(),
             builder: BUILDER_VERSION,
             agent_sha256: hex::encode(Sha256::digest(AGENT_SOURCE)),
             packages: packages.to_vec(),
             created_at: chrono::Utc::now().to_rfc3339(),
             root_bytes: tree_size(&root),
+            base: custom_base,
+            wheels: wheels.iter().map(|(wheel, _)| wheel.clone()).collect(),
         };
         let text = serde_json::to_vec_pretty(&manifest)
             .map_err(|e| Error::internal(format!("cannot encode the manifest: {e}")))?;
@@ -446,10 +528,28 @@ impl ImageBuilder {
         ));
         Ok(Image {
             id: id.to_owned(),
-            profile,
+            profile: profile.clone(),
             root: dir.join("rootfs"),
         })
     }
+}
+
+/// Runs Python code inside an image root; its failure is the build's.
+fn in_image_python(root: &Path, code: &str, what: &str) -> Result<()> {
+    run(
+        &mut in_root(root, &["/usr/bin/python3.11", "-c", code], &[]),
+        what,
+    )
+    .map(|_| ())
+}
+
+/// The error for a custom image that was not built here.
+fn not_built(name: &str, images_dir: &Path) -> Error {
+    Error::invalid(format!(
+        "there is no image named {name:?} in {}: the built-in images are `minimal` and `data`; \
+         build a custom one with `evervm image build PROFILE.toml`",
+        images_dir.display()
+    ))
 }
 
 #[cfg(test)]
@@ -534,15 +634,15 @@ exim4
             sha256: "a".into(),
             file: "libc6.deb".into(),
         };
-        let one = ImageBuilder::image_id(Profile::Minimal, std::slice::from_ref(&package));
+        let one = ImageBuilder::image_id(&Profile::Minimal, std::slice::from_ref(&package));
         let mut newer = package.clone();
         newer.version = "2.37".into();
-        assert_ne!(one, ImageBuilder::image_id(Profile::Minimal, &[newer]));
+        assert_ne!(one, ImageBuilder::image_id(&Profile::Minimal, &[newer]));
         assert_ne!(
             one,
-            ImageBuilder::image_id(Profile::Data, std::slice::from_ref(&package))
+            ImageBuilder::image_id(&Profile::Data, std::slice::from_ref(&package))
         );
-        assert_eq!(one, ImageBuilder::image_id(Profile::Minimal, &[package]));
+        assert_eq!(one, ImageBuilder::image_id(&Profile::Minimal, &[package]));
         assert!(one.starts_with("minimal-"));
     }
 }

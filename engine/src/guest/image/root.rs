@@ -63,7 +63,7 @@ pub(super) fn write_file(root: &Path, path: &str, contents: &str) -> Result<()> 
 
 /// Everything `dpkg -x` does not do: links a maintainer script or `update-alternatives` would
 /// make, the files of a minimal system, the agent, and pruning.
-pub(super) fn configure_root(root: &Path, profile: Profile) -> Result<()> {
+pub(super) fn configure_root(root: &Path, profile: &Profile) -> Result<()> {
     for dir in PRUNE {
         let path = root.join(dir);
         if path.exists() {
@@ -133,7 +133,7 @@ pub(super) fn configure_root(root: &Path, profile: Profile) -> Result<()> {
         Some(MACHINE_UID),
     )?;
     write_file(root, AGENT_PATH, AGENT_SOURCE)?;
-    if profile == Profile::Data {
+    if *profile == Profile::Data {
         write_file(
             root,
             &format!("{MPLCONFIGDIR}/matplotlibrc"),
@@ -199,15 +199,19 @@ pub(super) fn in_root(root: &Path, args: &[&str], env: &[(&str, &str)]) -> Comma
     command
 }
 
-pub(super) fn precompile(root: &Path, profile: Profile) -> Result<()> {
+pub(super) fn precompile(root: &Path, profile: &Profile) -> Result<()> {
     let mut dirs = vec!["/usr/lib/python3.11", "/opt/evervm"];
-    if profile == Profile::Data {
+    // A custom image's wheels.
+    if root.join("usr/local/lib/python3.11/dist-packages").is_dir() {
+        dirs.push("/usr/local/lib/python3.11/dist-packages");
+    }
+    if *profile == Profile::Data {
         dirs.push("/usr/lib/python3/dist-packages");
     }
     let mut args = vec!["/usr/bin/python3.11", "-m", "compileall", "-q", "-j", "1"];
     args.extend(dirs);
     run(&mut in_root(root, &args, &[]), "precompiling Python files")?;
-    if profile == Profile::Data {
+    if *profile == Profile::Data {
         // Builds matplotlib's font cache once, into the image.
         run(
             &mut in_root(
@@ -332,12 +336,12 @@ pub(super) fn missing_library(line: &str) -> Option<String> {
     Some(rest.split(':').next().unwrap_or(rest).trim().to_owned())
 }
 
-pub(super) fn smoke_test(root: &Path, profile: Profile) -> Result<()> {
+pub(super) fn smoke_test(root: &Path, profile: &Profile) -> Result<()> {
     let mut code = String::from(
         "import ssl, sqlite3, ctypes, decimal, json, readline, lzma, bz2, zlib, hashlib, uuid, \
          asyncio, multiprocessing, curses, dbm\n",
     );
-    if profile == Profile::Data {
+    if *profile == Profile::Data {
         code.push_str(
             "import numpy, pandas, matplotlib, matplotlib.pyplot as plt, requests, bs4, yaml\n\
              import certifi, os; assert os.path.getsize(certifi.where()) > 100000, certifi.where()\n\

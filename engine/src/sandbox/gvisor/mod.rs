@@ -170,7 +170,7 @@ impl GvisorBackend {
         {
             return Ok(image);
         }
-        let image = image_for(&self.builder, profile, &self.progress).await?;
+        let image = image_for(&self.builder, profile.clone(), &self.progress).await?;
         if let Ok(mut images) = self.images.lock() {
             images.insert(profile, image.clone());
         }
@@ -181,7 +181,7 @@ impl GvisorBackend {
     async fn image_of(&self, spec: &SandboxSpec) -> Result<Image> {
         match &spec.image_id {
             Some(id) => self.builder.by_id(id),
-            None => self.image(spec.profile).await,
+            None => self.image(spec.profile.clone()).await,
         }
     }
 
@@ -384,10 +384,11 @@ async fn image_for(
 ) -> Result<Image> {
     let builder = builder.clone();
     let progress = Arc::clone(progress);
-    tokio::task::spawn_blocking(move || builder.built_or_build(profile, progress.as_ref()))
+    let name = profile.as_str().to_owned();
+    tokio::task::spawn_blocking(move || builder.built_or_build(&profile, progress.as_ref()))
         .await
         .map_err(|e| Error::internal(format!("the image build stopped: {e}")))?
-        .map_err(|e| e.context(format!("the {} image", profile.as_str())))
+        .map_err(|e| e.context(format!("the {name} image")))
 }
 
 #[async_trait]
