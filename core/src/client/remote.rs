@@ -591,14 +591,12 @@ impl Transport for RemoteTransport {
         let request = protocol::InstallRequest {
             requirements: requirements.to_vec(),
         };
-        let answer: protocol::InstallResponse = self
-            .call(
-                Method::POST,
-                self.machine_url(name, &["install"])?,
-                Some(body(&request)),
-            )
-            .await?;
-        Ok(answer.into())
+        self.call(
+            Method::POST,
+            self.machine_url(name, &["install"])?,
+            Some(body(&request)),
+        )
+        .await
     }
 
     async fn rollback(&self, name: &str, checkpoint: &str) -> Result<MachineInfo> {

@@ -246,7 +246,7 @@ pub(crate) async fn install(
         .engine
         .install_packages(&account, &name, &request.requirements)
         .await?;
-    Ok(Json(report.into()))
+    Ok(Json(report))
 }
 
 #[cfg(test)]

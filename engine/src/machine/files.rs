@@ -111,12 +111,7 @@ pub(super) async fn run(
     if changes_state {
         machine.mark_unsaved(engine).await;
     }
-    let roots: Vec<String> = engine
-        .backend
-        .file_roots()
-        .iter()
-        .map(|root| (*root).to_owned())
-        .collect();
+    let roots = file_roots(engine);
     let limit = engine.config.limits.max_file_bytes;
     let outcome = match operation {
         FileOperation::Read { path } => {
@@ -184,6 +179,16 @@ pub(super) async fn run(
     if durable && let Err(e) = save(engine, machine, resident, Save::InPlace).await {
         tracing::error!(machine = %machine.name, "saving after a file operation failed: {e}");
     }
+}
+
+/// The directories a caller's paths may touch in the machine (none: its home).
+fn file_roots(engine: &EngineInner) -> Vec<String> {
+    engine
+        .backend
+        .file_roots()
+        .iter()
+        .map(|root| (*root).to_owned())
+        .collect()
 }
 
 /// Hands the answer of an operation that ended to its caller. An `Err` outside means the channel
@@ -468,12 +473,7 @@ pub(super) async fn install(
     if plan.install.is_empty() {
         return Ok(Ok(report));
     }
-    let roots: Vec<String> = engine
-        .backend
-        .file_roots()
-        .iter()
-        .map(|root| (*root).to_owned())
-        .collect();
+    let roots = file_roots(engine);
     let mut staged = Vec::new();
     for planned in plan.install {
         let data = match wheel_stream(&planned.wheel.path).await {

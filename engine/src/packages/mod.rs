@@ -42,6 +42,7 @@ pub const MAX_REQUIREMENT_BYTES: usize = 512;
 
 /// A package an install put into the machine.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct InstalledPackage {
     /// The project's name as its metadata spells it.
     pub name: String,
@@ -56,13 +57,15 @@ pub struct InstalledPackage {
 
 /// A requirement the machine already satisfied.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SatisfiedPackage {
     pub name: String,
     pub version: String,
 }
 
-/// What an install did.
+/// What an install did (the answer of `POST /v1/machine/{name}/install`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct InstallReport {
     /// What it put into the machine, dependencies included, in install order.
     pub installed: Vec<InstalledPackage>,
