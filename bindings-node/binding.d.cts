@@ -56,6 +56,8 @@ export declare class NativeMachine {
   /** Interrupts the running instruction (its state is kept); false when none ran. */
   interrupt(): Promise<boolean>
   info(): Promise<MachineInfo>
+  /** Installs packages from the server's package index (see `Machine.install`). */
+  install(requirements: Array<string>): Promise<InstallReport>
   swapOut(): Promise<void>
   fork(tags?: Record<string, string> | undefined | null): Promise<NativeMachine>
   checkpoint(name?: string | undefined | null): Promise<Checkpoint>
@@ -116,6 +118,11 @@ export interface CreateMachineOptions {
   secretEnv?: Record<string, string>
   /** Deleted this many seconds after its creation. */
   ttlSeconds?: number
+  /**
+   * What it may reach: `'none'` (the server's default unless it says otherwise), `'public'`,
+   * or a list of names (`*.` wildcards) and IPv4 blocks, within the server's maximum.
+   */
+  network?: 'none' | 'public' | string[]
 }
 
 /** The default instruction timeout, in seconds. */
@@ -195,6 +202,26 @@ export interface FileList {
   truncated: boolean
 }
 
+/** A package `install` put into the machine. */
+export interface InstalledPackage {
+  name: string
+  version: string
+  /** The wheel's file name. */
+  wheel: string
+  /** The wheel's sha256, as checked. */
+  sha256: string
+  /** The wheel's size in bytes. */
+  bytes: number
+}
+
+/** What `install` did. */
+export interface InstallReport {
+  /** What was put into the machine, dependencies included. */
+  installed: Array<InstalledPackage>
+  /** What the machine had already. */
+  satisfied: Array<SatisfiedPackage>
+}
+
 /** `Client.local()`'s options. */
 export interface LocalOptions {
   /** The engine's home (default: `$EVERVM_HOME` or `~/.local/share/evervm`). */
@@ -238,6 +265,10 @@ export interface MachineInfo {
   interpreterStartedAt?: string
   /** When the snapshot it came from was written. */
   interpreterSnapshotAt?: string
+  /** What it may reach: `none`, `public` or `allow` (see `networkAllow`). */
+  network?: 'none' | 'public' | 'allow'
+  /** The names and blocks it may reach when `network` is `allow`. */
+  networkAllow: Array<string>
 }
 
 /** Runs the engine in this process. */
@@ -274,6 +305,12 @@ export interface RichResult {
   html?: string
   /** `image/png`, decoded. */
   png?: Buffer
+}
+
+/** A requirement the machine already satisfied. */
+export interface SatisfiedPackage {
+  name: string
+  version: string
 }
 
 /** The Python tool as a model sees it (the same in every evervm tool helper). */

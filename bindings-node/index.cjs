@@ -204,6 +204,15 @@ class Machine {
     return call(this.#native.info())
   }
 
+  /**
+   * Installs packages from the server's package index (`['requests==2.32.3']`, dependencies
+   * included): binary wheels only, hash-checked, fetched by the server, so the machine needs no
+   * network. Importable at once; kept through swap, restart and fork.
+   */
+  async install(requirements) {
+    return call(this.#native.install(Array.from(requirements, String)))
+  }
+
   /** Saves the machine to disk and frees its memory; its next instruction restores it. */
   async swapOut() {
     return call(this.#native.swapOut())

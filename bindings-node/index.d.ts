@@ -7,10 +7,13 @@ import type {
   ExecResult,
   FileInfo,
   FileList,
+  InstalledPackage,
+  InstallReport,
   LocalOptions,
   MachineInfo,
   OutputChunk,
   RichResult,
+  SatisfiedPackage,
   WriteOptions,
 } from './binding.cjs'
 
@@ -20,10 +23,13 @@ export type {
   ExecResult,
   FileInfo,
   FileList,
+  InstalledPackage,
+  InstallReport,
   LocalOptions,
   MachineInfo,
   OutputChunk,
   RichResult,
+  SatisfiedPackage,
   WriteOptions,
 }
 
@@ -71,6 +77,8 @@ export declare class Machine {
   stream(code: string, options?: NativeExecOptions): AsyncGenerator<OutputChunk | RichResult | ExecResult, void, undefined>
   interrupt(): Promise<boolean>
   info(): Promise<MachineInfo>
+  /** Installs packages from the server's package index (binary wheels, hash-checked). */
+  install(requirements: string[]): Promise<InstallReport>
   swapOut(): Promise<void>
   fork(options?: { tags?: Record<string, string> }): Promise<Machine>
   checkpoint(name?: string): Promise<Checkpoint>

@@ -182,7 +182,16 @@ impl NativeClient {
             ),
             ttl,
             expires_at: None,
-            network: None,
+            network: options
+                .network
+                .map(|network| match network {
+                    napi::Either::A(mode) => evervm::NetworkPolicy::from_mode_name(&mode),
+                    napi::Either::B(rules) => {
+                        evervm::NetworkPolicy::new(evervm::NetworkMode::Allow, &rules)
+                    }
+                })
+                .transpose()
+                .map_err(|e| to_js(e.into()))?,
         };
         let machine = self.client.create_machine(options).await.map_err(to_js)?;
         Ok(NativeMachine { machine })
@@ -272,6 +281,14 @@ impl NativeMachine {
     #[napi]
     pub async fn info(&self) -> Result<MachineInfo> {
         Ok(self.machine.info().await.map_err(to_js)?.into())
+    }
+
+    /// Installs packages from the server's package index (see `Machine.install`).
+    #[napi]
+    pub async fn install(&self, requirements: Vec<String>) -> Result<InstallReport> {
+        let requirements: Vec<&str> = requirements.iter().map(String::as_str).collect();
+        let report = self.machine.install(&requirements).await.map_err(to_js)?;
+        Ok(report.into())
     }
 
     #[napi]

@@ -45,6 +45,10 @@ pub struct CreateMachineOptions {
     pub secret_env: Option<HashMap<String, String>>,
     /// Deleted this many seconds after its creation.
     pub ttl_seconds: Option<f64>,
+    /// What it may reach: `'none'` (the server's default unless it says otherwise), `'public'`,
+    /// or a list of names (`*.` wildcards) and IPv4 blocks, within the server's maximum.
+    #[napi(ts_type = "'none' | 'public' | string[]")]
+    pub network: Option<napi::Either<String, Vec<String>>>,
 }
 
 /// One instruction's options.
@@ -233,6 +237,66 @@ pub struct MachineInfo {
     pub interpreter_started_at: Option<String>,
     /// When the snapshot it came from was written.
     pub interpreter_snapshot_at: Option<String>,
+    /// What it may reach: `none`, `public` or `allow` (see `networkAllow`).
+    #[napi(ts_type = "'none' | 'public' | 'allow'")]
+    pub network: Option<String>,
+    /// The names and blocks it may reach when `network` is `allow`.
+    pub network_allow: Vec<String>,
+}
+
+/// A package `install` put into the machine.
+#[napi(object)]
+pub struct InstalledPackage {
+    pub name: String,
+    pub version: String,
+    /// The wheel's file name.
+    pub wheel: String,
+    /// The wheel's sha256, as checked.
+    pub sha256: String,
+    /// The wheel's size in bytes.
+    pub bytes: i64,
+}
+
+/// A requirement the machine already satisfied.
+#[napi(object)]
+pub struct SatisfiedPackage {
+    pub name: String,
+    pub version: String,
+}
+
+/// What `install` did.
+#[napi(object)]
+pub struct InstallReport {
+    /// What was put into the machine, dependencies included.
+    pub installed: Vec<InstalledPackage>,
+    /// What the machine had already.
+    pub satisfied: Vec<SatisfiedPackage>,
+}
+
+impl From<evervm::InstallReport> for InstallReport {
+    fn from(report: evervm::InstallReport) -> Self {
+        Self {
+            installed: report
+                .installed
+                .into_iter()
+                .map(|p| InstalledPackage {
+                    name: p.name,
+                    version: p.version,
+                    wheel: p.wheel,
+                    sha256: p.sha256,
+                    bytes: number(p.bytes),
+                })
+                .collect(),
+            satisfied: report
+                .satisfied
+                .into_iter()
+                .map(|p| SatisfiedPackage {
+                    name: p.name,
+                    version: p.version,
+                })
+                .collect(),
+        }
+    }
 }
 
 impl From<evervm::MachineInfo> for MachineInfo {
@@ -260,6 +324,12 @@ impl From<evervm::MachineInfo> for MachineInfo {
             interpreter: interpreter.as_ref().map(|i| i.began.clone()),
             interpreter_started_at: interpreter.as_ref().map(|i| time(i.started_at)),
             interpreter_snapshot_at: interpreter.and_then(|i| i.snapshot_at).map(time),
+            network: m.network.as_ref().map(|n| n.mode().as_str().to_owned()),
+            network_allow: m
+                .network
+                .as_ref()
+                .map(evervm::NetworkPolicy::allow_rules)
+                .unwrap_or_default(),
         }
     }
 }

@@ -182,3 +182,63 @@ test('several machines at once, and the event loop runs during a long instructio
     await Promise.all(machines.map((m) => m.delete()))
   })
 })
+
+test('install puts a wheel from the package index into the machine; network is an option', async () => {
+  const { execFileSync } = await import('node:child_process')
+  const { createHash } = await import('node:crypto')
+  const http = await import('node:http')
+  const { mkdtempSync, readFileSync, rmSync } = await import('node:fs')
+  const { tmpdir } = await import('node:os')
+  const { join } = await import('node:path')
+  const dir = mkdtempSync(join(tmpdir(), 'evervm-node-index-'))
+  const filename = 'evervm_node_hello-0.1-py3-none-any.whl'
+  // A wheel made with Python's zipfile (the machine's Python reads it the same way).
+  execFileSync('python3', ['-c', `
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1], 'w') as z:
+    z.writestr('evervm_node_hello.py', 'WORD = "hello from node"\\n')
+    z.writestr('evervm_node_hello-0.1.dist-info/METADATA', 'Metadata-Version: 2.1\\nName: evervm-node-hello\\nVersion: 0.1\\n')
+    z.writestr('evervm_node_hello-0.1.dist-info/WHEEL', 'Wheel-Version: 1.0\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n')
+    z.writestr('evervm_node_hello-0.1.dist-info/RECORD', '')
+`, join(dir, filename)])
+  const wheel = readFileSync(join(dir, filename))
+  const page = JSON.stringify({
+    meta: { 'api-version': '1.1' },
+    files: [{ filename, url: `../../files/${filename}`, hashes: { sha256: createHash('sha256').update(wheel).digest('hex') } }],
+  })
+  const server = http.createServer((request, response) => {
+    if (request.url === '/simple/evervm-node-hello/') {
+      response.writeHead(200, { 'content-type': 'application/vnd.pypi.simple.v1+json' }).end(page)
+    } else if (request.url === `/files/${filename}`) {
+      response.writeHead(200).end(wheel)
+    } else {
+      response.writeHead(404).end()
+    }
+  })
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve))
+  const previous = process.env.EVERVM_PACKAGE_INDEX
+  process.env.EVERVM_PACKAGE_INDEX = `http://127.0.0.1:${server.address().port}/simple/`
+  const home = mkdtempSync(join(tmpdir(), 'evervm-node-local-'))
+  const client = await Client.local({ home, backend: 'process', poolSize: 0 })
+  try {
+    const machine = await client.createMachine()
+    const report = await machine.install(['evervm-node-hello==0.1'])
+    assert.deepEqual(report.installed.map((p) => [p.name, p.version]), [['evervm-node-hello', '0.1']])
+    assert.equal(report.installed[0].sha256.length, 64)
+    assert.equal((await machine.exec('import evervm_node_hello; evervm_node_hello.WORD')).value, "'hello from node'")
+    await assert.rejects(machine.install(['not a requirement!']), InvalidInputError)
+
+    // The process backend gives no network; the option still reaches the engine.
+    assert.equal((await machine.info()).network, 'none')
+    await assert.rejects(client.createMachine({ network: 'public' }), (e) => e.code === 'Unsupported')
+    await assert.rejects(client.createMachine({ network: 'allow' }), InvalidInputError)
+    await assert.rejects(client.createMachine({ network: ['bad name.com'] }), InvalidInputError)
+  } finally {
+    await client.close()
+    if (previous === undefined) delete process.env.EVERVM_PACKAGE_INDEX
+    else process.env.EVERVM_PACKAGE_INDEX = previous
+    server.close()
+    rmSync(home, { recursive: true, force: true })
+    rmSync(dir, { recursive: true, force: true })
+  }
+})

@@ -174,21 +174,9 @@ pub(crate) enum NetworkArg {
 
 impl NetworkArg {
     fn policy(self) -> PyResult<evervm::NetworkPolicy> {
-        let empty: [&str; 0] = [];
         match self {
             NetworkArg::Mode(mode) => {
-                let mode = evervm::NetworkMode::parse(&mode).map_err(|e| {
-                    invalid_input(format!(
-                        "network={mode:?}: {} (or a list of names and blocks to allow)",
-                        e.message()
-                    ))
-                })?;
-                if mode == evervm::NetworkMode::Allow {
-                    return Err(invalid_input(
-                        "network=\"allow\": give the list itself, network=[\"pypi.org\", ...]",
-                    ));
-                }
-                evervm::NetworkPolicy::new(mode, &empty).map_err(|e| to_py(e.into()))
+                evervm::NetworkPolicy::from_mode_name(&mode).map_err(|e| to_py(e.into()))
             }
             NetworkArg::Allow(rules) => {
                 evervm::NetworkPolicy::new(evervm::NetworkMode::Allow, &rules)

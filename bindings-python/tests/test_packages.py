@@ -2,12 +2,7 @@
 engine in-process, process backend; the Rust end-to-end tests cover gVisor, C extensions, swap,
 fork and restart)."""
 
-import hashlib
-import http.server
-import io
-import json
-import threading
-import zipfile
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -15,52 +10,18 @@ import pytest
 
 import evervm
 
-
-def _wheel(name: str, version: str, module: str, source: str) -> tuple[str, bytes]:
-    dist = name.replace("-", "_")
-    info = f"{dist}-{version}.dist-info"
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr(f"{module}.py", source)
-        archive.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-        archive.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-        archive.writestr(f"{info}/RECORD", "")
-    return f"{dist}-{version}-py3-none-any.whl", out.getvalue()
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
+import package_index  # noqa: E402
 
 
 @pytest.fixture
 def index(tmp_path: Path) -> Iterator[str]:
-    root = tmp_path / "index"
-    projects = {
-        "evervm-py-hello": [_wheel("evervm-py-hello", "0.3", "evervm_py_hello", "WORD = 'hi'\n")],
+    served = package_index.Index(tmp_path / "index", {
+        "evervm-py-hello": [package_index.wheel("evervm-py-hello", "0.3", "evervm_py_hello", "WORD = 'hi'\n")],
         "evervm-py-source": [("evervm_py_source-1.0.tar.gz", b"source only")],
-    }
-    for project, files in projects.items():
-        listed = []
-        for filename, data in files:
-            (root / "files").mkdir(parents=True, exist_ok=True)
-            (root / "files" / filename).write_bytes(data)
-            listed.append({
-                "filename": filename,
-                "url": f"../../files/{filename}",
-                "hashes": {"sha256": hashlib.sha256(data).hexdigest()},
-            })
-        page = root / "simple" / project
-        page.mkdir(parents=True)
-        (page / "index.html").write_text(json.dumps({"meta": {"api-version": "1.1"}, "files": listed}))
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-            super().__init__(*args, directory=str(root), **kwargs)
-
-        def log_message(self, *args) -> None:  # type: ignore[no-untyped-def]
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/simple/"
-    server.shutdown()
+    })
+    yield served.url
+    served.stop()
 
 
 def test_install_makes_a_wheel_importable(index: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

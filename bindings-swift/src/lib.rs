@@ -119,7 +119,9 @@ impl Client {
         durability = None,
         env = None,
         secret_env = None,
-        ttl_seconds = None
+        ttl_seconds = None,
+        network = None,
+        network_allow = None
     ))]
     #[allow(clippy::too_many_arguments)]
     pub async fn create_machine(
@@ -131,6 +133,8 @@ impl Client {
         env: Option<HashMap<String, String>>,
         secret_env: Option<HashMap<String, String>>,
         ttl_seconds: Option<f64>,
+        network: Option<String>,
+        network_allow: Option<Vec<String>>,
     ) -> Result<Arc<Machine>> {
         let ttl = match ttl_seconds {
             Some(s) if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
@@ -141,6 +145,23 @@ impl Client {
             }
             None => None,
         };
+        // `network` is `none`, `public` or `allow`; an allow list may come alone.
+        let network = match (network.as_deref(), network_allow) {
+            (None | Some("allow"), Some(rules)) => Some(
+                evervm::NetworkPolicy::new(evervm::NetworkMode::Allow, &rules)
+                    .map_err(|e| EvervmError::from(evervm::Error::from(e)))?,
+            ),
+            (Some(mode), None) => Some(
+                evervm::NetworkPolicy::from_mode_name(mode)
+                    .map_err(|e| EvervmError::from(evervm::Error::from(e)))?,
+            ),
+            (Some(mode), Some(_)) => {
+                return Err(EvervmError::invalid(format!(
+                    "networkAllow goes with the network `allow`, not `{mode}`"
+                )));
+            }
+            (None, None) => None,
+        };
         let options = evervm::CreateMachineOptions {
             tags: tag_map(tags),
             memory_mb,
@@ -149,6 +170,7 @@ impl Client {
             env: env.unwrap_or_default().into_iter().collect(),
             secret_env: evervm::SecretEnv(secret_env.unwrap_or_default().into_iter().collect()),
             ttl,
+            network,
             ..evervm::CreateMachineOptions::default()
         };
         let client = self.client.clone();
@@ -349,6 +371,19 @@ impl Machine {
         Ok(on_runtime(async move { Ok(machine.info().await?) })
             .await?
             .into())
+    }
+
+    /// Installs packages from the server's package index (`["requests==2.32.3"]`, dependencies
+    /// included): binary wheels only, hash-checked, fetched by the server, so the machine needs
+    /// no network. Importable at once; kept through swap, restart and fork.
+    pub async fn install(&self, requirements: Vec<String>) -> Result<InstallReport> {
+        let machine = self.machine.clone();
+        let report = on_runtime(async move {
+            let requirements: Vec<&str> = requirements.iter().map(String::as_str).collect();
+            Ok(machine.install(&requirements).await?)
+        })
+        .await?;
+        Ok(report.into())
     }
 
     /// Saves the machine to disk and releases its memory; its next instruction restores it.

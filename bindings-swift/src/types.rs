@@ -108,6 +108,10 @@ pub struct MachineInfo {
     pub secret_env: Vec<String>,
     /// When it is deleted; nil: never.
     pub expires_at: Option<SystemTime>,
+    /// What it may reach: `none`, `public` or `allow` (see `networkAllow`).
+    pub network: Option<String>,
+    /// The names and blocks it may reach when `network` is `allow`.
+    pub network_allow: Vec<String>,
 }
 
 impl From<evervm::MachineInfo> for MachineInfo {
@@ -129,6 +133,67 @@ impl From<evervm::MachineInfo> for MachineInfo {
             env: m.env.into_iter().collect(),
             secret_env: m.secret_env,
             expires_at: m.expires_at.map(time),
+            network: m.network.as_ref().map(|n| n.mode().as_str().to_owned()),
+            network_allow: m
+                .network
+                .as_ref()
+                .map(evervm::NetworkPolicy::allow_rules)
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// A package `install` put into the machine.
+#[derive(Debug, Clone, uniffi::Record)]
+pub struct InstalledPackage {
+    pub name: String,
+    pub version: String,
+    /// The wheel's file name.
+    pub wheel: String,
+    /// The wheel's sha256, as checked.
+    pub sha256: String,
+    /// The wheel's size in bytes.
+    pub bytes: u64,
+}
+
+/// A requirement the machine already satisfied.
+#[derive(Debug, Clone, uniffi::Record)]
+pub struct SatisfiedPackage {
+    pub name: String,
+    pub version: String,
+}
+
+/// What `install` did.
+#[derive(Debug, Clone, uniffi::Record)]
+pub struct InstallReport {
+    /// What was put into the machine, dependencies included.
+    pub installed: Vec<InstalledPackage>,
+    /// What the machine had already.
+    pub satisfied: Vec<SatisfiedPackage>,
+}
+
+impl From<evervm::InstallReport> for InstallReport {
+    fn from(report: evervm::InstallReport) -> Self {
+        Self {
+            installed: report
+                .installed
+                .into_iter()
+                .map(|p| InstalledPackage {
+                    name: p.name,
+                    version: p.version,
+                    wheel: p.wheel,
+                    sha256: p.sha256,
+                    bytes: p.bytes,
+                })
+                .collect(),
+            satisfied: report
+                .satisfied
+                .into_iter()
+                .map(|p| SatisfiedPackage {
+                    name: p.name,
+                    version: p.version,
+                })
+                .collect(),
         }
     }
 }

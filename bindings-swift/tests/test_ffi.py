@@ -169,3 +169,47 @@ def test_fork_checkpoints_rollback_and_swap(ffi, server) -> None:
         await machine.delete()
 
     run(scenario())
+
+
+def test_install_and_network(ffi, server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # `server` for its checks (gVisor, root); this test needs a server of its own, with an index.
+    import evervm_serve
+    import package_index
+
+    index = package_index.Index(tmp_path / "index", {
+        "evervm-swift-hello": [package_index.wheel("evervm-swift-hello", "1.0", "evervm_swift_hello", "WORD = 'hi'\n")],
+    })
+    served = evervm_serve.Server("gvisor", "evervm-swift-index-", env={"EVERVM_PACKAGE_INDEX": index.url})
+
+    async def scenario() -> None:
+        client = ffi.Client(served.url, served.token)
+        machine = await client.create_machine(image="minimal")
+        report = await machine.install(["evervm-swift-hello==1.0"])
+        assert [(p.name, p.version) for p in report.installed] == [("evervm-swift-hello", "1.0")]
+        assert len(report.installed[0].sha256) == 64
+        assert (await machine.start_exec("import evervm_swift_hello; evervm_swift_hello.WORD", None).result()).value == "'hi'"
+        try:
+            await machine.install(["not a requirement!"])
+        except ffi.EvervmError.InvalidInput:
+            pass
+        else:
+            raise AssertionError("a bad requirement was accepted")
+        info = await machine.info()
+        assert (info.network, info.network_allow) == ("none", [])
+        allowed = await client.create_machine(image="minimal", network_allow=["pypi.org"])
+        info = await allowed.info()
+        assert (info.network, info.network_allow) == ("allow", ["pypi.org"])
+        for bad in [{"network": "allow"}, {"network": "public", "network_allow": ["a.com"]}, {"network": "open"}]:
+            try:
+                await client.create_machine(**bad)
+            except ffi.EvervmError.InvalidInput:
+                continue
+            raise AssertionError(f"{bad} was accepted")
+        await allowed.delete()
+        await machine.delete()
+
+    try:
+        run(scenario())
+    finally:
+        served.stop()
+        index.stop()

@@ -54,9 +54,9 @@ class Server:
     """`evervm serve` on `backend`, a free loopback port and a fresh home (`prefix` names it),
     stopped (and its home removed) by `stop`."""
 
-    def __init__(self, backend: str, prefix: str = "evervm-") -> None:
+    def __init__(self, backend: str, prefix: str = "evervm-", env: dict[str, str] | None = None) -> None:
         self.home = tempfile.mkdtemp(prefix=prefix)
-        self.process, self.url, self.token = start_serve(backend, self.home)
+        self.process, self.url, self.token = start_serve(backend, self.home, env=env)
 
     def stop(self) -> None:
         self.process.terminate()

@@ -669,7 +669,7 @@ public protocol ClientProtocol: AnyObject, Sendable {
      * Creates a machine. `memoryMb`, `image` (`data`, `minimal`), `durability` (`idle`,
      * `instruction`) and `ttlSeconds` take the server's defaults when nil.
      */
-    func createMachine(tags: [String: String]?, memoryMb: UInt32?, image: String?, durability: String?, env: [String: String]?, secretEnv: [String: String]?, ttlSeconds: Double?) async throws  -> Machine
+    func createMachine(tags: [String: String]?, memoryMb: UInt32?, image: String?, durability: String?, env: [String: String]?, secretEnv: [String: String]?, ttlSeconds: Double?, network: String?, networkAllow: [String]?) async throws  -> Machine
     
     /**
      * The machines, newest first; with `tags`, those carrying all of them.
@@ -771,12 +771,12 @@ public static func fromEnvironment()throws  -> Client  {
      * Creates a machine. `memoryMb`, `image` (`data`, `minimal`), `durability` (`idle`,
      * `instruction`) and `ttlSeconds` take the server's defaults when nil.
      */
-open func createMachine(tags: [String: String]? = nil, memoryMb: UInt32? = nil, image: String? = nil, durability: String? = nil, env: [String: String]? = nil, secretEnv: [String: String]? = nil, ttlSeconds: Double? = nil)async throws  -> Machine  {
+open func createMachine(tags: [String: String]? = nil, memoryMb: UInt32? = nil, image: String? = nil, durability: String? = nil, env: [String: String]? = nil, secretEnv: [String: String]? = nil, ttlSeconds: Double? = nil, network: String? = nil, networkAllow: [String]? = nil)async throws  -> Machine  {
     return
         try  await uniffiRustCallAsync(
             rustFutureFunc: {
                 uniffi_evervm_ffi_fn_method_client_create_machine(
-                        self.uniffiCloneHandle(),FfiConverterOptionDictionaryStringString.lower(tags),FfiConverterOptionUInt32.lower(memoryMb),FfiConverterOptionString.lower(image),FfiConverterOptionString.lower(durability),FfiConverterOptionDictionaryStringString.lower(env),FfiConverterOptionDictionaryStringString.lower(secretEnv),FfiConverterOptionDouble.lower(ttlSeconds)
+                        self.uniffiCloneHandle(),FfiConverterOptionDictionaryStringString.lower(tags),FfiConverterOptionUInt32.lower(memoryMb),FfiConverterOptionString.lower(image),FfiConverterOptionString.lower(durability),FfiConverterOptionDictionaryStringString.lower(env),FfiConverterOptionDictionaryStringString.lower(secretEnv),FfiConverterOptionDouble.lower(ttlSeconds),FfiConverterOptionString.lower(network),FfiConverterOptionSequenceString.lower(networkAllow)
                 )
             },
             pollFunc: ffi_evervm_ffi_rust_future_poll_u64,
@@ -1072,6 +1072,13 @@ public protocol MachineProtocol: AnyObject, Sendable {
     func info() async throws  -> MachineInfo
     
     /**
+     * Installs packages from the server's package index (`["requests==2.32.3"]`, dependencies
+     * included): binary wheels only, hash-checked, fetched by the server, so the machine needs
+     * no network. Importable at once; kept through swap, restart and fork.
+     */
+    func install(requirements: [String]) async throws  -> InstallReport
+    
+    /**
      * Interrupts the running instruction and cancels queued ones (the state is kept); false
      * when nothing ran.
      */
@@ -1280,6 +1287,27 @@ open func info()async throws  -> MachineInfo  {
             completeFunc: ffi_evervm_ffi_rust_future_complete_rust_buffer,
             freeFunc: ffi_evervm_ffi_rust_future_free_rust_buffer,
             liftFunc: FfiConverterTypeMachineInfo_lift,
+            errorHandler: FfiConverterTypeEvervmError_lift
+        )
+}
+    
+    /**
+     * Installs packages from the server's package index (`["requests==2.32.3"]`, dependencies
+     * included): binary wheels only, hash-checked, fetched by the server, so the machine needs
+     * no network. Importable at once; kept through swap, restart and fork.
+     */
+open func install(requirements: [String])async throws  -> InstallReport  {
+    return
+        try  await uniffiRustCallAsync(
+            rustFutureFunc: {
+                uniffi_evervm_ffi_fn_method_machine_install(
+                        self.uniffiCloneHandle(),FfiConverterSequenceString.lower(requirements)
+                )
+            },
+            pollFunc: ffi_evervm_ffi_rust_future_poll_rust_buffer,
+            completeFunc: ffi_evervm_ffi_rust_future_complete_rust_buffer,
+            freeFunc: ffi_evervm_ffi_rust_future_free_rust_buffer,
+            liftFunc: FfiConverterTypeInstallReport_lift,
             errorHandler: FfiConverterTypeEvervmError_lift
         )
 }
@@ -2046,6 +2074,162 @@ public func FfiConverterTypeFileList_lower(_ value: FileList) -> RustBuffer {
 
 
 /**
+ * What `install` did.
+ */
+public struct InstallReport: Equatable, Hashable {
+    /**
+     * What was put into the machine, dependencies included.
+     */
+    public var installed: [InstalledPackage]
+    /**
+     * What the machine had already.
+     */
+    public var satisfied: [SatisfiedPackage]
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(
+        /**
+         * What was put into the machine, dependencies included.
+         */installed: [InstalledPackage], 
+        /**
+         * What the machine had already.
+         */satisfied: [SatisfiedPackage]) {
+        self.installed = installed
+        self.satisfied = satisfied
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension InstallReport: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeInstallReport: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> InstallReport {
+        return
+            try InstallReport(
+                installed: FfiConverterSequenceTypeInstalledPackage.read(from: &buf), 
+                satisfied: FfiConverterSequenceTypeSatisfiedPackage.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: InstallReport, into buf: inout [UInt8]) {
+        FfiConverterSequenceTypeInstalledPackage.write(value.installed, into: &buf)
+        FfiConverterSequenceTypeSatisfiedPackage.write(value.satisfied, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeInstallReport_lift(_ buf: RustBuffer) throws -> InstallReport {
+    return try FfiConverterTypeInstallReport.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeInstallReport_lower(_ value: InstallReport) -> RustBuffer {
+    return FfiConverterTypeInstallReport.lower(value)
+}
+
+
+/**
+ * A package `install` put into the machine.
+ */
+public struct InstalledPackage: Equatable, Hashable {
+    public var name: String
+    public var version: String
+    /**
+     * The wheel's file name.
+     */
+    public var wheel: String
+    /**
+     * The wheel's sha256, as checked.
+     */
+    public var sha256: String
+    /**
+     * The wheel's size in bytes.
+     */
+    public var bytes: UInt64
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(name: String, version: String, 
+        /**
+         * The wheel's file name.
+         */wheel: String, 
+        /**
+         * The wheel's sha256, as checked.
+         */sha256: String, 
+        /**
+         * The wheel's size in bytes.
+         */bytes: UInt64) {
+        self.name = name
+        self.version = version
+        self.wheel = wheel
+        self.sha256 = sha256
+        self.bytes = bytes
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension InstalledPackage: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeInstalledPackage: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> InstalledPackage {
+        return
+            try InstalledPackage(
+                name: FfiConverterString.read(from: &buf), 
+                version: FfiConverterString.read(from: &buf), 
+                wheel: FfiConverterString.read(from: &buf), 
+                sha256: FfiConverterString.read(from: &buf), 
+                bytes: FfiConverterUInt64.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: InstalledPackage, into buf: inout [UInt8]) {
+        FfiConverterString.write(value.name, into: &buf)
+        FfiConverterString.write(value.version, into: &buf)
+        FfiConverterString.write(value.wheel, into: &buf)
+        FfiConverterString.write(value.sha256, into: &buf)
+        FfiConverterUInt64.write(value.bytes, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeInstalledPackage_lift(_ buf: RustBuffer) throws -> InstalledPackage {
+    return try FfiConverterTypeInstalledPackage.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeInstalledPackage_lower(_ value: InstalledPackage) -> RustBuffer {
+    return FfiConverterTypeInstalledPackage.lower(value)
+}
+
+
+/**
  * What a machine is and how it is.
  */
 public struct MachineInfo: Equatable, Hashable {
@@ -2089,6 +2273,14 @@ public struct MachineInfo: Equatable, Hashable {
      * When it is deleted; nil: never.
      */
     public var expiresAt: Date?
+    /**
+     * What it may reach: `none`, `public` or `allow` (see `networkAllow`).
+     */
+    public var network: String?
+    /**
+     * The names and blocks it may reach when `network` is `allow`.
+     */
+    public var networkAllow: [String]
 
     // Default memberwise initializers are never public by default, so we
     // declare one manually.
@@ -2116,7 +2308,13 @@ public struct MachineInfo: Equatable, Hashable {
          */secretEnv: [String], 
         /**
          * When it is deleted; nil: never.
-         */expiresAt: Date?) {
+         */expiresAt: Date?, 
+        /**
+         * What it may reach: `none`, `public` or `allow` (see `networkAllow`).
+         */network: String?, 
+        /**
+         * The names and blocks it may reach when `network` is `allow`.
+         */networkAllow: [String]) {
         self.name = name
         self.createdAt = createdAt
         self.tags = tags
@@ -2133,6 +2331,8 @@ public struct MachineInfo: Equatable, Hashable {
         self.env = env
         self.secretEnv = secretEnv
         self.expiresAt = expiresAt
+        self.network = network
+        self.networkAllow = networkAllow
     }
 
     
@@ -2166,7 +2366,9 @@ public struct FfiConverterTypeMachineInfo: FfiConverterRustBuffer {
                 durability: FfiConverterOptionString.read(from: &buf), 
                 env: FfiConverterDictionaryStringString.read(from: &buf), 
                 secretEnv: FfiConverterSequenceString.read(from: &buf), 
-                expiresAt: FfiConverterOptionTimestamp.read(from: &buf)
+                expiresAt: FfiConverterOptionTimestamp.read(from: &buf), 
+                network: FfiConverterOptionString.read(from: &buf), 
+                networkAllow: FfiConverterSequenceString.read(from: &buf)
         )
     }
 
@@ -2187,6 +2389,8 @@ public struct FfiConverterTypeMachineInfo: FfiConverterRustBuffer {
         FfiConverterDictionaryStringString.write(value.env, into: &buf)
         FfiConverterSequenceString.write(value.secretEnv, into: &buf)
         FfiConverterOptionTimestamp.write(value.expiresAt, into: &buf)
+        FfiConverterOptionString.write(value.network, into: &buf)
+        FfiConverterSequenceString.write(value.networkAllow, into: &buf)
     }
 }
 
@@ -2357,6 +2561,63 @@ public func FfiConverterTypeRichResult_lift(_ buf: RustBuffer) throws -> RichRes
 #endif
 public func FfiConverterTypeRichResult_lower(_ value: RichResult) -> RustBuffer {
     return FfiConverterTypeRichResult.lower(value)
+}
+
+
+/**
+ * A requirement the machine already satisfied.
+ */
+public struct SatisfiedPackage: Equatable, Hashable {
+    public var name: String
+    public var version: String
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(name: String, version: String) {
+        self.name = name
+        self.version = version
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension SatisfiedPackage: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeSatisfiedPackage: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> SatisfiedPackage {
+        return
+            try SatisfiedPackage(
+                name: FfiConverterString.read(from: &buf), 
+                version: FfiConverterString.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: SatisfiedPackage, into buf: inout [UInt8]) {
+        FfiConverterString.write(value.name, into: &buf)
+        FfiConverterString.write(value.version, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeSatisfiedPackage_lift(_ buf: RustBuffer) throws -> SatisfiedPackage {
+    return try FfiConverterTypeSatisfiedPackage.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeSatisfiedPackage_lower(_ value: SatisfiedPackage) -> RustBuffer {
+    return FfiConverterTypeSatisfiedPackage.lower(value)
 }
 
 
@@ -3100,6 +3361,30 @@ fileprivate struct FfiConverterOptionTypeExecEvent: FfiConverterRustBuffer {
 #if swift(>=5.8)
 @_documentation(visibility: private)
 #endif
+fileprivate struct FfiConverterOptionSequenceString: FfiConverterRustBuffer {
+    typealias SwiftType = [String]?
+
+    public static func write(_ value: SwiftType, into buf: inout [UInt8]) {
+        guard let value = value else {
+            writeInt(&buf, Int8(0))
+            return
+        }
+        writeInt(&buf, Int8(1))
+        FfiConverterSequenceString.write(value, into: &buf)
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> SwiftType {
+        switch try readInt(&buf) as Int8 {
+        case 0: return nil
+        case 1: return try FfiConverterSequenceString.read(from: &buf)
+        default: throw UniffiInternalError.unexpectedOptionalTag
+        }
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
 fileprivate struct FfiConverterOptionDictionaryStringString: FfiConverterRustBuffer {
     typealias SwiftType = [String: String]?
 
@@ -3199,6 +3484,31 @@ fileprivate struct FfiConverterSequenceTypeFileInfo: FfiConverterRustBuffer {
 #if swift(>=5.8)
 @_documentation(visibility: private)
 #endif
+fileprivate struct FfiConverterSequenceTypeInstalledPackage: FfiConverterRustBuffer {
+    typealias SwiftType = [InstalledPackage]
+
+    public static func write(_ value: [InstalledPackage], into buf: inout [UInt8]) {
+        let len = Int32(value.count)
+        writeInt(&buf, len)
+        for item in value {
+            FfiConverterTypeInstalledPackage.write(item, into: &buf)
+        }
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> [InstalledPackage] {
+        let len: Int32 = try readInt(&buf)
+        var seq = [InstalledPackage]()
+        seq.reserveCapacity(Int(len))
+        for _ in 0 ..< len {
+            seq.append(try FfiConverterTypeInstalledPackage.read(from: &buf))
+        }
+        return seq
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
 fileprivate struct FfiConverterSequenceTypeMachineInfo: FfiConverterRustBuffer {
     typealias SwiftType = [MachineInfo]
 
@@ -3266,6 +3576,31 @@ fileprivate struct FfiConverterSequenceTypeRichResult: FfiConverterRustBuffer {
         seq.reserveCapacity(Int(len))
         for _ in 0 ..< len {
             seq.append(try FfiConverterTypeRichResult.read(from: &buf))
+        }
+        return seq
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+fileprivate struct FfiConverterSequenceTypeSatisfiedPackage: FfiConverterRustBuffer {
+    typealias SwiftType = [SatisfiedPackage]
+
+    public static func write(_ value: [SatisfiedPackage], into buf: inout [UInt8]) {
+        let len = Int32(value.count)
+        writeInt(&buf, len)
+        for item in value {
+            FfiConverterTypeSatisfiedPackage.write(item, into: &buf)
+        }
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> [SatisfiedPackage] {
+        let len: Int32 = try readInt(&buf)
+        var seq = [SatisfiedPackage]()
+        seq.reserveCapacity(Int(len))
+        for _ in 0 ..< len {
+            seq.append(try FfiConverterTypeSatisfiedPackage.read(from: &buf))
         }
         return seq
     }
@@ -3360,7 +3695,7 @@ private let initializationResult: InitializationResult = {
     if bindings_contract_version != scaffolding_contract_version {
         return InitializationResult.contractVersionMismatch
     }
-    if (uniffi_evervm_ffi_checksum_method_client_create_machine() != 1198) {
+    if (uniffi_evervm_ffi_checksum_method_client_create_machine() != 30153) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_evervm_ffi_checksum_method_client_list_machines() != 12622) {
@@ -3394,6 +3729,9 @@ private let initializationResult: InitializationResult = {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_evervm_ffi_checksum_method_machine_info() != 22307) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_evervm_ffi_checksum_method_machine_install() != 58017) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_evervm_ffi_checksum_method_machine_interrupt() != 54787) {

@@ -266,7 +266,7 @@ uint64_t uniffi_evervm_ffi_fn_constructor_client_new(RustBuffer url, RustBuffer 
 #endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_CLIENT_CREATE_MACHINE
 #define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_CLIENT_CREATE_MACHINE
-uint64_t uniffi_evervm_ffi_fn_method_client_create_machine(uint64_t ptr, RustBuffer tags, RustBuffer memory_mb, RustBuffer image, RustBuffer durability, RustBuffer env, RustBuffer secret_env, RustBuffer ttl_seconds
+uint64_t uniffi_evervm_ffi_fn_method_client_create_machine(uint64_t ptr, RustBuffer tags, RustBuffer memory_mb, RustBuffer image, RustBuffer durability, RustBuffer env, RustBuffer secret_env, RustBuffer ttl_seconds, RustBuffer network, RustBuffer network_allow
 );
 #endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_CLIENT_LIST_MACHINES
@@ -342,6 +342,11 @@ uint64_t uniffi_evervm_ffi_fn_method_machine_fork(uint64_t ptr, RustBuffer tags
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_INFO
 #define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_INFO
 uint64_t uniffi_evervm_ffi_fn_method_machine_info(uint64_t ptr
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_INSTALL
+#define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_INSTALL
+uint64_t uniffi_evervm_ffi_fn_method_machine_install(uint64_t ptr, RustBuffer requirements
 );
 #endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_INTERRUPT
@@ -753,6 +758,12 @@ uint16_t uniffi_evervm_ffi_checksum_method_machine_fork(void
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_INFO
 #define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_INFO
 uint16_t uniffi_evervm_ffi_checksum_method_machine_info(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_INSTALL
+#define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_INSTALL
+uint16_t uniffi_evervm_ffi_checksum_method_machine_install(void
     
 );
 #endif

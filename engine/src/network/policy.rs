@@ -126,6 +126,22 @@ impl NetworkPolicy {
         }
     }
 
+    /// The policy a binding's `network` option names when it is a word: `none` or `public`
+    /// (an allow list is given as the list itself).
+    pub fn from_mode_name(name: &str) -> Result<Self> {
+        match NetworkMode::parse(name) {
+            Ok(NetworkMode::None) => Ok(NetworkPolicy::None),
+            Ok(NetworkMode::Public) => Ok(NetworkPolicy::Public),
+            Ok(NetworkMode::Allow) => Err(Error::invalid(
+                "network `allow`: give the list itself, like [\"pypi.org\", \"*.pythonhosted.org\"]",
+            )),
+            Err(e) => Err(Error::invalid(format!(
+                "network {name:?}: {} (or a list of names and blocks to allow)",
+                e.message()
+            ))),
+        }
+    }
+
     pub fn mode(&self) -> NetworkMode {
         match self {
             NetworkPolicy::None => NetworkMode::None,
