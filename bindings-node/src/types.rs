@@ -301,6 +301,7 @@ impl From<evervm::InstallReport> for InstallReport {
 
 impl From<evervm::MachineInfo> for MachineInfo {
     fn from(m: evervm::MachineInfo) -> Self {
+        let (network, network_allow) = evervm::NetworkPolicy::mode_and_rules(m.network.as_ref());
         let interpreter = m.interpreter;
         Self {
             name: m.name,
@@ -324,12 +325,8 @@ impl From<evervm::MachineInfo> for MachineInfo {
             interpreter: interpreter.as_ref().map(|i| i.began.clone()),
             interpreter_started_at: interpreter.as_ref().map(|i| time(i.started_at)),
             interpreter_snapshot_at: interpreter.and_then(|i| i.snapshot_at).map(time),
-            network: m.network.as_ref().map(|n| n.mode().as_str().to_owned()),
-            network_allow: m
-                .network
-                .as_ref()
-                .map(evervm::NetworkPolicy::allow_rules)
-                .unwrap_or_default(),
+            network,
+            network_allow,
         }
     }
 }

@@ -324,6 +324,7 @@ impl MachineInfo {
 
 impl MachineInfo {
     pub(crate) fn new(py: Python<'_>, m: evervm::MachineInfo) -> PyResult<Self> {
+        let (network, network_allow) = evervm::NetworkPolicy::mode_and_rules(m.network.as_ref());
         let tags = PyDict::new(py);
         for (k, v) in &m.tags {
             tags.set_item(k, v)?;
@@ -358,12 +359,8 @@ impl MachineInfo {
                 .as_ref()
                 .and_then(|i| i.snapshot_at)
                 .map(|t| t.to_rfc3339()),
-            network: m.network.as_ref().map(|n| n.mode().as_str().to_owned()),
-            network_allow: m
-                .network
-                .as_ref()
-                .map(evervm::NetworkPolicy::allow_rules)
-                .unwrap_or_default(),
+            network,
+            network_allow,
         })
     }
 }

@@ -116,6 +116,7 @@ pub struct MachineInfo {
 
 impl From<evervm::MachineInfo> for MachineInfo {
     fn from(m: evervm::MachineInfo) -> Self {
+        let (network, network_allow) = evervm::NetworkPolicy::mode_and_rules(m.network.as_ref());
         Self {
             name: m.name,
             created_at: time(m.created_at),
@@ -133,12 +134,8 @@ impl From<evervm::MachineInfo> for MachineInfo {
             env: m.env.into_iter().collect(),
             secret_env: m.secret_env,
             expires_at: m.expires_at.map(time),
-            network: m.network.as_ref().map(|n| n.mode().as_str().to_owned()),
-            network_allow: m
-                .network
-                .as_ref()
-                .map(evervm::NetworkPolicy::allow_rules)
-                .unwrap_or_default(),
+            network,
+            network_allow,
         }
     }
 }

@@ -126,6 +126,15 @@ impl NetworkPolicy {
         }
     }
 
+    /// A machine's policy as the bindings show it: its mode's name (none when the server did not
+    /// say) and its allow list (empty unless the mode is `allow`).
+    pub fn mode_and_rules(policy: Option<&NetworkPolicy>) -> (Option<String>, Vec<String>) {
+        (
+            policy.map(|p| p.mode().as_str().to_owned()),
+            policy.map(NetworkPolicy::allow_rules).unwrap_or_default(),
+        )
+    }
+
     /// The policy a binding's `network` option names when it is a word: `none` or `public`
     /// (an allow list is given as the list itself).
     pub fn from_mode_name(name: &str) -> Result<Self> {
