@@ -134,8 +134,8 @@ impl Engine {
         name: &str,
         requirements: &[String],
     ) -> Result<InstallReport> {
-        crate::packages::validate_requirements(requirements)?;
-        crate::packages::resolve::parse_requirements(requirements)?;
+        // Refused before the machine's turn; checked again there (`%pip install` comes that way).
+        crate::packages::resolve::parse_requested(requirements)?;
         let handle = self.handle(account, name).await?;
         self.inner.take_instruction_token(account.id)?;
         let operation = FileOperation::Install {

@@ -435,11 +435,9 @@ pub(super) async fn install(
     current: &mut Resident,
     requirements: &[String],
 ) -> Result<Result<crate::packages::InstallReport>> {
-    use crate::packages::resolve::{MachinePython, parse_requirements, resolve};
+    use crate::packages::resolve::{MachinePython, parse_requested, resolve};
 
-    let parsed = match crate::packages::validate_requirements(requirements)
-        .and_then(|()| parse_requirements(requirements))
-    {
+    let parsed = match parse_requested(requirements) {
         Ok(parsed) => parsed,
         Err(e) => return Ok(Err(e)),
     };

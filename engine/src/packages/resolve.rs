@@ -134,6 +134,13 @@ struct Wanted {
 
 /// Parses the caller's requirements: PEP 508 names with versions, extras and markers, each
 /// optionally followed by `--hash=sha256:HEX` (as in a requirements file); no URLs or paths.
+/// A caller's requirements (an install's, a profile's `wheels`): their number and length
+/// checked, then parsed as [`parse_requirements`] does.
+pub(crate) fn parse_requested(requirements: &[String]) -> Result<Vec<(Requirement, Vec<String>)>> {
+    super::validate_requirements(requirements)?;
+    parse_requirements(requirements)
+}
+
 pub(crate) fn parse_requirements(
     requirements: &[String],
 ) -> Result<Vec<(Requirement, Vec<String>)>> {

@@ -24,7 +24,9 @@ use super::{Image, ImageBuilder, Package, Profile, StderrProgress, in_image_pyth
 use crate::error::{Error, Result};
 use crate::packages::PackageSettings;
 use crate::packages::index::PackageIndex;
-use crate::packages::resolve::{MachinePython, ReportedEnvironment, parse_requirements, resolve};
+use crate::packages::resolve::{
+    MachinePython, ReportedEnvironment, parse_requested, parse_requirements, resolve,
+};
 use crate::packages::wheel::{MAX_WHEEL_ENTRIES, Metadata};
 
 /// Where wheels go in an image.
@@ -105,8 +107,7 @@ impl ImageSpec {
             }
         }
         if !raw.wheels.is_empty() {
-            crate::packages::validate_requirements(&raw.wheels)?;
-            parse_requirements(&raw.wheels)?;
+            parse_requested(&raw.wheels)?;
         }
         Ok(ImageSpec {
             name: raw.name,

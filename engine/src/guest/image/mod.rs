@@ -83,11 +83,6 @@ impl Profile {
         }
     }
 
-    /// The built-in profile an image is made on (a custom image's base is in its manifest).
-    pub fn is_data(&self) -> bool {
-        *self == Profile::Data
-    }
-
     fn roots(&self) -> Vec<&'static str> {
         let mut roots = vec![
             "python3.11-minimal",
