@@ -18,9 +18,10 @@ use super::gate::{GateContext, serve_dns, serve_proxy};
 use super::judge::{Judge, Remembered};
 use super::netns::{self, Tools};
 use super::policy::NetworkPolicy;
+use super::udp::serve_udp;
 use crate::error::{Error, Result};
 
-/// Connections one machine may have open at once, by default.
+/// Connections (TCP connections and UDP flows) one machine may have open at once, by default.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 
 /// How machines' networks are made.
@@ -33,7 +34,7 @@ pub struct NetworkSettings {
     /// for a test network or a private service the operator chooses to expose. Never the host's
     /// own addresses.
     pub also_public: Vec<Cidr>,
-    /// Connections one machine may have open at once.
+    /// Connections (TCP connections and UDP flows) one machine may have open at once.
     pub max_connections: usize,
 }
 
@@ -167,7 +168,8 @@ impl Fabric {
         })
     }
 
-    /// A network for one sandbox of `machine`, with `policy`: its namespaces, proxy and DNS.
+    /// A network for one sandbox of `machine`, with `policy`: its namespaces, proxy, DNS and UDP
+    /// relay.
     /// Everything goes when it is dropped.
     pub async fn attach(&self, machine: &str, policy: &NetworkPolicy) -> Result<MachineNetwork> {
         if !policy.is_networked() {
@@ -180,6 +182,12 @@ impl Fabric {
             .map_err(|e| Error::internal(format!("machine's proxy socket: {e}")))?;
         let dns = tokio::net::UdpSocket::from_std(namespaces.dns)
             .map_err(|e| Error::internal(format!("machine's DNS socket: {e}")))?;
+        let udp = tokio::net::UdpSocket::from_std(namespaces.udp)
+            .map_err(|e| Error::internal(format!("machine's UDP socket: {e}")))?;
+        let gate = namespaces
+            .gate
+            .try_clone()
+            .map_err(|e| Error::internal(format!("cannot hold a machine's gate: {e}")))?;
         let context = Arc::new(GateContext {
             machine: machine.to_owned(),
             policy: policy.clone(),
@@ -191,7 +199,8 @@ impl Fabric {
         });
         let tasks = vec![
             tokio::spawn(serve_proxy(proxy, context.clone())),
-            tokio::spawn(serve_dns(dns, context)),
+            tokio::spawn(serve_dns(dns, context.clone())),
+            tokio::spawn(serve_udp(udp, gate, context)),
         ];
         Ok(MachineNetwork {
             _sandbox_ns: namespaces.sandbox,

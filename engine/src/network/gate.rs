@@ -1,5 +1,6 @@
 //! What the engine runs in each networked machine's gate: a TCP proxy (every connection the
-//! machine opens arrives here, with its original destination) and a DNS server. Both ask the
+//! machine opens arrives here, with its original destination) and a DNS server (UDP other than
+//! DNS is in [`super::udp`]). Both ask the
 //! judge; the proxy connects out from the host's namespace only to what it allowed.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -35,7 +36,7 @@ pub(crate) struct GateContext {
     pub judge: Arc<Judge>,
     pub resolver: Arc<TokioResolver>,
     pub remembered: Remembered,
-    /// Connections open at once, at most.
+    /// Connections (and UDP flows) open at once, at most.
     pub connections: Arc<Semaphore>,
     /// What a machine is refused is logged, but not more than once in a while: a machine
     /// cannot fill the host's logs by knocking.
@@ -68,7 +69,7 @@ impl Throttle {
     }
 }
 
-fn more_note(held_back: u64) -> String {
+pub(crate) fn more_note(held_back: u64) -> String {
     if held_back == 0 {
         String::new()
     } else {

@@ -8,8 +8,8 @@
 //! addresses alone (a name's addresses change, a literal address must not pass for a name, a
 //! name may be rebound to a private address), so every connection goes through code that knows
 //! which names the machine looked up, classifies the address it is about to connect to, and
-//! connects itself. The kernel's part is fixed and the same for every machine (redirect TCP and
-//! DNS to the engine, drop the rest), lives in the machine's own namespaces and goes with them,
+//! connects itself. The kernel's part is fixed and the same for every machine (redirect TCP, DNS
+//! and other UDP to the engine, drop the rest), lives in the machine's own namespaces and goes with them,
 //! so there are no rules per machine to install, remove or leak.
 
 mod address;
@@ -22,6 +22,8 @@ mod judge;
 #[cfg(feature = "runtime")]
 mod netns;
 mod policy;
+#[cfg(feature = "runtime")]
+mod udp;
 
 pub use address::{AddressClass, Cidr, classify, classify_v4, classify_v6};
 #[cfg(feature = "runtime")]

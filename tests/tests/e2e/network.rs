@@ -1,5 +1,5 @@
 //! Machines' networks. The tests build their own little internet: a network namespace with an
-//! echo server on several addresses and a DNS server answering for `.test` names, reached from
+//! echo server (TCP and UDP) on several addresses and a DNS server answering for `.test` names, reached from
 //! the host through a veth pair; the engine is told to treat its public-looking block
 //! (`198.18.0.0/24`) as public and to resolve names with its DNS server. First without a
 //! sandbox (a machine network attached with a policy, the machine played by a thread inside the
@@ -37,6 +37,8 @@ struct Internet {
     _namespace: OwnedFd,
     /// A listener in the host's namespace, on every address: what a machine must never reach.
     host_listener_port: u16,
+    /// The same over UDP (an echo).
+    host_udp_port: u16,
 }
 
 fn internet() -> Option<&'static Internet> {
@@ -98,7 +100,7 @@ fn build_internet() -> Internet {
     let pid = std::process::id();
     let host_fd = host_ns.as_raw_fd();
     let peer = host_if.clone();
-    let (namespace, listener, dns, index) = std::thread::spawn(move || {
+    let (namespace, listener, dns, index, udp) = std::thread::spawn(move || {
         // SAFETY: unshare takes no pointers and moves only this (short-lived) thread.
         assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
         let namespace = OwnedFd::from(std::fs::File::open("/proc/thread-self/ns/net").unwrap());
@@ -114,7 +116,12 @@ fn build_internet() -> Internet {
         let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, ECHO_PORT)).unwrap();
         let dns = UdpSocket::bind((PUBLIC_HOST, 53)).unwrap();
         let index = TcpListener::bind((PUBLIC_HOST, INDEX_PORT)).unwrap();
-        (namespace, listener, dns, index)
+        // One UDP socket per address, so that each answers from the address it was sent to.
+        let udp: Vec<UdpSocket> = [PUBLIC_HOST, OTHER_HOST, PRIVATE_HOST]
+            .into_iter()
+            .map(|address| UdpSocket::bind((address, ECHO_PORT)).unwrap())
+            .collect();
+        (namespace, listener, dns, index, udp)
     })
     .join()
     .unwrap();
@@ -135,6 +142,9 @@ fn build_internet() -> Internet {
         }
     });
     std::thread::spawn(move || serve_test_dns(&dns));
+    for socket in udp {
+        std::thread::spawn(move || udp_echo(&socket));
+    }
     let mut routes = evervm_tests::package_index::Routes::default();
     let greeting = evervm_tests::package_index::wheel(
         "evervm-fetched",
@@ -157,9 +167,23 @@ fn build_internet() -> Internet {
             let _ = stream.write_all(b"the host itself");
         }
     });
+    let host_udp = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+    let host_udp_port = host_udp.local_addr().unwrap().port();
+    std::thread::spawn(move || udp_echo(&host_udp));
     Internet {
         _namespace: namespace,
         host_listener_port,
+        host_udp_port,
+    }
+}
+
+/// Answers each datagram with `udp echo from ADDRESS: WHAT IT SAID`.
+fn udp_echo(socket: &UdpSocket) {
+    let local = socket.local_addr().unwrap();
+    let mut buffer = vec![0u8; 65_536];
+    while let Ok((length, peer)) = socket.recv_from(&mut buffer) {
+        let said = String::from_utf8_lossy(&buffer[..length]);
+        let _ = socket.send_to(format!("udp echo from {local}: {said}").as_bytes(), peer);
     }
 }
 
@@ -255,6 +279,35 @@ fn connect(path: &Path, ip: Ipv4Addr, port: u16) -> Reached {
     })
 }
 
+/// Sends each of `said` from one socket of the machine to `ip:port`, waiting for each answer:
+/// what came back, or `Refused` for a datagram that got no answer.
+fn udp(path: &Path, ip: Ipv4Addr, port: u16, said: &[&str]) -> Vec<Reached> {
+    let said: Vec<String> = said.iter().map(|s| (*s).to_owned()).collect();
+    as_machine(path, move || {
+        let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+        socket.connect((ip, port)).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .unwrap();
+        let mut buffer = [0u8; 1500];
+        said.iter()
+            .map(|text| {
+                socket.send(text.as_bytes()).unwrap();
+                match socket.recv(&mut buffer) {
+                    Ok(length) => {
+                        Reached::Answer(String::from_utf8_lossy(&buffer[..length]).into_owned())
+                    }
+                    Err(_) => Reached::Refused,
+                }
+            })
+            .collect()
+    })
+}
+
+fn udp_answer(ip: Ipv4Addr, said: &str) -> Reached {
+    Reached::Answer(format!("udp echo from {ip}:{ECHO_PORT}: {said}"))
+}
+
 fn resolve(path: &Path, name: &str) -> (ResponseCode, Vec<Ipv4Addr>) {
     let name = name.to_owned();
     as_machine(path, move || {
@@ -346,6 +399,60 @@ async fn public_reaches_public_hosts_and_nothing_else() {
     assert_eq!(names[0], (ResponseCode::NoError, vec![PUBLIC_HOST]));
     assert_eq!(names[1], (ResponseCode::Refused, vec![]));
     assert_eq!(names[2], (ResponseCode::NXDomain, vec![]));
+
+    // UDP: a flow to a public host, both ways and more than once (later datagrams go through the
+    // flow's own socket), two flows at once; nothing from anywhere blocked.
+    let p = path.clone();
+    let host_udp_port = internet.host_udp_port;
+    let datagrams = tokio::task::spawn_blocking(move || {
+        let other = {
+            let p = p.clone();
+            std::thread::spawn(move || udp(&p, OTHER_HOST, ECHO_PORT, &["a", "b"]))
+        };
+        vec![
+            (
+                "public host",
+                udp(&p, PUBLIC_HOST, ECHO_PORT, &["one", "two", "three"]),
+            ),
+            ("other host", other.join().unwrap()),
+            ("private host", udp(&p, PRIVATE_HOST, ECHO_PORT, &["x"])),
+            (
+                "metadata",
+                udp(&p, Ipv4Addr::new(169, 254, 169, 254), 80, &["x"]),
+            ),
+            (
+                "the host's address",
+                udp(&p, HOST_SIDE, host_udp_port, &["x"]),
+            ),
+            (
+                "loopback",
+                udp(&p, Ipv4Addr::LOCALHOST, host_udp_port, &["x"]),
+            ),
+        ]
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        datagrams,
+        vec![
+            (
+                "public host",
+                vec![
+                    udp_answer(PUBLIC_HOST, "one"),
+                    udp_answer(PUBLIC_HOST, "two"),
+                    udp_answer(PUBLIC_HOST, "three"),
+                ]
+            ),
+            (
+                "other host",
+                vec![udp_answer(OTHER_HOST, "a"), udp_answer(OTHER_HOST, "b")]
+            ),
+            ("private host", vec![Reached::Refused]),
+            ("metadata", vec![Reached::Refused]),
+            ("the host's address", vec![Reached::Refused]),
+            ("loopback", vec![Reached::Refused]),
+        ]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -391,6 +498,19 @@ async fn allow_reaches_names_it_looked_up_and_blocks_it_lists() {
                 "rebound address",
                 format!("{:?}", connect(&p, PRIVATE_HOST, ECHO_PORT)),
             ),
+            // UDP is judged the same way.
+            (
+                "udp to an allowed name",
+                format!("{:?}", udp(&p, PUBLIC_HOST, ECHO_PORT, &["n"])),
+            ),
+            (
+                "udp to a listed block",
+                format!("{:?}", udp(&p, OTHER_HOST, ECHO_PORT, &["b"])),
+            ),
+            (
+                "udp to a rebound address",
+                format!("{:?}", udp(&p, PRIVATE_HOST, ECHO_PORT, &["r"])),
+            ),
         ]
     })
     .await
@@ -412,6 +532,18 @@ async fn allow_reaches_names_it_looked_up_and_blocks_it_lists() {
             format!("{:?}", (ResponseCode::Refused, Vec::<Ipv4Addr>::new())),
         ),
         ("rebound address", format!("{:?}", Reached::Refused)),
+        (
+            "udp to an allowed name",
+            format!("{:?}", vec![udp_answer(PUBLIC_HOST, "n")]),
+        ),
+        (
+            "udp to a listed block",
+            format!("{:?}", vec![udp_answer(OTHER_HOST, "b")]),
+        ),
+        (
+            "udp to a rebound address",
+            format!("{:?}", vec![Reached::Refused]),
+        ),
     ];
     assert_eq!(steps, expected);
 }
@@ -507,7 +639,9 @@ async fn a_dropped_network_leaves_no_namespace_and_no_rule() {
     let gate_sockets = as_machine_in(&ours[1], || {
         let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
         let udp = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
-        tcp.contains(":3A99 ") || udp.contains(":3AFD ")
+        // The proxy's port (15001), the DNS server's (15053) and the UDP relay's (15002), as
+        // /proc/net lists them.
+        tcp.contains(":3A99 ") || udp.contains(":3ACD ") || udp.contains(":3A9A ")
     });
     assert!(!gate_sockets, "the gate's sockets are still open");
     drop(ours);
@@ -559,6 +693,14 @@ def fetch(host, port=8080):
     try:
         with socket.create_connection((host, port), timeout=10) as s:
             return s.recv(100).decode() or 'closed'
+    except OSError as e:
+        return type(e).__name__
+def udp(host, port=8080, said=b'ping'):
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.settimeout(3)
+            s.sendto(said, (host, port))
+            return s.recvfrom(100)[0].decode()
     except OSError as e:
         return type(e).__name__
 def lookup(name):
@@ -653,12 +795,15 @@ async fn machines_reach_what_their_policy_allows_across_swap_and_fork() {
     };
     crate::value(&public, FETCH).await;
     let host_port = internet.host_listener_port;
+    let host_udp_port = internet.host_udp_port;
     let seen = format!(
         "[fetch('198.18.0.10'), fetch('10.99.0.10'), fetch('169.254.169.254', 80), \
-         fetch('198.18.0.1', {host_port}), lookup('allowed.test'), lookup('rebound.test')]"
+         fetch('198.18.0.1', {host_port}), lookup('allowed.test'), lookup('rebound.test'), \
+         udp('198.18.0.10'), udp('10.99.0.10'), udp('198.18.0.1', {host_udp_port})]"
     );
     let expected = "['hello from 198.18.0.10:8080', 'ConnectionResetError', \
-        'ConnectionResetError', 'ConnectionResetError', ['198.18.0.10'], 'gaierror']";
+        'ConnectionResetError', 'ConnectionResetError', ['198.18.0.10'], 'gaierror', \
+        'udp echo from 198.18.0.10:8080: ping', 'TimeoutError', 'TimeoutError']";
     assert_eq!(crate::value(&public, &seen).await, expected);
 
     let policy = NetworkPolicy::new(NetworkMode::Allow, &["allowed.test"]).unwrap();
@@ -691,8 +836,13 @@ async fn machines_reach_what_their_policy_allows_across_swap_and_fork() {
     public.swap_out().await.unwrap();
     allow.swap_out().await.unwrap();
     assert_eq!(
-        crate::value(&public, "[fetch('198.18.0.10'), fetch('10.99.0.10')]").await,
-        "['hello from 198.18.0.10:8080', 'ConnectionResetError']"
+        crate::value(
+            &public,
+            "[fetch('198.18.0.10'), fetch('10.99.0.10'), udp('198.18.0.10', said=b'back')]"
+        )
+        .await,
+        "['hello from 198.18.0.10:8080', 'ConnectionResetError', \
+         'udp echo from 198.18.0.10:8080: back']"
     );
     assert_eq!(crate::value(&allow, seen).await, expected);
     assert_eq!(allow.info().await.unwrap().network, Some(policy.clone()));
