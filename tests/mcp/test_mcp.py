@@ -56,7 +56,9 @@ async def test_tools_are_listed_with_their_schemas(connect) -> None:
         assert tools["create-python-repl"].input_schema["type"] == "object"
         for tool in tools.values():
             assert tool.output_schema is not None, tool.name
-            assert tool.annotations.open_world_hint is False, tool.name
+            # Only code can reach outside, in a REPL made with a network.
+            expected = tool.name == "run-python-in-repl"
+            assert tool.annotations.open_world_hint is expected, tool.name
             assert len(tool.description) > 40, tool.name
 
 
@@ -226,6 +228,29 @@ async def test_bad_input_is_a_tool_error_the_model_can_read(connect) -> None:
             assert result.is_error and text_of(result), (tool, arguments)
         # Still serving, state intact.
         assert (await run(client, repl, "2 + 2")).structured_content["result"] == "4"
+
+
+async def test_a_repl_gets_the_network_it_asks_for(connect) -> None:
+    # A documentation address: never reached, whatever the policy. Without a network there is
+    # no route (OSError); with one, the engine's gate takes the connection, judges it and resets
+    # it: nothing leaves the host.
+    probe = ("import socket\n"
+             "try:\n"
+             "    with socket.create_connection(('198.51.100.7', 80), timeout=5) as s:\n"
+             "        seen = s.recv(1) or 'closed'\n"
+             "except OSError as e:\n"
+             "    seen = type(e).__name__\n"
+             "seen")
+    async with connect() as client:
+        for network, expected in [(None, "'OSError'"), ("public", "'ConnectionResetError'"),
+                                  (["example.com"], "'ConnectionResetError'")]:
+            arguments = {} if network is None else {"network": network}
+            made = await client.call_tool("create-python-repl", arguments)
+            assert not made.is_error, (network, text_of(made))
+            seen = await run(client, made.content[0].text, probe)
+            assert seen.structured_content["result"] == expected, (network, text_of(seen))
+        bad = await client.call_tool("create-python-repl", {"network": "sideways"})
+        assert bad.is_error and "network" in text_of(bad), text_of(bad)
 
 
 async def test_http_needs_a_token(server) -> None:

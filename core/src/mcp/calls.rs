@@ -13,8 +13,8 @@ use serde::de::DeserializeOwned;
 use super::catalog::{
     Checkpoint, CheckpointArgs, CheckpointList, CheckpointMade, CreateReplArgs, CreatedRepl,
     FILE_LIMIT_BYTES, FileContent, FileWritten, ForkArgs, Forked, Interrupted, ListArgs,
-    ReadFileArgs, ReplArgs, ReplList, ReplSummary, RollbackArgs, RolledBack, RunArgs, RunOutput,
-    SwappedOut, ToolName, WriteFileArgs,
+    ReadFileArgs, ReplArgs, ReplList, ReplNetwork, ReplSummary, RollbackArgs, RolledBack, RunArgs,
+    RunOutput, SwappedOut, ToolName, WriteFileArgs,
 };
 use super::tool_error;
 use crate::tool::{TEXT_LIMIT, shorten};
@@ -100,6 +100,11 @@ async fn create(client: &Client, args: CreateReplArgs) -> Answer {
     let machine = client
         .create_machine(CreateMachineOptions {
             tags: args.tags.unwrap_or_default(),
+            network: args
+                .network
+                .map(ReplNetwork::policy)
+                .transpose()
+                .map_err(failed)?,
             ..CreateMachineOptions::default()
         })
         .await

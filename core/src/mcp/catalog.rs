@@ -104,7 +104,7 @@ impl ToolName {
 
     /// What the tool may do, said truthfully: only the list and read tools leave everything
     /// as it was; running code, rolling back, interrupting and overwriting a file can undo
-    /// work. Nothing reaches outside the machines (they have no network).
+    /// work. Only code run in a REPL can reach outside (when its REPL was given a network).
     fn annotations(self, title: &str) -> ToolAnnotations {
         let (read_only, destructive, idempotent) = match self {
             // New things only: a REPL, a copy, a checkpoint.
@@ -125,7 +125,7 @@ impl ToolName {
             .read_only(read_only)
             .destructive(destructive)
             .idempotent(idempotent)
-            .open_world(false)
+            .open_world(self == ToolName::RunPython)
     }
 
     fn text(self) -> (&'static str, String) {
@@ -263,6 +263,33 @@ pub(crate) struct CreateReplArgs {
     /// list-python-repls.
     #[serde(default)]
     pub(crate) tags: Option<TagMap>,
+    /// What the REPL may reach over the network: `"none"`, `"public"`, or a list of names and
+    /// blocks such as `["pypi.org", "*.pythonhosted.org"]` (within what the server allows; its
+    /// default when omitted). `%pip install` works without a network.
+    #[serde(default)]
+    pub(crate) network: Option<ReplNetwork>,
+}
+
+/// A REPL's network: a mode, or the list of what it may reach.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub(crate) enum ReplNetwork {
+    /// `none` (its own loopback only) or `public` (public internet addresses, never the host's
+    /// or private ones).
+    Mode(String),
+    /// Domain names (`*.` wildcards allowed) and IPv4 blocks it may reach, nothing else.
+    Allow(Vec<String>),
+}
+
+impl ReplNetwork {
+    pub(crate) fn policy(self) -> crate::Result<crate::NetworkPolicy> {
+        Ok(match self {
+            ReplNetwork::Mode(mode) => crate::NetworkPolicy::from_mode_name(&mode)?,
+            ReplNetwork::Allow(rules) => {
+                crate::NetworkPolicy::new(crate::NetworkMode::Allow, &rules)?
+            }
+        })
+    }
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
