@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 # The end-to-end tests keep machines' snapshots on disk: say how much room there is, so that a
 # test refused for want of disk reads as that.
 echo "==> free disk: $(df -h --output=avail "${TMPDIR:-/tmp}" | tail -1 | tr -d ' ') in ${TMPDIR:-/tmp}, $(df -h --output=avail . | tail -1 | tr -d ' ') here"
+# One build from scratch: incremental state would only double what the build keeps on disk.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy"
@@ -26,6 +28,7 @@ echo "==> cargo test"
 # The Python and Node extension modules link against the runtime that loads them: they are
 # tested from Python and Node below.
 cargo test --workspace --locked --exclude evervm-python --exclude evervm-node --exclude evervm-swift
+echo "==> the build takes $(du -sh "${CARGO_TARGET_DIR:-target}" | cut -f1) on disk; $(df -h --output=avail . | tail -1 | tr -d ' ') free"
 echo "==> the end-to-end suites on gVisor again, on Debian's runsc (older hosts and old snapshots use it)"
 if [ -x /usr/bin/runsc ]; then
     EVERVM_RUNSC=/usr/bin/runsc EVERVM_TEST_BACKENDS=gvisor \
