@@ -16,6 +16,8 @@ command -v file >/dev/null || need_apt+=(file)
 # Machines with a network: their namespaces are set up with ip and nft.
 [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || need_apt+=(iproute2)
 [ -x /usr/sbin/nft ] || need_apt+=(nftables)
+# The PostgreSQL store is tested against a real server (scripts/postgres.sh starts one).
+ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need_apt+=(postgresql)
 # The package tests build a wheel with a C extension for the machines' CPython 3.11.
 [ -f /usr/include/python3.11/Python.h ] || need_apt+=(python3.11-dev)
 

@@ -24,6 +24,11 @@ cargo build --locked -p evervm-cli
 evervm_bin="$(realpath "${CARGO_TARGET_DIR:-target}")/debug/evervm"
 "$evervm_bin" image build --profile minimal
 "$evervm_bin" image build --profile data
+echo "==> a PostgreSQL server for the PostgreSQL store's tests (Debian's, on loopback)"
+pg_dir="${TMPDIR:-/tmp}/evervm-test-postgres"
+EVERVM_TEST_POSTGRES="$(scripts/postgres.sh start "$pg_dir" "${EVERVM_TEST_POSTGRES_PORT:-55432}")"
+export EVERVM_TEST_POSTGRES
+trap 'scripts/postgres.sh stop "$pg_dir" || true' EXIT
 echo "==> cargo test"
 # The Python and Node extension modules link against the runtime that loads them: they are
 # tested from Python and Node below.

@@ -51,6 +51,10 @@ struct Target {
     /// security boundary: for development).
     #[arg(long, env = "EVERVM_BACKEND", global = true)]
     backend: Option<String>,
+    /// The PostgreSQL store, for `serve` and `token`: `postgres://USER:PASSWORD@HOST:PORT/DB`
+    /// (default: the SQLite database in the home).
+    #[arg(long, env = "EVERVM_DATABASE", global = true, hide_env_values = true)]
+    database: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -151,13 +155,14 @@ enum TokenCommand {
         #[arg(long, value_name = "DURATION")]
         expires_in: Option<String>,
     },
-    /// List the tokens of the home: id, account, when made, when they expire (never secrets).
+    /// List the tokens of the store (the home's, or --database): id, account, when made, when
+    /// they expire (never secrets).
     List {
         /// Print them as JSON.
         #[arg(long)]
         json: bool,
     },
-    /// Revoke a token by its id (the part before the `.`); a server on the home refuses it
+    /// Revoke a token by its id (the part before the `.`); a server on the store refuses it
     /// from its next request on.
     Revoke { id: String },
 }
@@ -359,6 +364,7 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
                 backend: target.backend.clone(),
                 network_default,
                 network_max,
+                database: target.database.clone(),
             };
             serve(listen, options).await
         }
@@ -367,7 +373,7 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
                 .home
                 .clone()
                 .unwrap_or_else(evervm::admin::default_home);
-            tokens(&home, command)?;
+            tokens(&home, target.database.as_deref(), command).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Image {
@@ -453,7 +459,11 @@ where
 }
 
 /// `evervm token create|list|revoke`, on the home's database (also while a server runs there).
-fn tokens(home: &std::path::Path, command: TokenCommand) -> Result<()> {
+async fn tokens(
+    home: &std::path::Path,
+    database: Option<&str>,
+    command: TokenCommand,
+) -> Result<()> {
     match command {
         TokenCommand::Create {
             account,
@@ -463,11 +473,11 @@ fn tokens(home: &std::path::Path, command: TokenCommand) -> Result<()> {
                 .as_deref()
                 .map(evervm::admin::parse_duration)
                 .transpose()?;
-            let token = evervm::admin::create_token(home, &account, valid_for)?;
+            let token = evervm::admin::create_token(home, database, &account, valid_for).await?;
             println!("{token}");
         }
         TokenCommand::List { json } => {
-            let tokens = evervm::admin::list_tokens(home)?;
+            let tokens = evervm::admin::list_tokens(home, database).await?;
             let time = |t: chrono::DateTime<chrono::Utc>| {
                 t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
             };
@@ -498,7 +508,7 @@ fn tokens(home: &std::path::Path, command: TokenCommand) -> Result<()> {
             }
         }
         TokenCommand::Revoke { id } => {
-            evervm::admin::revoke_token(home, &id)?;
+            evervm::admin::revoke_token(home, database, &id).await?;
             eprintln!("revoked token {id}");
         }
     }

@@ -52,6 +52,16 @@ impl Server {
     /// Starts a server on `home`; `token` is known when the home was used before (the server
     /// prints a token on its first start only).
     fn start_in(backend: &str, home: tempfile::TempDir, token: Option<String>) -> Self {
+        Self::start_with(backend, home, token, &[])
+    }
+
+    /// The same, with more environment for the server.
+    fn start_with(
+        backend: &str,
+        home: tempfile::TempDir,
+        token: Option<String>,
+        env: &[(&str, &str)],
+    ) -> Self {
         let log = tempfile::NamedTempFile::new().unwrap();
         let mut child = Command::new(EVERVM)
             .args([
@@ -66,6 +76,7 @@ impl Server {
             .env_remove("EVERVM_URL")
             .env_remove("EVERVM_TOKEN")
             .env("EVERVM_LOG", "debug")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(log.reopen().unwrap())
             .spawn()
@@ -863,6 +874,64 @@ fn a_killed_server_leaves_no_network_namespace_behind() {
     let now = network_namespaces_of(restarted.child.id(), &needle);
     assert!(now.len() >= 2, "the restored machine's namespaces: {now:?}");
     assert_eq!(host_network(), host_before);
+}
+
+#[test]
+fn a_server_on_postgres_keeps_its_tokens_and_machines_there() {
+    let Some(database) = evervm_tests::postgres::ScratchPostgres::create() else {
+        return;
+    };
+    let env = [("EVERVM_DATABASE", database.url.as_str())];
+    let server = Server::start_with("process", tempfile::tempdir().unwrap(), None, &env);
+    let name = ok(server.evervm(&["machine", "new", "--tag", "store=postgres"]));
+    let name = name.trim();
+    assert_eq!(ok(server.evervm(&["exec", "-m", name, "6 * 7"])), "42\n");
+    // Nothing of the store is in the home: it is all in PostgreSQL.
+    assert!(!server.home.path().join("evervm.db").exists());
+    // `evervm token` works on the same store while the server runs.
+    let made = run_with_input(
+        Command::new(EVERVM)
+            .args(["token", "create", "--account", "second"])
+            .args(["--database", &database.url]),
+        "",
+    );
+    let second = ok(made).trim().to_owned();
+    let listed = run_with_input(
+        Command::new(EVERVM).args(["token", "list", "--json", "--database", &database.url]),
+        "",
+    );
+    let listed: serde_json::Value = serde_json::from_str(&ok(listed)).unwrap();
+    assert_eq!(listed.as_array().map(Vec::len), Some(2), "{listed}");
+
+    // Another server on another home with the same database knows the token and the machine.
+    let token = server.token.clone();
+    drop(server);
+    let other = Server::start_with("process", tempfile::tempdir().unwrap(), Some(token), &env);
+    let listed = ok(other.evervm(&["machine", "list", "--tag", "store=postgres"]));
+    assert!(listed.contains(name), "{listed}");
+    let as_second = run_with_input(
+        Command::new(EVERVM)
+            .args(["machine", "list"])
+            .env("EVERVM_URL", &other.url)
+            .env("EVERVM_TOKEN", &second)
+            .env_remove("EVERVM_HOME"),
+        "",
+    );
+    assert!(as_second.status.success(), "{}", stderr(&as_second));
+    assert!(!stdout(&as_second).contains(name), "accounts stay apart");
+    // A database that is not there is a clear error, and nothing is served.
+    let refused = run_with_input(
+        Command::new(EVERVM)
+            .args(["token", "list", "--database"])
+            .arg(format!("{}_missing", database.url)),
+        "",
+    );
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("PostgreSQL"),
+        "{}",
+        stderr(&refused)
+    );
 }
 
 /// The value an `evervm exec` printed, if it succeeded.

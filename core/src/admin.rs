@@ -17,10 +17,22 @@ pub fn default_home() -> PathBuf {
     EngineConfig::default_home()
 }
 
-/// Creates a token for `account` (the account too, if it is new) in the home's database and
-/// returns it; it works for `valid_for` (for ever when `None`). Works while a server runs on
-/// that home.
-pub fn create_token(home: &Path, account: &str, valid_for: Option<Duration>) -> Result<String> {
+/// The PostgreSQL store named by a connection string (`--database`), checked.
+pub fn database(url: Option<&str>) -> Result<Option<evervm_engine::store::PostgresSettings>> {
+    Ok(url
+        .map(evervm_engine::store::PostgresSettings::parse)
+        .transpose()?)
+}
+
+/// Creates a token for `account` (the account too, if it is new) in the store a server uses
+/// (the home's database, or PostgreSQL at `database`) and returns it; it works for `valid_for`
+/// (for ever when `None`). Works while a server runs on that store.
+pub async fn create_token(
+    home: &Path,
+    database: Option<&str>,
+    account: &str,
+    valid_for: Option<Duration>,
+) -> Result<String> {
     let expires_at = valid_for
         .map(|d| {
             chrono::Duration::from_std(d)
@@ -29,20 +41,21 @@ pub fn create_token(home: &Path, account: &str, valid_for: Option<Duration>) -> 
                 .ok_or_else(|| Error::new(ErrorKind::InvalidInput, "the expiry is too far away"))
         })
         .transpose()?;
-    Ok(evervm_engine::create_token_in_home(
-        home, account, expires_at,
-    )?)
+    let database = self::database(database)?;
+    Ok(evervm_engine::create_token_in_store(home, database.as_ref(), account, expires_at).await?)
 }
 
-/// Every token of the home (never its secret), oldest first.
-pub fn list_tokens(home: &Path) -> Result<Vec<TokenInfo>> {
-    Ok(evervm_engine::list_tokens_in_home(home)?)
+/// Every token of the store (never its secret), oldest first.
+pub async fn list_tokens(home: &Path, database: Option<&str>) -> Result<Vec<TokenInfo>> {
+    let database = self::database(database)?;
+    Ok(evervm_engine::list_tokens_in_store(home, database.as_ref()).await?)
 }
 
-/// Revokes a token by its id (the part before the `.`): a server on that home refuses it from
+/// Revokes a token by its id (the part before the `.`): a server on that store refuses it from
 /// its next request on.
-pub fn revoke_token(home: &Path, id: &str) -> Result<()> {
-    Ok(evervm_engine::revoke_token_in_home(home, id)?)
+pub async fn revoke_token(home: &Path, database: Option<&str>, id: &str) -> Result<()> {
+    let database = self::database(database)?;
+    Ok(evervm_engine::revoke_token_in_store(home, database.as_ref(), id).await?)
 }
 
 /// `90s`, `15m`, `12h`, `30d` (a number and a unit) as a duration.
@@ -112,18 +125,24 @@ pub async fn build_custom_image(home: &Path, profile_file: &Path) -> Result<(Str
 mod tests {
     use super::*;
 
-    #[test]
-    fn tokens_are_made_in_the_home_and_bad_input_is_refused() {
+    #[tokio::test]
+    async fn tokens_are_made_in_the_home_and_bad_input_is_refused() {
         let home = tempfile::tempdir().unwrap();
-        let token = create_token(home.path(), "alice", None).unwrap();
+        let token = create_token(home.path(), None, "alice", None)
+            .await
+            .unwrap();
         assert!(token.contains('.'), "{token}");
         assert!(home.path().join("evervm.db").exists());
-        let bad = create_token(home.path(), "no spaces", None).unwrap_err();
+        let bad = create_token(home.path(), None, "no spaces", None)
+            .await
+            .unwrap_err();
         assert_eq!(bad.kind(), crate::ErrorKind::InvalidInput);
         let bad = build_image(home.path(), "huge").unwrap_err();
         assert_eq!(bad.kind(), crate::ErrorKind::InvalidInput, "{bad}");
-        let expiring = create_token(home.path(), "bob", Some(Duration::from_secs(3600))).unwrap();
-        let listed = list_tokens(home.path()).unwrap();
+        let expiring = create_token(home.path(), None, "bob", Some(Duration::from_secs(3600)))
+            .await
+            .unwrap();
+        let listed = list_tokens(home.path(), None).await.unwrap();
         assert_eq!(listed.len(), 2);
         assert!(
             listed
@@ -131,10 +150,14 @@ mod tests {
                 .any(|t| t.account == "bob" && t.expires_at.is_some())
         );
         let (id, _) = expiring.split_once('.').unwrap();
-        revoke_token(home.path(), id).unwrap();
-        assert_eq!(list_tokens(home.path()).unwrap().len(), 1);
-        let bad = revoke_token(home.path(), id).unwrap_err();
+        revoke_token(home.path(), None, id).await.unwrap();
+        assert_eq!(list_tokens(home.path(), None).await.unwrap().len(), 1);
+        let bad = revoke_token(home.path(), None, id).await.unwrap_err();
         assert_eq!(bad.kind(), crate::ErrorKind::NotFound, "{bad}");
+        let bad = create_token(home.path(), Some("postgres://x@host:port/db"), "a", None)
+            .await
+            .unwrap_err();
+        assert_eq!(bad.kind(), crate::ErrorKind::InvalidInput, "{bad}");
         assert_eq!(
             parse_duration("30d").unwrap(),
             Duration::from_secs(30 * 86_400)

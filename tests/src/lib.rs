@@ -5,6 +5,7 @@
 #![allow(clippy::expect_used, clippy::panic)]
 
 pub mod package_index;
+pub mod postgres;
 
 use std::net::SocketAddr;
 use std::path::Path;

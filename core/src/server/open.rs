@@ -22,6 +22,9 @@ pub struct ServeOptions {
     /// The most network a machine may ask for: `none`, `allow` or `public`
     /// (`EVERVM_NETWORK_MAX`; `public` when `None`).
     pub network_max: Option<String>,
+    /// The PostgreSQL store's connection string (`--database`, `EVERVM_DATABASE`); the home's
+    /// SQLite database when `None`.
+    pub database: Option<String>,
 }
 
 /// Why a server does not start on the process backend unless it is asked for by name.
@@ -53,6 +56,7 @@ pub async fn open(options: ServeOptions) -> Result<Server> {
     let backend = options.backend.as_deref().unwrap_or("auto");
     let mut config = EngineConfig::new(options.home.unwrap_or_else(EngineConfig::default_home));
     config.backend = BackendChoice::parse(backend);
+    config.database = crate::admin::database(options.database.as_deref())?;
     if let Some(default) = options.network_default.as_deref() {
         config.network_default = match crate::types::NetworkMode::parse(default)? {
             crate::types::NetworkMode::None => crate::types::NetworkPolicy::None,

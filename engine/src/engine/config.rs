@@ -244,6 +244,8 @@ pub struct EngineConfig {
     pub network: NetworkSettings,
     /// Where `install` fetches wheels from, and its bounds.
     pub packages: PackageSettings,
+    /// The PostgreSQL store (`--database`, `EVERVM_DATABASE`); SQLite in the home when `None`.
+    pub database: Option<crate::store::PostgresSettings>,
     #[doc(hidden)]
     pub hooks: Hooks,
 }
@@ -332,6 +334,7 @@ impl EngineConfig {
             },
             network: NetworkSettings::from_env(),
             packages: PackageSettings::from_env(),
+            database: None,
             hooks: Hooks::default(),
         }
     }

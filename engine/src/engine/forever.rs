@@ -87,7 +87,7 @@ impl Engine {
         let (machine, reserved) = (name.to_owned(), record.clone());
         self.inner
             .store
-            .call(move |store| store.insert_checkpoint(&machine, &reserved))
+            .insert_checkpoint(&machine, &reserved)
             .await?;
         let copied = handle.copy_out(dir, false).await;
         let stored = match copied {
@@ -97,7 +97,7 @@ impl Engine {
                 let (machine, completed) = (name.to_owned(), record.clone());
                 self.inner
                     .store
-                    .call(move |store| store.complete_checkpoint(&machine, &completed))
+                    .complete_checkpoint(&machine, &completed)
                     .await
             }
             Err(e) => Err(e),
@@ -107,7 +107,7 @@ impl Engine {
             let _ = self
                 .inner
                 .store
-                .call(move |store| store.delete_checkpoint(&machine, &reserved))
+                .delete_checkpoint(&machine, &reserved)
                 .await;
             let machine = name.to_owned();
             let _ = tokio::task::spawn_blocking(move || {
@@ -165,11 +165,7 @@ impl Engine {
     ) -> Result<Vec<CheckpointInfo>> {
         self.record(account, name).await?;
         let machine = name.to_owned();
-        let records = self
-            .inner
-            .store
-            .call(move |store| store.checkpoints(&machine))
-            .await?;
+        let records = self.inner.store.checkpoints(&machine).await?;
         self.checkpoint_infos(name, records).await
     }
 
@@ -177,14 +173,11 @@ impl Engine {
         let (name, wanted) = (machine.to_owned(), checkpoint.to_owned());
         self.inner
             .store
-            .call(move |store| {
-                store
-                    .checkpoints(&name)?
-                    .into_iter()
-                    .find(|c| c.name == wanted)
-                    .ok_or_else(|| Error::checkpoint_not_found(&name, &wanted))
-            })
-            .await
+            .checkpoints(&name)
+            .await?
+            .into_iter()
+            .find(|c| c.name == wanted)
+            .ok_or_else(|| Error::checkpoint_not_found(&name, &wanted))
     }
 
     /// Returns the machine to a checkpoint's state (also a damaged machine). Waits for its
@@ -215,10 +208,7 @@ impl Engine {
         let handle = self.handle(account, name).await?;
         handle.rollback(dir).await?;
         let machine = name.to_owned();
-        self.inner
-            .store
-            .call(move |store| store.mark_rolled_back(&machine, &found))
-            .await?;
+        self.inner.store.mark_rolled_back(&machine, &found).await?;
         let record = self.record(account, name).await?;
         self.fresh_info(record, Some(handle)).await
     }
@@ -241,10 +231,7 @@ impl Engine {
         .map_err(|e| Error::internal(format!("removing the checkpoint stopped: {e}")))??;
         self.inner.forget_disk_facts(name);
         let (machine, cp) = (name.to_owned(), checkpoint.to_owned());
-        self.inner
-            .store
-            .call(move |store| store.delete_checkpoint(&machine, &cp))
-            .await?;
+        self.inner.store.delete_checkpoint(&machine, &cp).await?;
         Ok(())
     }
 }

@@ -173,6 +173,70 @@ pub fn create_token_in_home(
     store.create_token(&account, expires_at)
 }
 
+/// Creates a token in the store a server uses: PostgreSQL at `database` when given, else the
+/// home's SQLite database (as [`create_token_in_home`]).
+pub async fn create_token_in_store(
+    home: &Path,
+    database: Option<&crate::store::PostgresSettings>,
+    account_name: &str,
+    expires_at: Option<chrono::DateTime<chrono::Utc>>,
+) -> Result<String> {
+    let Some(database) = database else {
+        let (home, account) = (home.to_owned(), account_name.to_owned());
+        return tokio::task::spawn_blocking(move || {
+            create_token_in_home(&home, &account, expires_at)
+        })
+        .await
+        .map_err(|e| Error::internal(format!("creating a token stopped: {e}")))?;
+    };
+    validate_account_name(account_name)?;
+    if expires_at.is_some_and(|t| t <= chrono::Utc::now()) {
+        return Err(Error::invalid("a token's expiry must be in the future"));
+    }
+    let store = crate::store::PostgresStore::connect(database).await?;
+    crate::store::Metadata::create_token(&store, account_name, expires_at).await
+}
+
+/// Every token of a store (never its secret), oldest first: PostgreSQL at `database` when
+/// given, else the home's.
+pub async fn list_tokens_in_store(
+    home: &Path,
+    database: Option<&crate::store::PostgresSettings>,
+) -> Result<Vec<crate::types::TokenInfo>> {
+    match database {
+        Some(database) => {
+            let store = crate::store::PostgresStore::connect(database).await?;
+            crate::store::Metadata::tokens(&store).await
+        }
+        None => {
+            let home = home.to_owned();
+            tokio::task::spawn_blocking(move || list_tokens_in_home(&home))
+                .await
+                .map_err(|e| Error::internal(format!("listing tokens stopped: {e}")))?
+        }
+    }
+}
+
+/// Revokes a token of a store by its id: PostgreSQL at `database` when given, else the home's.
+pub async fn revoke_token_in_store(
+    home: &Path,
+    database: Option<&crate::store::PostgresSettings>,
+    id: &str,
+) -> Result<()> {
+    match database {
+        Some(database) => {
+            let store = crate::store::PostgresStore::connect(database).await?;
+            crate::store::Metadata::revoke_token(&store, id).await
+        }
+        None => {
+            let (home, id) = (home.to_owned(), id.to_owned());
+            tokio::task::spawn_blocking(move || revoke_token_in_home(&home, &id))
+                .await
+                .map_err(|e| Error::internal(format!("revoking a token stopped: {e}")))?
+        }
+    }
+}
+
 /// Every token of a home (never its secret), oldest first; works while a server runs there.
 pub fn list_tokens_in_home(home: &Path) -> Result<Vec<crate::types::TokenInfo>> {
     let store = Store::open(&home.join("evervm.db"))?;

@@ -13,7 +13,7 @@ use crate::machine::MachineHandle;
 use crate::pool::Pool;
 use crate::sandbox::SandboxBackend;
 use crate::snapshot;
-use crate::store::StoreThread;
+use crate::store::Metadata;
 use crate::sync::lock;
 use crate::types::MachineName;
 
@@ -41,7 +41,7 @@ struct Bucket {
 
 pub(crate) struct EngineInner {
     pub(crate) config: EngineConfig,
-    pub(crate) store: StoreThread,
+    pub(crate) store: Arc<dyn Metadata>,
     pub(crate) backend: Arc<dyn SandboxBackend>,
     pub(crate) pool: Pool,
     pub(crate) machines: Mutex<HashMap<String, Arc<MachineHandle>>>,
@@ -65,7 +65,7 @@ pub(crate) struct EngineInner {
 impl EngineInner {
     pub(crate) fn new(
         config: EngineConfig,
-        store: StoreThread,
+        store: Arc<dyn Metadata>,
         backend: Arc<dyn SandboxBackend>,
         home_lock: File,
     ) -> Self {
@@ -98,10 +98,7 @@ impl EngineInner {
     pub(crate) async fn record_machine_error(&self, name: &MachineName, text: Option<&str>) {
         let machine = name.to_string();
         let text = text.map(str::to_owned);
-        let stored = self
-            .store
-            .call(move |store| store.set_last_error(&machine, text.as_deref()))
-            .await;
+        let stored = self.store.set_last_error(&machine, text.as_deref()).await;
         if let Err(e) = stored {
             tracing::error!(machine = %name, "storing a machine error failed: {e}");
         }
@@ -225,7 +222,7 @@ impl EngineInner {
     pub(crate) async fn account_disk_bytes(self: &Arc<Self>, account_id: i64) -> Result<u64> {
         let names: Vec<String> = self
             .store
-            .call(move |store| store.machines(account_id))
+            .machines(account_id)
             .await?
             .into_iter()
             .map(|r| r.name.to_string())

@@ -53,7 +53,7 @@ pub(super) async fn delete_expired_machines(engine: Weak<EngineInner>) {
         }
         let expired = inner
             .store
-            .call(|store| store.expired_machines(Utc::now(), EXPIRED_PER_CHECK))
+            .expired_machines(Utc::now(), EXPIRED_PER_CHECK)
             .await;
         let engine_now = Engine { inner };
         match expired {
@@ -82,11 +82,7 @@ impl Engine {
     /// as things happen, and machines by state and by account, and the bytes of snapshots, as
     /// they are now.
     pub async fn metrics_text(&self) -> Result<String> {
-        let machines = self
-            .inner
-            .store
-            .call(|store| store.machine_accounts())
-            .await?;
+        let machines = self.inner.store.machine_accounts().await?;
         let inner = Arc::clone(&self.inner);
         tokio::task::spawn_blocking(move || {
             let mut by_state: BTreeMap<&str, i64> = ["resident", "swapped", "damaged", "stopped"]
@@ -135,11 +131,7 @@ impl Engine {
             )));
         }
         let account_id = account.id;
-        let records = self
-            .inner
-            .store
-            .call(move |store| store.machines(account_id))
-            .await?;
+        let records = self.inner.store.machines(account_id).await?;
         let mut page: Vec<_> = records
             .into_iter()
             .filter(|r| cursor.is_none_or(|c| r.position < c.0))

@@ -111,19 +111,7 @@ impl Engine {
     pub(super) async fn insert_machine(&self, record: &MachineRecord) -> Result<()> {
         let limit = self.inner.config.limits.max_machines_per_account;
         let record = record.clone();
-        self.inner
-            .store
-            .call(move |store| {
-                let count = store.count_machines(record.account_id)?;
-                if count >= limit {
-                    return Err(Error::limit_exceeded(format!(
-                        "this account has {count} machines, the limit per account is {limit} \
-                         (EVERVM_MAX_MACHINES on the server): delete machines first"
-                    )));
-                }
-                store.insert_machine(&record)
-            })
-            .await
+        self.inner.store.insert_machine(&record, limit).await
     }
 
     pub(super) fn spawn_handle(&self, record: &MachineRecord, eager: bool) -> Arc<MachineHandle> {
@@ -165,12 +153,7 @@ impl Engine {
                 return;
             }
             let lookup = name.clone();
-            let Ok(Some(record)) = this
-                .inner
-                .store
-                .call(move |store| store.machine(&lookup))
-                .await
-            else {
+            let Ok(Some(record)) = this.inner.store.machine(&lookup).await else {
                 continue;
             };
             if lock(&this.inner.deleting).contains(&name) {
@@ -183,11 +166,7 @@ impl Engine {
     /// The machine's row, if the account has it.
     pub(super) async fn record(&self, account: &Account, name: &str) -> Result<MachineRecord> {
         let parsed = MachineName::parse(name)?;
-        let found = self
-            .inner
-            .store
-            .call(move |store| store.machine(parsed.as_str()))
-            .await?;
+        let found = self.inner.store.machine(parsed.as_str()).await?;
         match found {
             Some(record) if record.account_id == account.id => Ok(record),
             _ => Err(Error::machine_not_found(name)),
@@ -262,11 +241,7 @@ impl Engine {
         filter: &Tags,
     ) -> Result<Vec<MachineInfo>> {
         let account_id = account.id;
-        let records = self
-            .inner
-            .store
-            .call(move |store| store.machines(account_id))
-            .await?;
+        let records = self.inner.store.machines(account_id).await?;
         let records: Vec<MachineRecord> = records
             .into_iter()
             .filter(|r| filter.iter().all(|(k, v)| r.tags.get(k) == Some(v)))
@@ -336,11 +311,7 @@ impl Engine {
             return Ok(live.wait_result().await);
         }
         let machine = name.to_owned();
-        let stored = self
-            .inner
-            .store
-            .call(move |store| store.instruction_result(&machine, seq))
-            .await?;
+        let stored = self.inner.store.instruction_result(&machine, seq).await?;
         match stored {
             Some(Some(result)) => Ok(result),
             Some(None) => Err(Error::internal(format!(
@@ -363,21 +334,16 @@ impl Engine {
             return Ok(live.events().boxed());
         }
         let machine = name.to_owned();
-        let stored = self
-            .inner
-            .store
-            .call(
-                move |store| match store.instruction_result(&machine, seq)? {
-                    Some(Some(result)) => {
-                        Ok(Some((store.instruction_output(&machine, seq)?, result)))
-                    }
-                    Some(None) => Err(Error::internal(format!(
-                        "instruction {seq} of {machine} has no result and is not running"
-                    ))),
-                    None => Ok(None),
-                },
-            )
-            .await?;
+        let store = &self.inner.store;
+        let stored = match store.instruction_result(&machine, seq).await? {
+            Some(Some(result)) => Some((store.instruction_output(&machine, seq).await?, result)),
+            Some(None) => {
+                return Err(Error::internal(format!(
+                    "instruction {seq} of {machine} has no result and is not running"
+                )));
+            }
+            None => None,
+        };
         match stored {
             Some((chunks, result)) => Ok(futures::stream::iter(
                 chunks
@@ -409,10 +375,7 @@ impl Engine {
                 handle.stop().await;
             }
             let machine = name.to_owned();
-            self.inner
-                .store
-                .call(move |store| store.delete_machine(&machine))
-                .await?;
+            self.inner.store.delete_machine(&machine).await?;
             let home = self.inner.config.home.clone();
             let machine = name.to_owned();
             tokio::task::spawn_blocking(move || crate::snapshot::remove(&home, &machine))

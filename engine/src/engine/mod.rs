@@ -21,11 +21,13 @@ use std::sync::atomic::Ordering;
 pub use self::config::{
     BackendChoice, EngineConfig, Hook, Hooks, LINE_OVERHEAD_BYTES, Limits, parse_memory_list,
 };
-pub use self::home::{create_token_in_home, list_tokens_in_home, revoke_token_in_home};
+pub use self::home::{
+    create_token_in_home, create_token_in_store, list_tokens_in_home, list_tokens_in_store,
+    revoke_token_in_home, revoke_token_in_store,
+};
 pub(crate) use self::inner::EngineInner;
 use crate::error::Result;
 use crate::pool::{Pool, Shape};
-use crate::store::{Store, StoreThread};
 use crate::sync::lock;
 use crate::types::Account;
 
@@ -51,23 +53,23 @@ impl Engine {
     pub async fn open(config: EngineConfig) -> Result<Self> {
         home::create_home(&config.home)?;
         let lock_file = home::lock_home(&config.home)?;
+        let store = crate::store::open(config.database.as_ref(), &config.home).await?;
         let home = config.home.clone();
-        let (store, unfinished) = tokio::task::spawn_blocking(move || -> Result<(Store, usize)> {
-            let mut store = Store::open(&home.join("evervm.db"))?;
+        let with_snapshots = tokio::task::spawn_blocking(move || {
             crate::snapshot::recover(&home);
-            store.note_snapshots_on_disk(&crate::snapshot::machines_with_snapshots(&home))?;
-            let unfinished = store.fail_unfinished(
-                "MachineCrashed: the engine stopped before this instruction finished",
-            )?;
-            Ok((store, unfinished))
+            crate::snapshot::machines_with_snapshots(&home)
         })
         .await
-        .map_err(|e| crate::Error::internal(format!("opening the store stopped: {e}")))??;
+        .map_err(|e| crate::Error::internal(format!("looking for snapshots stopped: {e}")))?;
+        store.note_snapshots_on_disk(&with_snapshots).await?;
+        let unfinished = store
+            .fail_unfinished("MachineCrashed: the engine stopped before this instruction finished")
+            .await?;
         let backend = home::choose_backend(&config).await?;
         if unfinished > 0 {
             tracing::warn!("{unfinished} instructions were left unfinished by the last engine");
         }
-        let inner = EngineInner::new(config, StoreThread::start(store)?, backend, lock_file);
+        let inner = EngineInner::new(config, store, backend, lock_file);
         if inner.backend.capabilities().snapshots {
             inner.hold_reserve();
         }
@@ -158,11 +160,7 @@ impl Engine {
     pub async fn ensure_account(&self, name: &str) -> Result<Account> {
         home::validate_account_name(name)?;
         let name = name.to_owned();
-        let account = self
-            .inner
-            .store
-            .call(move |store| store.ensure_account(&name))
-            .await?;
+        let account = self.inner.store.ensure_account(&name).await?;
         self.inner.metrics.know_account(account.id, &account.name);
         Ok(account)
     }
@@ -171,28 +169,18 @@ impl Engine {
     pub async fn create_token(&self, account_name: &str) -> Result<String> {
         home::validate_account_name(account_name)?;
         let name = account_name.to_owned();
-        self.inner
-            .store
-            .call(move |store| {
-                let account = store.ensure_account(&name)?;
-                store.create_token(&account, None)
-            })
-            .await
+        self.inner.store.create_token(&name, None).await
     }
 
     /// How many tokens exist (a fresh home has none).
     pub async fn token_count(&self) -> Result<i64> {
-        self.inner.store.call(|store| store.count_tokens()).await
+        self.inner.store.count_tokens().await
     }
 
     /// The account a token belongs to.
     pub async fn authenticate(&self, token: &str) -> Result<Account> {
         let token = token.to_owned();
-        let account = self
-            .inner
-            .store
-            .call(move |store| store.authenticate(&token))
-            .await?;
+        let account = self.inner.store.authenticate(&token).await?;
         self.inner.metrics.know_account(account.id, &account.name);
         Ok(account)
     }
@@ -217,7 +205,7 @@ impl Engine {
         self.inner.pool.drain().await;
         self.inner.backend.shutdown().await;
         // Everything stored before the home is handed over.
-        let _ = self.inner.store.call(|_| Ok(())).await;
+        let _ = self.inner.store.flush().await;
         lock(&self.inner.home_lock).take();
     }
 }

@@ -326,7 +326,7 @@ impl MachineHandle {
         };
         if first {
             let name = self.name.to_string();
-            if let Err(e) = engine.store.call(move |s| s.mark_unsaved(&name)).await {
+            if let Err(e) = engine.store.mark_unsaved(&name).await {
                 tracing::warn!(machine = %self.name, "cannot note unsaved state: {e}");
             }
         }
@@ -341,7 +341,7 @@ impl MachineHandle {
             state.snapshot_compressed = false;
         }
         let name = self.name.to_string();
-        if let Err(e) = engine.store.call(move |s| s.mark_saved(&name)).await {
+        if let Err(e) = engine.store.mark_saved(&name).await {
             tracing::warn!(machine = %self.name, "cannot note a save: {e}");
         }
     }
@@ -385,7 +385,7 @@ impl MachineHandle {
         let stored_code = code.clone();
         let seq = engine
             .store
-            .call(move |store| store.insert_instruction(&name, &stored_code, timeout_ms))
+            .insert_instruction(&name, &stored_code, timeout_ms)
             .await?;
         let live = Arc::new(LiveInstruction::new(engine.config.limits.max_output_bytes));
         {

@@ -579,7 +579,7 @@ impl MachineHandle {
             return Ok(*first);
         }
         let name = self.name.to_string();
-        let record = engine.store.call(move |store| store.machine(&name)).await?;
+        let record = engine.store.machine(&name).await?;
         Ok(record.map_or(0, |r| r.next_seq))
     }
 }

@@ -17,7 +17,7 @@ use crate::engine::EngineInner;
 use crate::error::{Error, Result};
 use crate::guest::channel::{AgentEvent, AgentOutcome, AgentRequest};
 use crate::pool::Resident;
-use crate::store::{OutputBatches, Pending};
+use crate::store::OutputBatches;
 use crate::sync::lock;
 use crate::types::{Durability, ExecResult, FailureCause, Outcome, OutputStream};
 
@@ -197,7 +197,7 @@ async fn finish_job(
     let chunks = unsaved_output(machine, job);
     let stored = engine
         .store
-        .call(move |store| store.finish_instruction(&name, seq, &chunks, &stored_result))
+        .finish_instruction(&name, seq, chunks, stored_result)
         .await;
     if let Err(e) = stored
         && !machine.deleted.load(Ordering::SeqCst)
@@ -270,7 +270,7 @@ fn unsaved_output(machine: &MachineHandle, job: &Job) -> OutputBatches {
 /// faster than the disk takes waits for it instead of growing a queue.
 #[derive(Default)]
 struct OutputToStore {
-    in_flight: Option<Pending<()>>,
+    in_flight: Option<tokio::task::JoinHandle<crate::Result<()>>>,
 }
 
 impl OutputToStore {
@@ -283,20 +283,18 @@ impl OutputToStore {
         let name = machine.name.to_string();
         let seq = job.seq;
         let chunks = unsaved_output(machine, job);
-        match engine
-            .store
-            .submit(move |store| store.append_output(&name, seq, &chunks))
-            .await
-        {
-            Ok(pending) => self.in_flight = Some(pending),
-            Err(e) => tracing::warn!(machine = %machine.name, seq, "storing output failed: {e}"),
-        }
+        let store = Arc::clone(&engine.store);
+        self.in_flight = Some(tokio::spawn(async move {
+            store.append_output(&name, seq, chunks).await
+        }));
     }
 
     /// Waits for the piece in the store's hands.
     async fn wait(&mut self, machine: &MachineHandle, job: &Job) {
         if let Some(pending) = self.in_flight.take()
-            && let Err(e) = pending.answer().await
+            && let Err(e) = pending
+                .await
+                .unwrap_or_else(|e| Err(crate::Error::internal(format!("storing output: {e}"))))
         {
             tracing::warn!(machine = %machine.name, seq = job.seq, "storing output failed: {e}");
         }

@@ -247,6 +247,10 @@ async fn local(backend: &str, pool_size: usize) -> Result<(Client, Engine, tempf
     let mut config = EngineConfig::new(home.path());
     config.backend = BackendChoice::parse(backend);
     config.pool_size = pool_size;
+    // The store: PostgreSQL when `EVERVM_DATABASE` names one, else the home's SQLite.
+    if let Ok(url) = std::env::var("EVERVM_DATABASE") {
+        config.database = Some(evervm::engine::store::PostgresSettings::parse(&url)?);
+    }
     let engine = Engine::open(config).await?;
     let account = engine.ensure_account("bench").await?;
     Ok((Client::from_engine(engine.clone(), account), engine, home))

@@ -1,0 +1,821 @@
+//! The PostgreSQL store (`--database postgres://...`): for nodes that share one service. A pool
+//! of connections (deadpool-postgres over tokio-postgres); every operation one transaction;
+//! the schema is made (or upgraded) under an advisory lock, so nodes starting together do not
+//! race.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+
+use super::output::{StoredBatch, decode_output};
+use super::schema::{self, Dialect, VERSION};
+use super::{
+    CheckpointRecord, MACHINE_COLUMNS, MachineRecord, Metadata, OutputBatches, RawMachine,
+    check_token, checkpoint_exists, decode_result, encode_result, machine_exists, machine_json,
+    new_token, no_such_token, now, parse_time, split_token, stored, token_expiry,
+    too_many_machines,
+};
+use crate::error::{Error, Result};
+use crate::types::{Account, ExecResult, FailureCause, OutputChunk, TokenInfo};
+
+/// Connections the pool keeps at most, by default.
+pub const DEFAULT_POOL_SIZE: usize = 16;
+/// How long making a connection, or waiting for a free one, may take before the operation fails.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The advisory lock nodes hold while they make or upgrade the schema (any constant; "evervm").
+const SCHEMA_LOCK: i64 = 0x6576_6572_766d;
+
+/// Where the PostgreSQL store is and how many connections it may hold.
+#[derive(Clone)]
+pub struct PostgresSettings {
+    config: tokio_postgres::Config,
+    /// Connections at most.
+    pub pool_size: usize,
+}
+
+impl std::fmt::Debug for PostgresSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresSettings")
+            .field("database", &self.redacted())
+            .field("pool_size", &self.pool_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresSettings {
+    /// From a connection URL (`postgres://user:password@host:port/database`, or the key=value
+    /// form), with the default pool size.
+    pub fn parse(url: &str) -> Result<Self> {
+        let config: tokio_postgres::Config = url.parse().map_err(|e| {
+            Error::invalid(format!(
+                "--database: not a PostgreSQL connection string ({e}); expected \
+                 postgres://USER:PASSWORD@HOST:PORT/DATABASE"
+            ))
+        })?;
+        Ok(Self {
+            config,
+            pool_size: DEFAULT_POOL_SIZE,
+        })
+    }
+
+    /// The database, without its password: for logs and errors.
+    pub fn redacted(&self) -> String {
+        let hosts: Vec<String> = self
+            .config
+            .get_hosts()
+            .iter()
+            .map(|host| match host {
+                tokio_postgres::config::Host::Tcp(name) => name.clone(),
+                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+            })
+            .collect();
+        format!(
+            "postgres://{}@{}:{}/{}",
+            self.config.get_user().unwrap_or(""),
+            hosts.join(","),
+            self.config.get_ports().first().copied().unwrap_or(5432),
+            self.config.get_dbname().unwrap_or("")
+        )
+    }
+
+    /// The same server and user, another database.
+    #[must_use]
+    pub fn with_database(mut self, name: &str) -> Self {
+        self.config.dbname(name);
+        self
+    }
+}
+
+/// The lock a server holds on its database for as long as it runs (any constant; "evervm-1"):
+/// until nodes can share one (leases), a second server on the same database is refused.
+const SERVER_LOCK: i64 = 0x6576_6572_766d_2d31;
+
+/// The PostgreSQL store.
+pub struct PostgresStore {
+    pool: Pool,
+    database: String,
+    /// The connection that holds [`SERVER_LOCK`], taken out of the pool: the lock goes when it
+    /// closes (the server stops, or dies and the database notices).
+    held: std::sync::Mutex<Option<deadpool_postgres::ClientWrapper>>,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("database", &self.database)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A database error, said plainly: which database, and what went wrong.
+fn failed(e: tokio_postgres::Error) -> Error {
+    match e.as_db_error() {
+        Some(db) => Error::internal(format!(
+            "PostgreSQL: {} ({})",
+            db.message(),
+            db.code().code()
+        )),
+        None => Error::internal(format!("PostgreSQL: {e}")),
+    }
+}
+
+/// The error for a write about a machine whose row is gone (deleted meanwhile).
+fn machine_gone(machine: &str, e: tokio_postgres::Error) -> Error {
+    if e.code() == Some(&SqlState::FOREIGN_KEY_VIOLATION) {
+        Error::machine_not_found(machine)
+    } else {
+        failed(e)
+    }
+}
+
+/// A column of a row, or an error naming it (never a panic, whatever the database holds).
+fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
+    row: &'a tokio_postgres::Row,
+    index: usize,
+) -> Result<T> {
+    row.try_get(index).map_err(|e| {
+        Error::internal(format!(
+            "PostgreSQL: column {index} of a stored row is unreadable: {e}"
+        ))
+    })
+}
+
+fn raw_machine(row: &tokio_postgres::Row) -> Result<RawMachine> {
+    let memory_mb: i64 = column(row, 4)?;
+    Ok(RawMachine {
+        name: column(row, 0)?,
+        account_id: column(row, 1)?,
+        created_at: column(row, 2)?,
+        tags: column(row, 3)?,
+        memory_mb: u32::try_from(memory_mb)
+            .map_err(|_| Error::internal(format!("a stored memory size of {memory_mb} MB")))?,
+        backend: column(row, 5)?,
+        next_seq: column(row, 6)?,
+        last_used_at: column(row, 7)?,
+        last_error: column(row, 8)?,
+        image: column(row, 9)?,
+        durability: column(row, 10)?,
+        unsaved_since: column(row, 11)?,
+        snapshot_at: column(row, 12)?,
+        env: column(row, 13)?,
+        expires_at: column(row, 14)?,
+        position: column(row, 15)?,
+        network: column(row, 16)?,
+    })
+}
+
+impl PostgresStore {
+    /// Connects (a pool of up to `settings.pool_size` connections) and makes or upgrades the
+    /// schema.
+    pub async fn connect(settings: &PostgresSettings) -> Result<Self> {
+        let database = settings.redacted();
+        let manager = Manager::from_config(
+            settings.config.clone(),
+            tokio_postgres::NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(settings.pool_size.max(1))
+            .runtime(Runtime::Tokio1)
+            .create_timeout(Some(CONNECT_TIMEOUT))
+            .wait_timeout(Some(CONNECT_TIMEOUT))
+            .build()
+            .map_err(|e| Error::internal(format!("PostgreSQL pool for {database}: {e}")))?;
+        let store = Self {
+            pool,
+            database,
+            held: std::sync::Mutex::new(None),
+        };
+        store.prepare().await.map_err(|e| {
+            e.context(format!(
+                "opening the PostgreSQL store {} (is the server running, and may this user \
+                 create tables in that database?)",
+                store.database
+            ))
+        })?;
+        Ok(store)
+    }
+
+    /// Makes this the only server on the database while it lives: a second one is refused
+    /// (nodes sharing one database are still to come).
+    pub async fn hold_for_this_server(&self) -> Result<()> {
+        let client = self.client().await?;
+        let row = client
+            .query_one("SELECT pg_try_advisory_lock($1)", &[&SERVER_LOCK])
+            .await
+            .map_err(failed)?;
+        if !column::<bool>(&row, 0)? {
+            return Err(Error::new(
+                crate::ErrorKind::Conflict,
+                format!(
+                    "another evervm server uses the database {} (one server per database for \
+                     now: nodes that share one are not built yet); stop it or give this server \
+                     a database of its own",
+                    self.database
+                ),
+            ));
+        }
+        if let Ok(mut held) = self.held.lock() {
+            *held = Some(deadpool_postgres::Object::take(client));
+        }
+        Ok(())
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| Error::internal(format!("PostgreSQL at {}: {e}", self.database)))
+    }
+
+    /// Makes the schema in a new database, upgrades an older one, refuses a newer one.
+    async fn prepare(&self) -> Result<()> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(failed)?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
+            .await
+            .map_err(failed)?;
+        tx.batch_execute(&schema::base(Dialect::Postgres))
+            .await
+            .map_err(failed)?;
+        let version = tx
+            .query_opt("SELECT value FROM meta WHERE key = 'schema_version'", &[])
+            .await
+            .map_err(failed)?
+            .map(|row| column::<String>(&row, 0))
+            .transpose()?;
+        match version {
+            None => {
+                tx.batch_execute(&schema::machine_rows(Dialect::Postgres))
+                    .await
+                    .map_err(failed)?;
+                tx.execute(
+                    "INSERT INTO meta (key, value) VALUES ('schema_version', $1)",
+                    &[&VERSION.to_string()],
+                )
+                .await
+                .map_err(failed)?;
+            }
+            Some(text) => {
+                let version = text.parse::<i64>().unwrap_or(-1);
+                if !(6..=VERSION).contains(&version) {
+                    return Err(Error::internal(format!(
+                        "the database has schema version {text}, this engine knows version \
+                         {VERSION}: use the evervm release that wrote it"
+                    )));
+                }
+                for (_, statements) in schema::migrations_after(version, Dialect::Postgres) {
+                    tx.batch_execute(&statements).await.map_err(failed)?;
+                }
+                tx.execute(
+                    "UPDATE meta SET value = $1 WHERE key = 'schema_version'",
+                    &[&VERSION.to_string()],
+                )
+                .await
+                .map_err(failed)?;
+            }
+        }
+        tx.batch_execute(&schema::indexes(Dialect::Postgres))
+            .await
+            .map_err(failed)?;
+        tx.commit().await.map_err(failed)
+    }
+
+    /// Runs one statement outside a transaction; how many rows it changed.
+    async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+        let client = self.client().await?;
+        client.execute(sql, params).await.map_err(failed)
+    }
+
+    async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>> {
+        let client = self.client().await?;
+        client.query(sql, params).await.map_err(failed)
+    }
+
+    async fn query_opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<tokio_postgres::Row>> {
+        let client = self.client().await?;
+        client.query_opt(sql, params).await.map_err(failed)
+    }
+}
+
+/// Inserts encoded output batches (replacing a batch stored before with the same first seq);
+/// refused, as a missing machine, when the instruction's machine is gone.
+async fn insert_output(
+    tx: &deadpool_postgres::Transaction<'_>,
+    machine: &str,
+    seq: i64,
+    output: &OutputBatches,
+) -> Result<()> {
+    let insert = tx
+        .prepare_cached(
+            "INSERT INTO outputs (machine, instruction, first_seq, chunks) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (machine, instruction, first_seq) DO UPDATE SET chunks = EXCLUDED.chunks",
+        )
+        .await
+        .map_err(failed)?;
+    for (first_seq, encoded) in &output.0 {
+        tx.execute(&insert, &[&machine, &seq, first_seq, encoded])
+            .await
+            .map_err(|e| machine_gone(machine, e))?;
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl Metadata for PostgresStore {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn ensure_account(&self, name: &str) -> Result<Account> {
+        self.execute(
+            "INSERT INTO accounts (name, created_at) VALUES ($1, $2)
+             ON CONFLICT (name) DO NOTHING",
+            &[&name, &now()],
+        )
+        .await?;
+        let row = self
+            .query_opt("SELECT id FROM accounts WHERE name = $1", &[&name])
+            .await?
+            .ok_or_else(|| Error::internal(format!("account {name} vanished as it was made")))?;
+        Ok(Account {
+            id: column(&row, 0)?,
+            name: name.to_owned(),
+        })
+    }
+
+    async fn create_token(
+        &self,
+        account: &str,
+        expires_at: Option<DateTime<Utc>>,
+    ) -> Result<String> {
+        let account = self.ensure_account(account).await?;
+        let (id, secret, hash) = new_token();
+        self.execute(
+            "INSERT INTO tokens (id, account_id, secret_sha256, created_at, expires_at)
+             VALUES ($1, $2, $3, $4, $5)",
+            &[&id, &account.id, &hash, &now(), &token_expiry(expires_at)],
+        )
+        .await?;
+        Ok(format!("{id}.{secret}"))
+    }
+
+    async fn tokens(&self) -> Result<Vec<TokenInfo>> {
+        let rows = self
+            .query(
+                "SELECT t.id, a.name, t.created_at, t.expires_at FROM tokens t
+                 JOIN accounts a ON a.id = t.account_id ORDER BY t.created_at, t.id",
+                &[],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(TokenInfo {
+                    id: column(row, 0)?,
+                    account: column(row, 1)?,
+                    created_at: parse_time(&column::<String>(row, 2)?)?,
+                    expires_at: column::<Option<String>>(row, 3)?
+                        .as_deref()
+                        .map(parse_time)
+                        .transpose()?,
+                })
+            })
+            .collect()
+    }
+
+    async fn revoke_token(&self, id: &str) -> Result<()> {
+        if self
+            .execute("DELETE FROM tokens WHERE id = $1", &[&id])
+            .await?
+            == 0
+        {
+            return Err(no_such_token(id));
+        }
+        Ok(())
+    }
+
+    async fn count_tokens(&self) -> Result<i64> {
+        let row = self.query_opt("SELECT COUNT(*) FROM tokens", &[]).await?;
+        row.map_or(Ok(0), |row| column(&row, 0))
+    }
+
+    async fn authenticate(&self, token: &str) -> Result<Account> {
+        let (id, secret) = split_token(token)?;
+        let Some(row) = self
+            .query_opt(
+                "SELECT t.secret_sha256, a.id, a.name, t.expires_at FROM tokens t
+                 JOIN accounts a ON a.id = t.account_id WHERE t.id = $1",
+                &[&id],
+            )
+            .await?
+        else {
+            return Err(Error::unauthorized("unknown token"));
+        };
+        let stored_hash: String = column(&row, 0)?;
+        let expires_at: Option<String> = column(&row, 3)?;
+        check_token(&stored_hash, secret, expires_at.as_deref())?;
+        Ok(Account {
+            id: column(&row, 1)?,
+            name: column(&row, 2)?,
+        })
+    }
+
+    async fn insert_machine(&self, record: &MachineRecord, limit: usize) -> Result<()> {
+        let (tags, env, network) = machine_json(record)?;
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(failed)?;
+        // The account's row, locked: machines created at once for one account are counted one
+        // after the other, on every node.
+        tx.query_opt(
+            "SELECT id FROM accounts WHERE id = $1 FOR UPDATE",
+            &[&record.account_id],
+        )
+        .await
+        .map_err(failed)?;
+        let count: i64 = column(
+            &tx.query_one(
+                "SELECT COUNT(*) FROM machines WHERE account_id = $1",
+                &[&record.account_id],
+            )
+            .await
+            .map_err(failed)?,
+            0,
+        )?;
+        let count = usize::try_from(count).unwrap_or(usize::MAX);
+        if count >= limit {
+            return Err(too_many_machines(count, limit));
+        }
+        tx.execute(
+            "INSERT INTO machines (name, account_id, created_at, tags, memory_mb, image, backend,
+             next_seq, durability, snapshot_at, env, expires_at, network)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, $9, $10, $11, $12)",
+            &[
+                &record.name.as_str(),
+                &record.account_id,
+                &stored(record.created_at),
+                &tags,
+                &i64::from(record.memory_mb),
+                &record.image.as_str(),
+                &record.backend,
+                &record.durability.as_str(),
+                &record.snapshot_at.map(stored),
+                &env,
+                &record.expires_at.map(stored),
+                &network,
+            ],
+        )
+        .await
+        .map_err(|e| {
+            if e.code() == Some(&SqlState::UNIQUE_VIOLATION) {
+                machine_exists(&record.name)
+            } else {
+                failed(e)
+            }
+        })?;
+        tx.commit().await.map_err(failed)
+    }
+
+    async fn machine(&self, name: &str) -> Result<Option<MachineRecord>> {
+        self.query_opt(
+            &format!("SELECT {MACHINE_COLUMNS} FROM machines WHERE name = $1"),
+            &[&name],
+        )
+        .await?
+        .map(|row| raw_machine(&row)?.into_record())
+        .transpose()
+    }
+
+    async fn machines(&self, account_id: i64) -> Result<Vec<MachineRecord>> {
+        self.query(
+            &format!(
+                "SELECT {MACHINE_COLUMNS} FROM machines WHERE account_id = $1 \
+                 ORDER BY position DESC"
+            ),
+            &[&account_id],
+        )
+        .await?
+        .iter()
+        .map(|row| raw_machine(row)?.into_record())
+        .collect()
+    }
+
+    async fn machine_accounts(&self) -> Result<Vec<(String, String)>> {
+        self.query(
+            "SELECT m.name, a.name FROM machines m JOIN accounts a ON a.id = m.account_id",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|row| Ok((column(row, 0)?, column(row, 1)?)))
+        .collect()
+    }
+
+    async fn expired_machines(
+        &self,
+        now: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<(i64, String)>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.query(
+            "SELECT account_id, name FROM machines WHERE expires_at IS NOT NULL
+             AND expires_at <= $1 ORDER BY expires_at LIMIT $2",
+            &[&stored(now), &limit],
+        )
+        .await?
+        .iter()
+        .map(|row| Ok((column(row, 0)?, column(row, 1)?)))
+        .collect()
+    }
+
+    async fn mark_unsaved(&self, name: &str) -> Result<()> {
+        self.execute(
+            "UPDATE machines SET unsaved_since = COALESCE(unsaved_since, $2) WHERE name = $1",
+            &[&name, &now()],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn mark_saved(&self, name: &str) -> Result<()> {
+        self.execute(
+            "UPDATE machines SET unsaved_since = NULL, snapshot_at = $2 WHERE name = $1",
+            &[&name, &now()],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn note_snapshots_on_disk(&self, names: &[String]) -> Result<usize> {
+        let changed = self
+            .execute(
+                "UPDATE machines SET snapshot_at = $2 WHERE name = ANY($1) AND snapshot_at IS NULL",
+                &[&names, &now()],
+            )
+            .await?;
+        Ok(usize::try_from(changed).unwrap_or(usize::MAX))
+    }
+
+    async fn count_machines(&self, account_id: i64) -> Result<usize> {
+        let row = self
+            .query_opt(
+                "SELECT COUNT(*) FROM machines WHERE account_id = $1",
+                &[&account_id],
+            )
+            .await?;
+        let count: i64 = row.map_or(Ok(0), |row| column(&row, 0))?;
+        Ok(usize::try_from(count).unwrap_or(usize::MAX))
+    }
+
+    async fn set_last_error(&self, name: &str, error: Option<&str>) -> Result<()> {
+        self.execute(
+            "UPDATE machines SET last_error = $2 WHERE name = $1",
+            &[&name, &error],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn delete_machine(&self, name: &str) -> Result<()> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(failed)?;
+        for table in [
+            "DELETE FROM outputs WHERE machine = $1",
+            "DELETE FROM instructions WHERE machine = $1",
+            "DELETE FROM checkpoints WHERE machine = $1",
+            "DELETE FROM machines WHERE name = $1",
+        ] {
+            tx.execute(table, &[&name]).await.map_err(failed)?;
+        }
+        tx.commit().await.map_err(failed)
+    }
+
+    async fn insert_checkpoint(&self, machine: &str, checkpoint: &CheckpointRecord) -> Result<()> {
+        let client = self.client().await?;
+        let inserted = client
+            .execute(
+                "INSERT INTO checkpoints (machine, name, created_at, instruction_count)
+                 VALUES ($1, $2, $3, $4) ON CONFLICT (machine, name) DO NOTHING",
+                &[
+                    &machine,
+                    &checkpoint.name,
+                    &stored(checkpoint.created_at),
+                    &checkpoint.instruction_count,
+                ],
+            )
+            .await
+            .map_err(|e| machine_gone(machine, e))?;
+        if inserted == 0 {
+            return Err(checkpoint_exists(machine, &checkpoint.name));
+        }
+        Ok(())
+    }
+
+    async fn complete_checkpoint(
+        &self,
+        machine: &str,
+        checkpoint: &CheckpointRecord,
+    ) -> Result<()> {
+        let updated = self
+            .execute(
+                "UPDATE checkpoints SET created_at = $3, instruction_count = $4
+                 WHERE machine = $1 AND name = $2",
+                &[
+                    &machine,
+                    &checkpoint.name,
+                    &stored(checkpoint.created_at),
+                    &checkpoint.instruction_count,
+                ],
+            )
+            .await?;
+        if updated == 0 {
+            return Err(Error::checkpoint_not_found(machine, &checkpoint.name));
+        }
+        Ok(())
+    }
+
+    async fn checkpoints(&self, machine: &str) -> Result<Vec<CheckpointRecord>> {
+        self.query(
+            "SELECT name, created_at, instruction_count FROM checkpoints WHERE machine = $1
+             ORDER BY created_at, name",
+            &[&machine],
+        )
+        .await?
+        .iter()
+        .map(|row| {
+            Ok(CheckpointRecord {
+                name: column(row, 0)?,
+                created_at: parse_time(&column::<String>(row, 1)?)?,
+                instruction_count: column(row, 2)?,
+            })
+        })
+        .collect()
+    }
+
+    async fn delete_checkpoint(&self, machine: &str, name: &str) -> Result<bool> {
+        Ok(self
+            .execute(
+                "DELETE FROM checkpoints WHERE machine = $1 AND name = $2",
+                &[&machine, &name],
+            )
+            .await?
+            > 0)
+    }
+
+    async fn mark_rolled_back(
+        &self,
+        machine: &str,
+        checkpoint: &CheckpointRecord,
+    ) -> Result<usize> {
+        let marked = self
+            .execute(
+                "UPDATE instructions SET rolled_back_to = $3
+                 WHERE machine = $1 AND seq >= $2 AND rolled_back_to IS NULL",
+                &[&machine, &checkpoint.instruction_count, &checkpoint.name],
+            )
+            .await?;
+        Ok(usize::try_from(marked).unwrap_or(usize::MAX))
+    }
+
+    async fn rolled_back_to(&self, machine: &str, seq: i64) -> Result<Option<String>> {
+        let row = self
+            .query_opt(
+                "SELECT rolled_back_to FROM instructions WHERE machine = $1 AND seq = $2",
+                &[&machine, &seq],
+            )
+            .await?;
+        Ok(row
+            .map(|row| column::<Option<String>>(&row, 0))
+            .transpose()?
+            .flatten())
+    }
+
+    async fn insert_instruction(&self, machine: &str, code: &str, timeout_ms: u64) -> Result<i64> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(failed)?;
+        let row = tx
+            .query_opt(
+                "UPDATE machines SET next_seq = next_seq + 1, last_used_at = $2 WHERE name = $1
+                 RETURNING next_seq - 1",
+                &[&machine, &now()],
+            )
+            .await
+            .map_err(failed)?
+            .ok_or_else(|| Error::machine_not_found(machine))?;
+        let seq: i64 = column(&row, 0)?;
+        let timeout_ms = i64::try_from(timeout_ms).unwrap_or(i64::MAX);
+        tx.execute(
+            "INSERT INTO instructions (machine, seq, code, timeout_ms, created_at)
+             VALUES ($1, $2, $3, $4, $5)",
+            &[&machine, &seq, &code, &timeout_ms, &now()],
+        )
+        .await
+        .map_err(|e| machine_gone(machine, e))?;
+        tx.commit().await.map_err(failed)?;
+        Ok(seq)
+    }
+
+    async fn append_output(&self, machine: &str, seq: i64, output: OutputBatches) -> Result<()> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(failed)?;
+        insert_output(&tx, machine, seq, &output).await?;
+        tx.commit().await.map_err(failed)
+    }
+
+    async fn finish_instruction(
+        &self,
+        machine: &str,
+        seq: i64,
+        output: OutputBatches,
+        result: ExecResult,
+    ) -> Result<()> {
+        let encoded = encode_result(&result)?;
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(failed)?;
+        insert_output(&tx, machine, seq, &output).await?;
+        let at = now();
+        tx.execute(
+            "UPDATE instructions SET result = $3, finished_at = $4 WHERE machine = $1 AND seq = $2",
+            &[&machine, &seq, &encoded, &at],
+        )
+        .await
+        .map_err(failed)?;
+        tx.execute(
+            "UPDATE machines SET last_used_at = $2 WHERE name = $1",
+            &[&machine, &at],
+        )
+        .await
+        .map_err(failed)?;
+        tx.commit().await.map_err(failed)
+    }
+
+    async fn instruction_result(
+        &self,
+        machine: &str,
+        seq: i64,
+    ) -> Result<Option<Option<ExecResult>>> {
+        let Some(row) = self
+            .query_opt(
+                "SELECT result FROM instructions WHERE machine = $1 AND seq = $2",
+                &[&machine, &seq],
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
+        match column::<Option<String>>(&row, 0)? {
+            None => Ok(Some(None)),
+            Some(text) => Ok(Some(Some(decode_result(machine, seq, &text)?))),
+        }
+    }
+
+    async fn instruction_output(&self, machine: &str, seq: i64) -> Result<Vec<OutputChunk>> {
+        let rows = self
+            .query(
+                "SELECT first_seq, chunks FROM outputs WHERE machine = $1 AND instruction = $2
+                 ORDER BY first_seq",
+                &[&machine, &seq],
+            )
+            .await?;
+        let mut chunks = Vec::new();
+        for row in &rows {
+            let first_seq: i64 = column(row, 0)?;
+            let bytes: &[u8] = column(row, 1)?;
+            decode_output(first_seq, StoredBatch::Binary(bytes), &mut chunks).map_err(|e| {
+                Error::internal(format!(
+                    "stored output of {machine}/{seq} is unreadable: {e}"
+                ))
+            })?;
+        }
+        Ok(chunks)
+    }
+
+    async fn fail_unfinished(&self, reason: &str) -> Result<usize> {
+        let encoded = encode_result(&ExecResult::failure(FailureCause::MachineCrashed, reason))?;
+        let changed = self
+            .execute(
+                "UPDATE instructions SET result = $1, finished_at = $2 WHERE result IS NULL",
+                &[&encoded, &now()],
+            )
+            .await?;
+        Ok(usize::try_from(changed).unwrap_or(usize::MAX))
+    }
+
+    async fn flush(&self) -> Result<()> {
+        // Every operation is finished when it answers.
+        Ok(())
+    }
+}

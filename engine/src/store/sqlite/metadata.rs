@@ -1,0 +1,200 @@
+//! The SQLite store as [`Metadata`]: each operation runs on the store's thread.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use super::StoreThread;
+use crate::error::Result;
+use crate::store::{CheckpointRecord, MachineRecord, Metadata, OutputBatches};
+use crate::types::{Account, ExecResult, OutputChunk, TokenInfo};
+
+#[async_trait]
+impl Metadata for StoreThread {
+    fn kind(&self) -> &'static str {
+        "sqlite"
+    }
+
+    async fn ensure_account(&self, name: &str) -> Result<Account> {
+        let name = name.to_owned();
+        self.call(move |s| s.ensure_account(&name)).await
+    }
+
+    async fn create_token(
+        &self,
+        account: &str,
+        expires_at: Option<DateTime<Utc>>,
+    ) -> Result<String> {
+        let account = account.to_owned();
+        self.call(move |s| {
+            let account = s.ensure_account(&account)?;
+            s.create_token(&account, expires_at)
+        })
+        .await
+    }
+
+    async fn tokens(&self) -> Result<Vec<TokenInfo>> {
+        self.call(|s| s.tokens()).await
+    }
+
+    async fn revoke_token(&self, id: &str) -> Result<()> {
+        let id = id.to_owned();
+        self.call(move |s| s.revoke_token(&id)).await
+    }
+
+    async fn count_tokens(&self) -> Result<i64> {
+        self.call(|s| s.count_tokens()).await
+    }
+
+    async fn authenticate(&self, token: &str) -> Result<Account> {
+        let token = token.to_owned();
+        self.call(move |s| s.authenticate(&token)).await
+    }
+
+    async fn insert_machine(&self, record: &MachineRecord, limit: usize) -> Result<()> {
+        let record = record.clone();
+        self.call(move |s| s.insert_machine_within(&record, limit))
+            .await
+    }
+
+    async fn machine(&self, name: &str) -> Result<Option<MachineRecord>> {
+        let name = name.to_owned();
+        self.call(move |s| s.machine(&name)).await
+    }
+
+    async fn machines(&self, account_id: i64) -> Result<Vec<MachineRecord>> {
+        self.call(move |s| s.machines(account_id)).await
+    }
+
+    async fn machine_accounts(&self) -> Result<Vec<(String, String)>> {
+        self.call(|s| s.machine_accounts()).await
+    }
+
+    async fn expired_machines(
+        &self,
+        now: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<(i64, String)>> {
+        self.call(move |s| s.expired_machines(now, limit)).await
+    }
+
+    async fn mark_unsaved(&self, name: &str) -> Result<()> {
+        let name = name.to_owned();
+        self.call(move |s| s.mark_unsaved(&name)).await
+    }
+
+    async fn mark_saved(&self, name: &str) -> Result<()> {
+        let name = name.to_owned();
+        self.call(move |s| s.mark_saved(&name)).await
+    }
+
+    async fn note_snapshots_on_disk(&self, names: &[String]) -> Result<usize> {
+        let names = names.to_vec();
+        self.call(move |s| s.note_snapshots_on_disk(&names)).await
+    }
+
+    async fn count_machines(&self, account_id: i64) -> Result<usize> {
+        self.call(move |s| s.count_machines(account_id)).await
+    }
+
+    async fn set_last_error(&self, name: &str, error: Option<&str>) -> Result<()> {
+        let (name, error) = (name.to_owned(), error.map(str::to_owned));
+        self.call(move |s| s.set_last_error(&name, error.as_deref()))
+            .await
+    }
+
+    async fn delete_machine(&self, name: &str) -> Result<()> {
+        let name = name.to_owned();
+        self.call(move |s| s.delete_machine(&name)).await
+    }
+
+    async fn insert_checkpoint(&self, machine: &str, checkpoint: &CheckpointRecord) -> Result<()> {
+        let (machine, checkpoint) = (machine.to_owned(), checkpoint.clone());
+        self.call(move |s| s.insert_checkpoint(&machine, &checkpoint))
+            .await
+    }
+
+    async fn complete_checkpoint(
+        &self,
+        machine: &str,
+        checkpoint: &CheckpointRecord,
+    ) -> Result<()> {
+        let (machine, checkpoint) = (machine.to_owned(), checkpoint.clone());
+        self.call(move |s| s.complete_checkpoint(&machine, &checkpoint))
+            .await
+    }
+
+    async fn checkpoints(&self, machine: &str) -> Result<Vec<CheckpointRecord>> {
+        let machine = machine.to_owned();
+        self.call(move |s| s.checkpoints(&machine)).await
+    }
+
+    async fn delete_checkpoint(&self, machine: &str, name: &str) -> Result<bool> {
+        let (machine, name) = (machine.to_owned(), name.to_owned());
+        self.call(move |s| s.delete_checkpoint(&machine, &name))
+            .await
+    }
+
+    async fn mark_rolled_back(
+        &self,
+        machine: &str,
+        checkpoint: &CheckpointRecord,
+    ) -> Result<usize> {
+        let (machine, checkpoint) = (machine.to_owned(), checkpoint.clone());
+        self.call(move |s| s.mark_rolled_back(&machine, &checkpoint))
+            .await
+    }
+
+    async fn rolled_back_to(&self, machine: &str, seq: i64) -> Result<Option<String>> {
+        let machine = machine.to_owned();
+        self.call(move |s| s.rolled_back_to(&machine, seq)).await
+    }
+
+    async fn insert_instruction(&self, machine: &str, code: &str, timeout_ms: u64) -> Result<i64> {
+        let (machine, code) = (machine.to_owned(), code.to_owned());
+        self.call(move |s| s.insert_instruction(&machine, &code, timeout_ms))
+            .await
+    }
+
+    async fn append_output(&self, machine: &str, seq: i64, output: OutputBatches) -> Result<()> {
+        let machine = machine.to_owned();
+        self.call(move |s| s.append_output(&machine, seq, &output))
+            .await
+    }
+
+    async fn finish_instruction(
+        &self,
+        machine: &str,
+        seq: i64,
+        output: OutputBatches,
+        result: ExecResult,
+    ) -> Result<()> {
+        let machine = machine.to_owned();
+        self.call(move |s| s.finish_instruction(&machine, seq, &output, &result))
+            .await
+    }
+
+    async fn instruction_result(
+        &self,
+        machine: &str,
+        seq: i64,
+    ) -> Result<Option<Option<ExecResult>>> {
+        let machine = machine.to_owned();
+        self.call(move |s| s.instruction_result(&machine, seq))
+            .await
+    }
+
+    async fn instruction_output(&self, machine: &str, seq: i64) -> Result<Vec<OutputChunk>> {
+        let machine = machine.to_owned();
+        self.call(move |s| s.instruction_output(&machine, seq))
+            .await
+    }
+
+    async fn fail_unfinished(&self, reason: &str) -> Result<usize> {
+        let reason = reason.to_owned();
+        self.call(move |s| s.fail_unfinished(&reason)).await
+    }
+
+    async fn flush(&self) -> Result<()> {
+        self.call(|_| Ok(())).await
+    }
+}

@@ -1,0 +1,570 @@
+//! One test-suite for every store: what the engine relies on, checked the same way against
+//! SQLite and PostgreSQL. PostgreSQL's run needs a server: `EVERVM_TEST_POSTGRES` is a
+//! connection string to a database whose user may create databases (each run makes its own and
+//! drops it); without it the run is skipped with a note, except in CI, where it fails.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+
+use super::{
+    CheckpointRecord, MachineRecord, Metadata, OutputBatches, PostgresSettings, PostgresStore,
+    Store, StoreThread,
+};
+use crate::guest::image::Profile;
+use crate::network::NetworkPolicy;
+use crate::types::{
+    Account, Durability, Env, EnvVar, ExecResult, FailureCause, MachineName, OutputChunk,
+    OutputStream, Tags,
+};
+use crate::{Error, ErrorKind};
+
+fn record(name: &str, account: &Account) -> MachineRecord {
+    MachineRecord {
+        name: MachineName::parse(name).unwrap(),
+        account_id: account.id,
+        created_at: Utc::now(),
+        tags: Tags::from([("team".to_owned(), "data".to_owned())]),
+        memory_mb: 256,
+        image: Profile::Minimal,
+        backend: "process".into(),
+        next_seq: 0,
+        last_used_at: None,
+        last_error: None,
+        durability: Durability::Instruction,
+        unsaved_since: None,
+        snapshot_at: None,
+        env: Env::from([(
+            "A".to_owned(),
+            EnvVar {
+                value: "1".to_owned(),
+                secret: true,
+            },
+        )]),
+        expires_at: None,
+        position: 0,
+        network: NetworkPolicy::Public,
+    }
+}
+
+fn kind(result: Result<impl std::fmt::Debug, Error>) -> ErrorKind {
+    result.unwrap_err().kind()
+}
+
+/// Every check, in order, on an empty store.
+async fn passes(store: Arc<dyn Metadata>) {
+    tokens(&*store).await;
+    machines(&*store).await;
+    history(&*store).await;
+    limits_hold_under_concurrency(store.clone()).await;
+    deleting_takes_everything(&*store).await;
+}
+
+async fn tokens(store: &dyn Metadata) {
+    let token = store.create_token("alice", None).await.unwrap();
+    let alice = store.authenticate(&token).await.unwrap();
+    assert_eq!(alice.name, "alice");
+    assert_eq!(store.ensure_account("alice").await.unwrap(), alice);
+    let (id, _) = token.split_once('.').unwrap();
+    assert_eq!(
+        kind(store.authenticate(&format!("{id}.wrong")).await),
+        ErrorKind::Unauthorized
+    );
+    assert_eq!(
+        kind(store.authenticate("no-dot").await),
+        ErrorKind::Unauthorized
+    );
+    let expired = store
+        .create_token("alice", Some(Utc::now() - chrono::Duration::seconds(5)))
+        .await
+        .unwrap();
+    let refused = store.authenticate(&expired).await.unwrap_err();
+    assert!(refused.message().contains("expired"), "{refused}");
+    let listed = store.tokens().await.unwrap();
+    assert_eq!(listed.len(), 2);
+    assert!(listed.iter().all(|t| t.account == "alice"));
+    assert_eq!(store.count_tokens().await.unwrap(), 2);
+    store.revoke_token(id).await.unwrap();
+    assert_eq!(
+        kind(store.authenticate(&token).await),
+        ErrorKind::Unauthorized
+    );
+    assert_eq!(kind(store.revoke_token(id).await), ErrorKind::NotFound);
+    assert_eq!(store.count_tokens().await.unwrap(), 1);
+}
+
+async fn machines(store: &dyn Metadata) {
+    let account = store.ensure_account("bob").await.unwrap();
+    let mut first = record("m-first", &account);
+    first.expires_at = Some(Utc::now() - chrono::Duration::seconds(1));
+    store.insert_machine(&first, 10).await.unwrap();
+    store
+        .insert_machine(&record("m-second", &account), 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        kind(store.insert_machine(&record("m-first", &account), 10).await),
+        ErrorKind::Conflict,
+    );
+    let read = store.machine("m-first").await.unwrap().unwrap();
+    assert_eq!(read.tags, first.tags);
+    assert_eq!(read.env, first.env);
+    assert_eq!(read.network, NetworkPolicy::Public);
+    assert_eq!(read.durability, Durability::Instruction);
+    assert_eq!(read.memory_mb, 256);
+    // Times read back as written, to the microsecond.
+    assert_eq!(
+        read.created_at.timestamp_micros(),
+        first.created_at.timestamp_micros()
+    );
+    assert!(store.machine("m-none").await.unwrap().is_none());
+    let names: Vec<String> = store
+        .machines(account.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.name.to_string())
+        .collect();
+    assert_eq!(names, ["m-second", "m-first"], "newest first");
+    assert_eq!(store.count_machines(account.id).await.unwrap(), 2);
+    assert!(
+        store
+            .machine_accounts()
+            .await
+            .unwrap()
+            .contains(&("m-first".to_owned(), "bob".to_owned()))
+    );
+    assert_eq!(
+        store.expired_machines(Utc::now(), 10).await.unwrap(),
+        [(account.id, "m-first".to_owned())]
+    );
+    store.mark_unsaved("m-first").await.unwrap();
+    let unsaved = store.machine("m-first").await.unwrap().unwrap();
+    assert!(unsaved.unsaved_since.is_some());
+    store.mark_unsaved("m-first").await.unwrap();
+    assert_eq!(
+        store
+            .machine("m-first")
+            .await
+            .unwrap()
+            .unwrap()
+            .unsaved_since,
+        unsaved.unsaved_since,
+        "the first mark stays"
+    );
+    store.mark_saved("m-first").await.unwrap();
+    let saved = store.machine("m-first").await.unwrap().unwrap();
+    assert!(saved.unsaved_since.is_none() && saved.snapshot_at.is_some());
+    assert_eq!(
+        store
+            .note_snapshots_on_disk(&["m-first".to_owned(), "m-second".to_owned()])
+            .await
+            .unwrap(),
+        1,
+        "only the machine without a recorded snapshot"
+    );
+    store
+        .set_last_error("m-second", Some("it broke"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .machine("m-second")
+            .await
+            .unwrap()
+            .unwrap()
+            .last_error
+            .as_deref(),
+        Some("it broke")
+    );
+    store.set_last_error("m-second", None).await.unwrap();
+}
+
+async fn history(store: &dyn Metadata) {
+    let account = store.ensure_account("carol").await.unwrap();
+    store
+        .insert_machine(&record("m-history", &account), 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .insert_instruction("m-history", "1 + 1", 1000)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        store
+            .insert_instruction("m-history", "print()", 1000)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        kind(store.insert_instruction("m-gone", "1", 1000).await),
+        ErrorKind::NotFound
+    );
+    assert_eq!(
+        store.instruction_result("m-history", 1).await.unwrap(),
+        Some(None)
+    );
+    assert_eq!(
+        store.instruction_result("m-history", 9).await.unwrap(),
+        None
+    );
+    // Output in pieces (as a long instruction stores it), then the rest with the result.
+    let output: Vec<OutputChunk> = (0..10_000)
+        .map(|i| OutputChunk {
+            seq: i,
+            stream: match i % 3 {
+                0 => OutputStream::Stderr,
+                1 => OutputStream::Stdout,
+                _ => OutputStream::Display,
+            },
+            data: format!("line {i} \u{e9}\n\"quoted\"\u{0}"),
+        })
+        .collect();
+    let (early, rest) = output.split_at(6000);
+    store
+        .append_output("m-history", 1, OutputBatches::encode(early).unwrap())
+        .await
+        .unwrap();
+    let result = ExecResult::failure(FailureCause::Exception, "ZeroDivisionError");
+    store
+        .finish_instruction(
+            "m-history",
+            1,
+            OutputBatches::encode(rest).unwrap(),
+            result.clone(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store.instruction_output("m-history", 1).await.unwrap(),
+        output
+    );
+    assert_eq!(
+        store.instruction_result("m-history", 1).await.unwrap(),
+        Some(Some(result))
+    );
+    assert!(
+        store
+            .machine("m-history")
+            .await
+            .unwrap()
+            .unwrap()
+            .last_used_at
+            .is_some()
+    );
+    // Output for a machine that is gone is refused as such.
+    assert_eq!(
+        kind(
+            store
+                .append_output("m-gone", 0, OutputBatches::encode(early).unwrap())
+                .await
+        ),
+        ErrorKind::NotFound
+    );
+
+    // Checkpoints: reserved, completed, listed, a second one by the same name refused.
+    let checkpoint = CheckpointRecord {
+        name: "before".into(),
+        created_at: Utc::now(),
+        instruction_count: 1,
+    };
+    store
+        .insert_checkpoint("m-history", &checkpoint)
+        .await
+        .unwrap();
+    assert_eq!(
+        kind(store.insert_checkpoint("m-history", &checkpoint).await),
+        ErrorKind::Conflict
+    );
+    assert_eq!(
+        kind(store.insert_checkpoint("m-gone", &checkpoint).await),
+        ErrorKind::NotFound
+    );
+    let completed = CheckpointRecord {
+        instruction_count: 2,
+        ..checkpoint.clone()
+    };
+    store
+        .complete_checkpoint("m-history", &completed)
+        .await
+        .unwrap();
+    let listed = store.checkpoints("m-history").await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].instruction_count, 2);
+    assert_eq!(
+        store
+            .mark_rolled_back(
+                "m-history",
+                &CheckpointRecord {
+                    instruction_count: 1,
+                    ..checkpoint.clone()
+                }
+            )
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store
+            .rolled_back_to("m-history", 1)
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("before")
+    );
+    assert_eq!(store.rolled_back_to("m-history", 0).await.unwrap(), None);
+    assert!(
+        store
+            .delete_checkpoint("m-history", "before")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .delete_checkpoint("m-history", "before")
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        kind(store.complete_checkpoint("m-history", &completed).await),
+        ErrorKind::NotFound
+    );
+
+    // An engine that stopped leaves unfinished instructions: they get an error result.
+    assert_eq!(
+        store.fail_unfinished("the engine stopped").await.unwrap(),
+        1
+    );
+    let Some(Some(failed)) = store.instruction_result("m-history", 0).await.unwrap() else {
+        panic!("instruction 0 has no result");
+    };
+    assert!(format!("{failed:?}").contains("the engine stopped"));
+    store.flush().await.unwrap();
+}
+
+/// Machines created at once for one account never pass its limit; instructions at once get
+/// distinct seqs.
+async fn limits_hold_under_concurrency(store: Arc<dyn Metadata>) {
+    let account = store.ensure_account("dave").await.unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..12 {
+        let (store, account) = (store.clone(), account.clone());
+        tasks.spawn(async move {
+            store
+                .insert_machine(&record(&format!("m-race-{i}"), &account), 5)
+                .await
+        });
+    }
+    let mut created = 0;
+    while let Some(outcome) = tasks.join_next().await {
+        match outcome.unwrap() {
+            Ok(()) => created += 1,
+            Err(e) => assert_eq!(e.kind(), ErrorKind::LimitExceeded, "{e}"),
+        }
+    }
+    assert_eq!(created, 5);
+    assert_eq!(store.count_machines(account.id).await.unwrap(), 5);
+    let name = store.machines(account.id).await.unwrap()[0]
+        .name
+        .to_string();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..20 {
+        let (store, name) = (store.clone(), name.clone());
+        tasks.spawn(async move { store.insert_instruction(&name, "x", 10).await });
+    }
+    let mut seqs = Vec::new();
+    while let Some(seq) = tasks.join_next().await {
+        seqs.push(seq.unwrap().unwrap());
+    }
+    seqs.sort_unstable();
+    assert_eq!(seqs, (0..20).collect::<Vec<i64>>());
+}
+
+async fn deleting_takes_everything(store: &dyn Metadata) {
+    let account = store.ensure_account("erin").await.unwrap();
+    store
+        .insert_machine(&record("m-doomed", &account), 10)
+        .await
+        .unwrap();
+    let seq = store
+        .insert_instruction("m-doomed", "print(1)", 10)
+        .await
+        .unwrap();
+    store
+        .finish_instruction(
+            "m-doomed",
+            seq,
+            OutputBatches::encode(&[OutputChunk {
+                seq: 0,
+                stream: OutputStream::Stdout,
+                data: "1\n".into(),
+            }])
+            .unwrap(),
+            ExecResult::failure(FailureCause::Exception, "x"),
+        )
+        .await
+        .unwrap();
+    let checkpoint = CheckpointRecord {
+        name: "c".into(),
+        created_at: Utc::now(),
+        instruction_count: 1,
+    };
+    store
+        .insert_checkpoint("m-doomed", &checkpoint)
+        .await
+        .unwrap();
+    store.delete_machine("m-doomed").await.unwrap();
+    assert!(store.machine("m-doomed").await.unwrap().is_none());
+    assert_eq!(
+        store.instruction_result("m-doomed", seq).await.unwrap(),
+        None
+    );
+    assert!(
+        store
+            .instruction_output("m-doomed", seq)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(store.checkpoints("m-doomed").await.unwrap().is_empty());
+    // The name can be used again.
+    store
+        .insert_machine(&record("m-doomed", &account), 10)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_passes_the_suite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("evervm.db")).unwrap();
+    passes(Arc::new(StoreThread::start(store).unwrap())).await;
+}
+
+/// A database of its own on the test server, dropped when the test ends.
+struct ScratchDatabase {
+    admin: tokio_postgres::Client,
+    name: String,
+    settings: PostgresSettings,
+}
+
+impl ScratchDatabase {
+    /// `None` (with a note) when no test server is configured outside CI.
+    async fn create() -> Option<Self> {
+        let Ok(url) = std::env::var("EVERVM_TEST_POSTGRES") else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI must run the PostgreSQL store's tests: set EVERVM_TEST_POSTGRES \
+                 (scripts/test.sh starts a server)"
+            );
+            eprintln!("skipping: EVERVM_TEST_POSTGRES is not set (scripts/test.sh sets it)");
+            return None;
+        };
+        let (admin, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let name = format!("evervm_test_{:016x}", rand::random::<u64>());
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+        let settings = PostgresSettings::parse(&url).unwrap().with_database(&name);
+        Some(Self {
+            admin,
+            name,
+            settings,
+        })
+    }
+
+    async fn drop_it(self) {
+        let _ = self
+            .admin
+            .batch_execute(&format!("DROP DATABASE {} WITH (FORCE)", self.name))
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_passes_the_suite() {
+    let Some(database) = ScratchDatabase::create().await else {
+        return;
+    };
+    let store = PostgresStore::connect(&database.settings).await.unwrap();
+    passes(Arc::new(store)).await;
+    // A second store on the same database finds the schema made and its rows.
+    let again = PostgresStore::connect(&database.settings).await.unwrap();
+    assert!(again.machine("m-history").await.unwrap().is_some());
+    database.drop_it().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_server_per_database() {
+    let Some(database) = ScratchDatabase::create().await else {
+        return;
+    };
+    let first = PostgresStore::connect(&database.settings).await.unwrap();
+    first.hold_for_this_server().await.unwrap();
+    let second = PostgresStore::connect(&database.settings).await.unwrap();
+    let refused = second.hold_for_this_server().await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Conflict, "{refused}");
+    assert!(
+        refused.message().contains("another evervm server"),
+        "{refused}"
+    );
+    // Tools on the same database (`evervm token`) need no hold and still work.
+    second.create_token("ops", None).await.unwrap();
+    // Once the first server is gone, the database is free.
+    drop(first);
+    let mut held = second.hold_for_this_server().await;
+    for _ in 0..50 {
+        if held.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        held = second.hold_for_this_server().await;
+    }
+    held.unwrap();
+    drop(second);
+    database.drop_it().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_starting_together_make_the_schema_once() {
+    let Some(database) = ScratchDatabase::create().await else {
+        return;
+    };
+    let mut starting = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let settings = database.settings.clone();
+        starting.spawn(async move { PostgresStore::connect(&settings).await.map(|_| ()) });
+    }
+    while let Some(started) = starting.join_next().await {
+        started.unwrap().unwrap();
+    }
+    database.drop_it().await;
+}
+
+#[tokio::test]
+async fn an_unreachable_postgres_is_a_clear_error() {
+    // Nothing listens on port 1 of loopback.
+    let mut settings =
+        PostgresSettings::parse("postgres://evervm:secret@127.0.0.1:1/evervm").unwrap();
+    settings.pool_size = 1;
+    let started = std::time::Instant::now();
+    let e = PostgresStore::connect(&settings).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let text = e.to_string();
+    assert!(text.contains("127.0.0.1:1"), "{text}");
+    assert!(
+        !text.contains("secret"),
+        "the password is never shown: {text}"
+    );
+    let bad = PostgresSettings::parse("postgres://evervm@127.0.0.1:port/evervm").unwrap_err();
+    assert!(bad.message().contains("postgres://USER"), "{bad}");
+}
