@@ -28,7 +28,13 @@ echo "==> a PostgreSQL server for the PostgreSQL store's tests (Debian's, on loo
 pg_dir="${TMPDIR:-/tmp}/evervm-test-postgres"
 EVERVM_TEST_POSTGRES="$(scripts/postgres.sh start "$pg_dir" "${EVERVM_TEST_POSTGRES_PORT:-55432}")"
 export EVERVM_TEST_POSTGRES
-trap 'scripts/postgres.sh stop "$pg_dir" || true' EXIT
+s3_dir="${TMPDIR:-/tmp}/evervm-test-s3"
+trap 'scripts/postgres.sh stop "$pg_dir" || true; scripts/seaweedfs.sh stop "$s3_dir" || true' EXIT
+echo "==> an S3-compatible server for the snapshot bucket's tests (SeaweedFS, on loopback)"
+# The standard AWS environment reaches it, as it would reach any bucket.
+AWS_ENDPOINT_URL="$(scripts/seaweedfs.sh start "$s3_dir" "${EVERVM_TEST_S3_PORT:-58333}" evervm-test)"
+export AWS_ENDPOINT_URL AWS_ALLOW_HTTP=true AWS_ACCESS_KEY_ID=evervm-test
+export AWS_SECRET_ACCESS_KEY=evervm-test-secret EVERVM_TEST_S3=s3://evervm-test
 echo "==> cargo test"
 # The Python and Node extension modules link against the runtime that loads them: they are
 # tested from Python and Node below.

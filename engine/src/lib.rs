@@ -8,6 +8,8 @@
 //! checks. The remote-only client builds on that on any platform (the Swift package does).
 
 #[cfg(feature = "runtime")]
+pub mod bucket;
+#[cfg(feature = "runtime")]
 mod engine;
 mod error;
 pub mod files;

@@ -13,7 +13,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::fsutil::{fsync_dir, write_durably};
 
 const FORMAT: u32 = 1;
-const MANIFEST: &str = "manifest.json";
+pub(crate) const MANIFEST: &str = "manifest.json";
 /// Written beside a snapshot found unusable, with the reason, so that the machine shows as
 /// damaged (also after a restart) until it is deleted or gets a new snapshot.
 const DAMAGED: &str = "damaged.txt";
@@ -45,13 +45,13 @@ pub fn snapshot_dir(home: &Path, machine: &str) -> PathBuf {
 
 /// Whether a file in a snapshot directory is part of the snapshot (not the manifest, the marks
 /// beside it, or a temporary file a crash left).
-fn is_snapshot_file(name: &str) -> bool {
+pub(crate) fn is_snapshot_file(name: &str) -> bool {
     name != MANIFEST && name != DAMAGED && name != RESEED && !name.starts_with('.')
 }
 
-/// SHA-256 over every file in `dir` but the manifest (names sorted, each name then contents),
-/// and their total size.
-fn digest_dir(dir: &Path) -> Result<(String, u64)> {
+/// The names of the files of the snapshot in `dir` (not its manifest or the marks beside it),
+/// sorted.
+pub(crate) fn snapshot_files(dir: &Path) -> Result<Vec<String>> {
     let mut names: Vec<String> = std::fs::read_dir(dir)?
         .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
@@ -59,6 +59,13 @@ fn digest_dir(dir: &Path) -> Result<(String, u64)> {
         .filter(|n| is_snapshot_file(n))
         .collect();
     names.sort();
+    Ok(names)
+}
+
+/// SHA-256 over every file in `dir` but the manifest (names sorted, each name then contents),
+/// and their total size.
+fn digest_dir(dir: &Path) -> Result<(String, u64)> {
+    let names = snapshot_files(dir)?;
     let mut hasher = Sha256::new();
     let mut bytes = 0;
     for name in names {

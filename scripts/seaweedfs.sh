@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# A throwaway S3-compatible server for the tests: SeaweedFS (Apache-2.0), built from the Go module
+# proxy once and kept in ~/.cache/evervm/seaweedfs/<version>/weed.
+#   scripts/seaweedfs.sh build               builds it if needed, prints the binary's path
+#   scripts/seaweedfs.sh start DIR [PORT [BUCKET]]
+#                                            starts master, volume, filer and S3 gateway with
+#                                            their data in DIR, on loopback, makes BUCKET
+#                                            (default evervm-test); prints the S3 endpoint
+#   scripts/seaweedfs.sh stop DIR            stops it (DIR stays until removed)
+# The S3 gateway takes the access key `evervm-test` with the secret `evervm-test-secret`.
+set -euo pipefail
+
+VERSION="${EVERVM_SEAWEEDFS_VERSION:-v0.0.0-20261109003541-7506e5f91cd6}"
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/evervm"
+binary="$cache/seaweedfs/$VERSION/weed"
+here="$(dirname "${BASH_SOURCE[0]}")"
+
+build() {
+    [ -x "$binary" ] && return 0
+    local go_bin work
+    go_bin="$("$here/go.sh")"
+    echo "==> building SeaweedFS $VERSION (the tests' S3 server; several minutes, once)" >&2
+    work=$(mktemp -d)
+    # The module cache is read-only: make it writable to remove it.
+    trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' RETURN
+    # Its go.mod has a replace directive, which `go install pkg@version` refuses: a module of
+    # our own requires it and repeats the directive.
+    mkdir -p "$work/module"
+    cat >"$work/module/go.mod" <<MOD
+module evervm.test/seaweedfs
+
+go 1.26
+
+require github.com/seaweedfs/seaweedfs $VERSION
+
+replace github.com/tyler-smith/go-bip39 => github.com/cosmos/go-bip39 v1.0.0
+MOD
+    printf '//go:build tools\n\npackage tools\n\nimport _ "github.com/seaweedfs/seaweedfs/weed"\n' \
+        >"$work/module/tools.go"
+    (cd "$work/module" &&
+        GOPATH="$work/gopath" GOCACHE="$work/cache" GOFLAGS="-buildvcs=false -mod=mod" \
+            CGO_ENABLED=0 GOTOOLCHAIN=local "$go_bin" mod tidy >&2 &&
+        GOPATH="$work/gopath" GOCACHE="$work/cache" GOFLAGS="-buildvcs=false -mod=mod" \
+            CGO_ENABLED=0 GOTOOLCHAIN=local "$go_bin" build -trimpath -o "$work/weed" \
+            github.com/seaweedfs/seaweedfs/weed >&2)
+    mkdir -p "$(dirname "$binary")"
+    cp "$work/weed" "$binary.partial"
+    mv "$binary.partial" "$binary"
+}
+
+command="${1:?usage: scripts/seaweedfs.sh build | start DIR [PORT [BUCKET]] | stop DIR}"
+case "$command" in
+build)
+    build
+    echo "$binary"
+    ;;
+start)
+    dir="$(realpath -m "${2:?usage: scripts/seaweedfs.sh start DIR [PORT]}")"
+    port="${3:-58333}"
+    bucket="${4:-evervm-test}"
+    build
+    "$0" stop "$dir" 2>/dev/null || true
+    rm -rf "$dir"
+    mkdir -p "$dir/data"
+    cat >"$dir/s3.json" <<'JSON'
+{"identities": [{"name": "evervm-test",
+  "credentials": [{"accessKey": "evervm-test", "secretKey": "evervm-test-secret"}],
+  "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}
+JSON
+    # Every port on loopback: the S3 one and the seven after it (no Iceberg or Lance servers).
+    setsid "$binary" server -ip=127.0.0.1 -ip.bind=127.0.0.1 -dir="$dir/data" \
+        -master.port=$((port + 1)) -master.port.grpc=$((port + 2)) \
+        -volume.port=$((port + 3)) -volume.port.grpc=$((port + 4)) \
+        -filer.port=$((port + 5)) -filer.port.grpc=$((port + 6)) -s3.port.grpc=$((port + 7)) \
+        -s3.port.iceberg=0 -s3.port.lance=0 -master.telemetry=false \
+        -volume.max=0 -master.volumeSizeLimitMB=64 \
+        -s3 -s3.port="$port" -s3.config="$dir/s3.json" >"$dir/server.log" 2>&1 &
+    echo $! >"$dir/pid"
+    # Ready once the gateway makes the bucket (an S3 CreateBucket, signed as any client does).
+    for _ in $(seq 1 300); do
+        status=$(curl -s -o "$dir/create-bucket.txt" -w '%{http_code}' -X PUT \
+            --aws-sigv4 "aws:amz:us-east-1:s3" --user evervm-test:evervm-test-secret \
+            "http://127.0.0.1:$port/$bucket" 2>/dev/null || true)
+        if [ "$status" = 200 ] || grep -q BucketAlreadyOwnedByYou "$dir/create-bucket.txt" 2>/dev/null; then
+            echo "http://127.0.0.1:$port"
+            exit 0
+        fi
+        if ! kill -0 "$(cat "$dir/pid")" 2>/dev/null; then
+            cat "$dir/server.log" >&2
+            echo "error: SeaweedFS stopped while starting (its log is above)" >&2
+            exit 1
+        fi
+        sleep 0.2
+    done
+    echo "error: SeaweedFS's S3 gateway did not make the bucket $bucket on port $port within 60 s (last answer: $(cat "$dir/create-bucket.txt" 2>/dev/null); log: $dir/server.log)" >&2
+    exit 1
+    ;;
+stop)
+    dir="$(realpath -m "${2:?usage: scripts/seaweedfs.sh stop DIR}")"
+    if [ -f "$dir/pid" ]; then
+        pid="$(cat "$dir/pid")"
+        kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+        for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL -- "-$pid" 2>/dev/null || true
+        rm -f "$dir/pid"
+    fi
+    ;;
+*)
+    echo "usage: scripts/seaweedfs.sh build | start DIR [PORT [BUCKET]] | stop DIR" >&2
+    exit 2
+    ;;
+esac
