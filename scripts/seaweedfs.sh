@@ -76,6 +76,7 @@ JSON
         -volume.max=0 -master.volumeSizeLimitMB=64 \
         -s3 -s3.port="$port" -s3.config="$dir/s3.json" >"$dir/server.log" 2>&1 &
     echo $! >"$dir/pid"
+    echo "$port" >"$dir/port"
     # Ready once the gateway makes the bucket (an S3 CreateBucket, signed as any client does).
     for _ in $(seq 1 300); do
         status=$(curl -s -o "$dir/create-bucket.txt" -w '%{http_code}' -X PUT \
@@ -103,6 +104,13 @@ stop)
         for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
         kill -KILL -- "-$pid" 2>/dev/null || true
         rm -f "$dir/pid"
+    fi
+    # Its services leave Unix sockets in /tmp, named after their ports.
+    if [ -f "$dir/port" ]; then
+        port="$(cat "$dir/port")"
+        for offset in 0 1 2 3 4 5 6 7; do
+            rm -f "/tmp/seaweedfs-"*"-$((port + offset)).sock"
+        done
     fi
     ;;
 *)
