@@ -25,6 +25,8 @@ mod schema;
 mod sqlite;
 #[cfg(test)]
 mod suite;
+#[cfg(test)]
+mod suite_leases;
 
 pub use output::OutputBatches;
 pub use postgres::{PostgresSettings, PostgresStore};
@@ -68,6 +70,41 @@ pub struct CheckpointRecord {
     pub created_at: DateTime<Utc>,
     /// The machine's instruction count when the checkpoint was taken.
     pub instruction_count: i64,
+}
+
+/// An evervm server sharing the database with others (a node of a cluster).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeRecord {
+    pub id: String,
+    /// Where the other nodes reach it (`http://HOST:PORT`), to forward requests for the
+    /// machines it runs.
+    pub address: String,
+    pub started_at: DateTime<Utc>,
+    /// When it last said it was alive.
+    pub heartbeat_at: DateTime<Utc>,
+}
+
+/// A node's hold on a machine: only the owner runs it and writes its snapshot. `epoch` is one
+/// more at every change of owner, and every write a node makes for a machine it runs carries the
+/// lease it holds, so a node that lost its lease (it stalled past `until`, another node took the
+/// machine) can no longer write anything for it: fencing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub machine: String,
+    pub owner: String,
+    pub epoch: i64,
+    /// Until when it holds unless renewed, by the clock of the node that took or renewed it
+    /// (nodes' clocks must agree to well within a lease's length: NTP does).
+    pub until: DateTime<Utc>,
+}
+
+/// What asking for a machine's lease gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseOutcome {
+    /// The asking node holds it now (it was free, expired, or the node's already).
+    Taken(Lease),
+    /// Another node holds it.
+    Held(Lease),
 }
 
 /// Everything the engine keeps about accounts, tokens, machines and their history. Every
@@ -167,8 +204,68 @@ pub trait Metadata: Send + Sync {
     /// many did.
     async fn fail_unfinished(&self, reason: &str) -> Result<usize>;
 
+    // --- nodes and leases -----------------------------------------------------------------
+
+    /// Records this node (again, after a restart) as alive now, reachable at `address`.
+    async fn register_node(&self, id: &str, address: &str) -> Result<()>;
+    /// Says the node is alive and renews every lease it holds for `ttl` from now; how many it
+    /// renewed. Refused (`Conflict`) when the node's row is gone: it was removed as dead, its
+    /// leases may be others' now, and it must stop its machines and register again.
+    async fn heartbeat(&self, id: &str, ttl: std::time::Duration) -> Result<usize>;
+    /// Every node, by id.
+    async fn nodes(&self) -> Result<Vec<NodeRecord>>;
+    /// Removes a node's row and gives up every lease it holds; how many leases it held.
+    async fn remove_node(&self, id: &str) -> Result<usize>;
+    /// Asks for the machine's lease for `node`, for `ttl` from now: taken when it is free,
+    /// expired or the node's already (the epoch grows only when the owner changes), else who
+    /// holds it. `NotFound` when the machine is gone.
+    async fn take_lease(
+        &self,
+        machine: &str,
+        node: &str,
+        ttl: std::time::Duration,
+    ) -> Result<LeaseOutcome>;
+    /// Gives up a lease; false when it was no longer held (expired and taken).
+    async fn release_lease(&self, lease: &Lease) -> Result<bool>;
+    /// The machine's lease, whoever holds it, expired or not; `None` when it never had one or
+    /// it was given up.
+    async fn lease(&self, machine: &str) -> Result<Option<Lease>>;
+    /// [`Metadata::mark_saved`] by the holder of `lease` only: refused (`Conflict`) when the
+    /// lease is no longer held, so a node that lost a machine never records a snapshot for it.
+    async fn mark_saved_fenced(&self, lease: &Lease) -> Result<()>;
+
     /// Waits until everything asked of the store before has been done.
     async fn flush(&self) -> Result<()>;
+}
+
+/// The error for a write refused because the lease it carries is no longer held.
+fn lease_lost(lease: &Lease) -> Error {
+    Error::new(
+        crate::ErrorKind::Conflict,
+        format!(
+            "node {} no longer holds machine {}'s lease (number {}): another node runs it now",
+            lease.owner, lease.machine, lease.epoch
+        ),
+    )
+}
+
+fn node_gone(id: &str) -> Error {
+    Error::new(
+        crate::ErrorKind::Conflict,
+        format!(
+            "node {id} is no longer registered (it was taken for dead): its machines may run \
+             elsewhere now; stop them and register again"
+        ),
+    )
+}
+
+/// A time `ttl` after now, as the database keeps it.
+fn after(ttl: std::time::Duration) -> Result<String> {
+    chrono::Duration::from_std(ttl)
+        .ok()
+        .and_then(|d| Utc::now().checked_add_signed(d))
+        .map(stored)
+        .ok_or_else(|| Error::invalid(format!("a lease of {ttl:?} is too long")))
 }
 
 /// Opens the store an engine runs on: PostgreSQL at `database` when given (refused while another

@@ -7,14 +7,29 @@
 //! that no instruction, output or checkpoint outlives its machine (a delete racing an insert
 //! can no longer leave orphans: the insert fails instead). Version 5 gave machines their
 //! environment (`env`, JSON) and an expiry time (`expires_at`). Version 6 gave them a network
-//! policy (`network`, JSON).
+//! policy (`network`, JSON). Version 7 made nodes share a database: a table of `nodes`, and on
+//! every machine the lease of the node that runs it (`owner`, `owner_epoch`, `lease_until`).
 
 /// The schema version this engine writes.
-pub(super) const VERSION: i64 = 6;
+pub(super) const VERSION: i64 = 7;
 
 /// Changes after version 6: `(the version it makes, statements)`, applied in order to both
-/// databases, in the template's words. None yet.
-pub(super) const MIGRATIONS: &[(i64, &str)] = &[];
+/// databases, in the template's words. A new database is made from the tables below, which are
+/// always the latest version's.
+pub(super) const MIGRATIONS: &[(i64, &str)] = &[(7, LEASES_7)];
+
+/// Version 7: nodes, and machines' leases.
+const LEASES_7: &str = "
+ALTER TABLE machines ADD COLUMN owner TEXT;
+ALTER TABLE machines ADD COLUMN owner_epoch {int} NOT NULL DEFAULT 0;
+ALTER TABLE machines ADD COLUMN lease_until TEXT;
+CREATE TABLE IF NOT EXISTS nodes (
+    id TEXT PRIMARY KEY,
+    address TEXT NOT NULL,
+    started_at TEXT NOT NULL,
+    heartbeat_at TEXT NOT NULL
+);
+";
 
 /// The database a statement is written for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,7 +73,20 @@ CREATE TABLE IF NOT EXISTS machines (
     snapshot_at TEXT,
     env TEXT NOT NULL DEFAULT '{}',
     expires_at TEXT,
-    network TEXT NOT NULL DEFAULT '{"mode":"none"}'
+    network TEXT NOT NULL DEFAULT '{"mode":"none"}',
+    -- The node that runs the machine now, its lease's number (one more at every change of
+    -- owner: a write that carries an older one is refused) and until when it holds.
+    owner TEXT,
+    owner_epoch {int} NOT NULL DEFAULT 0,
+    lease_until TEXT
+);
+-- The evervm servers sharing this database: where the others reach each one, and when it last
+-- said it was alive.
+CREATE TABLE IF NOT EXISTS nodes (
+    id TEXT PRIMARY KEY,
+    address TEXT NOT NULL,
+    started_at TEXT NOT NULL,
+    heartbeat_at TEXT NOT NULL
 );
 "#;
 
@@ -100,6 +128,7 @@ CREATE TABLE IF NOT EXISTS outputs (
 const INDEXES: &str = "
 CREATE INDEX IF NOT EXISTS machines_by_expiry ON machines(expires_at)
     WHERE expires_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS machines_by_owner ON machines(owner) WHERE owner IS NOT NULL;
 ";
 
 /// `template` in `dialect`'s words.

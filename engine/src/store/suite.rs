@@ -20,7 +20,7 @@ use crate::types::{
 };
 use crate::{Error, ErrorKind};
 
-fn record(name: &str, account: &Account) -> MachineRecord {
+pub(super) fn record(name: &str, account: &Account) -> MachineRecord {
     MachineRecord {
         name: MachineName::parse(name).unwrap(),
         account_id: account.id,
@@ -447,15 +447,15 @@ async fn sqlite_passes_the_suite() {
 }
 
 /// A database of its own on the test server, dropped when the test ends.
-struct ScratchDatabase {
+pub(super) struct ScratchDatabase {
     admin: tokio_postgres::Client,
     name: String,
-    settings: PostgresSettings,
+    pub(super) settings: PostgresSettings,
 }
 
 impl ScratchDatabase {
     /// `None` (with a note) when no test server is configured outside CI.
-    async fn create() -> Option<Self> {
+    pub(super) async fn create() -> Option<Self> {
         let Ok(url) = std::env::var("EVERVM_TEST_POSTGRES") else {
             assert!(
                 std::env::var_os("CI").is_none(),
@@ -482,7 +482,7 @@ impl ScratchDatabase {
         })
     }
 
-    async fn drop_it(self) {
+    pub(super) async fn drop_it(self) {
         let _ = self
             .admin
             .batch_execute(&format!("DROP DATABASE {} WITH (FORCE)", self.name))

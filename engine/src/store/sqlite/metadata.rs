@@ -5,7 +5,9 @@ use chrono::{DateTime, Utc};
 
 use super::StoreThread;
 use crate::error::Result;
-use crate::store::{CheckpointRecord, MachineRecord, Metadata, OutputBatches};
+use crate::store::{
+    CheckpointRecord, Lease, LeaseOutcome, MachineRecord, Metadata, NodeRecord, OutputBatches,
+};
 use crate::types::{Account, ExecResult, OutputChunk, TokenInfo};
 
 #[async_trait]
@@ -192,6 +194,50 @@ impl Metadata for StoreThread {
     async fn fail_unfinished(&self, reason: &str) -> Result<usize> {
         let reason = reason.to_owned();
         self.call(move |s| s.fail_unfinished(&reason)).await
+    }
+
+    async fn register_node(&self, id: &str, address: &str) -> Result<()> {
+        let (id, address) = (id.to_owned(), address.to_owned());
+        self.call(move |s| s.register_node(&id, &address)).await
+    }
+
+    async fn heartbeat(&self, id: &str, ttl: std::time::Duration) -> Result<usize> {
+        let id = id.to_owned();
+        self.call(move |s| s.heartbeat(&id, ttl)).await
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeRecord>> {
+        self.call(|s| s.nodes()).await
+    }
+
+    async fn remove_node(&self, id: &str) -> Result<usize> {
+        let id = id.to_owned();
+        self.call(move |s| s.remove_node(&id)).await
+    }
+
+    async fn take_lease(
+        &self,
+        machine: &str,
+        node: &str,
+        ttl: std::time::Duration,
+    ) -> Result<LeaseOutcome> {
+        let (machine, node) = (machine.to_owned(), node.to_owned());
+        self.call(move |s| s.take_lease(&machine, &node, ttl)).await
+    }
+
+    async fn release_lease(&self, lease: &Lease) -> Result<bool> {
+        let lease = lease.clone();
+        self.call(move |s| s.release_lease(&lease)).await
+    }
+
+    async fn lease(&self, machine: &str) -> Result<Option<Lease>> {
+        let machine = machine.to_owned();
+        self.call(move |s| s.lease(&machine)).await
+    }
+
+    async fn mark_saved_fenced(&self, lease: &Lease) -> Result<()> {
+        let lease = lease.clone();
+        self.call(move |s| s.mark_saved_fenced(&lease)).await
     }
 
     async fn flush(&self) -> Result<()> {

@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::types::{Account, TokenInfo};
 
 mod history;
+mod leases;
 mod metadata;
 mod thread;
 mod upgrade;

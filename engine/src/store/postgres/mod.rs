@@ -11,13 +11,15 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
+mod leases;
+
 use super::output::{StoredBatch, decode_output};
 use super::schema::{self, Dialect, VERSION};
 use super::{
-    CheckpointRecord, MACHINE_COLUMNS, MachineRecord, Metadata, OutputBatches, RawMachine,
-    check_token, checkpoint_exists, decode_result, encode_result, machine_exists, machine_json,
-    new_token, no_such_token, now, parse_time, split_token, stored, token_expiry,
-    too_many_machines,
+    CheckpointRecord, Lease, LeaseOutcome, MACHINE_COLUMNS, MachineRecord, Metadata, NodeRecord,
+    OutputBatches, RawMachine, check_token, checkpoint_exists, decode_result, encode_result,
+    machine_exists, machine_json, new_token, no_such_token, now, parse_time, split_token, stored,
+    token_expiry, too_many_machines,
 };
 use crate::error::{Error, Result};
 use crate::types::{Account, ExecResult, FailureCause, OutputChunk, TokenInfo};
@@ -812,6 +814,38 @@ impl Metadata for PostgresStore {
             )
             .await?;
         Ok(usize::try_from(changed).unwrap_or(usize::MAX))
+    }
+
+    async fn register_node(&self, id: &str, address: &str) -> Result<()> {
+        self.register_node_row(id, address).await
+    }
+
+    async fn heartbeat(&self, id: &str, ttl: Duration) -> Result<usize> {
+        self.heartbeat_rows(id, ttl).await
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeRecord>> {
+        self.node_rows().await
+    }
+
+    async fn remove_node(&self, id: &str) -> Result<usize> {
+        self.remove_node_row(id).await
+    }
+
+    async fn take_lease(&self, machine: &str, node: &str, ttl: Duration) -> Result<LeaseOutcome> {
+        self.take_lease_row(machine, node, ttl).await
+    }
+
+    async fn release_lease(&self, lease: &Lease) -> Result<bool> {
+        self.release_lease_row(lease).await
+    }
+
+    async fn lease(&self, machine: &str) -> Result<Option<Lease>> {
+        self.lease_row(machine).await
+    }
+
+    async fn mark_saved_fenced(&self, lease: &Lease) -> Result<()> {
+        self.mark_saved_fenced_row(lease).await
     }
 
     async fn flush(&self) -> Result<()> {
