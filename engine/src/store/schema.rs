@@ -56,6 +56,9 @@ CREATE TABLE IF NOT EXISTS tokens (
     created_at TEXT NOT NULL,
     expires_at TEXT
 );
+-- A machine's last three columns are the lease of the node that runs it: the node, the lease's
+-- number (one more at every change of owner: a write that carries an older one is refused) and
+-- until when it holds. (SQLite keeps a table's text: comments stay outside it.)
 CREATE TABLE IF NOT EXISTS machines (
     position {serial},
     name TEXT NOT NULL UNIQUE,
@@ -74,8 +77,6 @@ CREATE TABLE IF NOT EXISTS machines (
     env TEXT NOT NULL DEFAULT '{}',
     expires_at TEXT,
     network TEXT NOT NULL DEFAULT '{"mode":"none"}',
-    -- The node that runs the machine now, its lease's number (one more at every change of
-    -- owner: a write that carries an older one is refused) and until when it holds.
     owner TEXT,
     owner_epoch {int} NOT NULL DEFAULT 0,
     lease_until TEXT

@@ -208,3 +208,65 @@ async fn postgres_leases_hold() {
     leases_hold(Arc::new(store)).await;
     database.drop_it().await;
 }
+
+/// What version 7 added, taken away again: a store as version 6 left it.
+const BACK_TO_6: &str = "
+DROP INDEX IF EXISTS machines_by_owner;
+ALTER TABLE machines DROP COLUMN owner;
+ALTER TABLE machines DROP COLUMN owner_epoch;
+ALTER TABLE machines DROP COLUMN lease_until;
+DROP TABLE nodes;
+UPDATE meta SET value = '6' WHERE key = 'schema_version';
+";
+
+/// A version 6 store's machine, found again after the upgrade, leases working.
+async fn upgraded_from_6(store: Arc<dyn Metadata>) {
+    let machine = store.machine("m-old").await.unwrap().unwrap();
+    assert_eq!(machine.memory_mb, 256);
+    assert_eq!(store.lease("m-old").await.unwrap(), None);
+    store
+        .register_node("node-a", "http://127.0.0.1:1")
+        .await
+        .unwrap();
+    let lease = taken(store.take_lease("m-old", "node-a", LONG).await.unwrap());
+    assert_eq!(lease.epoch, 1);
+    store.mark_saved_fenced(&lease).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_6_sqlite_home_is_upgraded() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("evervm.db");
+    {
+        let mut store = Store::open(&path).unwrap();
+        let account = store.ensure_account("old").unwrap();
+        store
+            .insert_machine_within(&record("m-old", &account), 100)
+            .unwrap();
+    }
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch(BACK_TO_6)
+        .unwrap();
+    let store = Store::open(&path).unwrap();
+    upgraded_from_6(Arc::new(StoreThread::start(store).unwrap())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_6_postgres_database_is_upgraded() {
+    let Some(database) = ScratchDatabase::create().await else {
+        return;
+    };
+    {
+        let store = PostgresStore::connect(&database.settings).await.unwrap();
+        let account = store.ensure_account("old").await.unwrap();
+        store
+            .insert_machine(&record("m-old", &account), 100)
+            .await
+            .unwrap();
+        store.batch(BACK_TO_6).await.unwrap();
+    }
+    let store = PostgresStore::connect(&database.settings).await.unwrap();
+    upgraded_from_6(Arc::new(store)).await;
+    database.drop_it().await;
+}

@@ -289,6 +289,13 @@ impl PostgresStore {
         tx.commit().await.map_err(failed)
     }
 
+    /// Runs statements as they are: for tests that take a database back to an older schema.
+    #[cfg(test)]
+    pub(crate) async fn batch(&self, sql: &str) -> Result<()> {
+        let client = self.client().await?;
+        client.batch_execute(sql).await.map_err(failed)
+    }
+
     /// Runs one statement outside a transaction; how many rows it changed.
     async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
         let client = self.client().await?;
