@@ -261,6 +261,20 @@ async fn service_routes_auth_and_unknown_routes() {
         .basic_auth("alice", Some("x"));
     fails(request, unauthorized, "Unauthorized").await;
 
+    // A refused request with a body (left unread) closes its connection, and says so; one
+    // without a body keeps it.
+    let refused = server
+        .anon(POST, "/v1/machine/new")
+        .json(&json!({"tags": {"a": "b"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), unauthorized);
+    assert_eq!(refused.headers()["connection"], "close");
+    let refused = server.anon(GET, "/v1/whoami").send().await.unwrap();
+    assert_eq!(refused.status(), unauthorized);
+    assert!(refused.headers().get("connection").is_none());
+
     let not_found = StatusCode::NOT_FOUND;
     fails(server.req(GET, "/v1/nothing-here"), not_found, "NotFound").await;
     fails(server.anon(GET, "/nothing"), not_found, "NotFound").await;

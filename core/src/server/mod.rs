@@ -212,7 +212,33 @@ pub fn router_with_metrics_token(engine: Engine, metrics_token: Option<String>) 
     Router::new()
         .fallback_service(api)
         .layer(middleware::from_fn(log_request))
+        .layer(middleware::from_fn(close_after_refusal))
         .layer(middleware::map_request(normalize))
+}
+
+/// Says `Connection: close` on an error answer to an HTTP/1 request that carried a body. A
+/// refusal (a bad token, a body too large) answers before the body is read, and hyper then
+/// closes the connection without saying so: a client that sends its next request on it (httpx
+/// does) finds it closed under it. Told, the client opens a new one.
+async fn close_after_refusal(request: Request, next: Next) -> Response {
+    use axum::http::{Version, header};
+    let has_body = request.headers().contains_key(header::TRANSFER_ENCODING)
+        || request
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|length| length.as_bytes() != b"0");
+    let http1 = matches!(request.version(), Version::HTTP_10 | Version::HTTP_11);
+    let mut response = next.run(request).await;
+    if has_body
+        && http1
+        && (response.status().is_client_error() || response.status().is_server_error())
+    {
+        response.headers_mut().insert(
+            header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
+    response
 }
 
 /// Serves `engine` on `listener` until Ctrl-C (or SIGTERM), then shuts down gracefully.
