@@ -38,11 +38,10 @@ MOD
     printf '//go:build tools\n\npackage tools\n\nimport _ "github.com/seaweedfs/seaweedfs/weed"\n' \
         >"$work/module/tools.go"
     (cd "$work/module" &&
-        GOPATH="$work/gopath" GOCACHE="$work/cache" GOFLAGS="-buildvcs=false -mod=mod" \
-            CGO_ENABLED=0 GOTOOLCHAIN=local "$go_bin" mod tidy >&2 &&
-        GOPATH="$work/gopath" GOCACHE="$work/cache" GOFLAGS="-buildvcs=false -mod=mod" \
-            CGO_ENABLED=0 GOTOOLCHAIN=local "$go_bin" build -trimpath -o "$work/weed" \
-            github.com/seaweedfs/seaweedfs/weed >&2)
+        export GOPATH="$work/gopath" GOCACHE="$work/cache" GOFLAGS="-buildvcs=false -mod=mod" \
+            CGO_ENABLED=0 GOTOOLCHAIN=local &&
+        "$go_bin" mod tidy >&2 &&
+        "$go_bin" build -trimpath -o "$work/weed" github.com/seaweedfs/seaweedfs/weed >&2)
     mkdir -p "$(dirname "$binary")"
     cp "$work/weed" "$binary.partial"
     mv "$binary.partial" "$binary"

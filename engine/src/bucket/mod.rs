@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -115,7 +115,8 @@ impl BucketSettings {
         self
     }
 
-    /// Signs with this access key instead of the environment's.
+    /// Signs with this access key instead of the environment's (a session token in the
+    /// environment, `AWS_SESSION_TOKEN`, still goes with it).
     #[must_use]
     pub fn with_credentials(mut self, access_key: &str, secret: &str) -> Self {
         self.credentials = Some((access_key.to_owned(), secret.to_owned()));
@@ -173,8 +174,7 @@ impl Bucket {
         if let Some((key, secret)) = &settings.credentials {
             builder = builder
                 .with_access_key_id(key)
-                .with_secret_access_key(secret)
-                .with_config(AmazonS3ConfigKey::Token, "");
+                .with_secret_access_key(secret);
         }
         if let Some(max_retries) = settings.max_retries {
             builder = builder.with_retry(object_store::RetryConfig {
@@ -220,16 +220,20 @@ impl Bucket {
         &self.url
     }
 
+    /// `PREFIX/AREA`, AREA's segments checked as bucket key parts.
+    fn area_root(&self, area: &str) -> Result<ObjectPath> {
+        area.split('/')
+            .try_fold(self.root.clone(), |path, segment| {
+                let part = object_store::path::PathPart::parse(segment).map_err(|e| {
+                    Error::internal(format!("{segment:?} cannot be part of a bucket key: {e}"))
+                })?;
+                Ok(path.join(part))
+            })
+    }
+
     /// The place of one snapshot: `PREFIX/AREA/SHA256`.
     fn snapshot_root(&self, area: &str, sha256: &str) -> Result<ObjectPath> {
-        let mut path = self.root.clone();
-        for segment in area.split('/').chain(std::iter::once(sha256)) {
-            let part = object_store::path::PathPart::parse(segment).map_err(|e| {
-                Error::internal(format!("{segment:?} cannot be part of a bucket key: {e}"))
-            })?;
-            path = path.clone().join(part);
-        }
-        Ok(path)
+        self.area_root(&format!("{area}/{sha256}"))
     }
 
     fn failed(&self, doing: &str, e: &object_store::Error) -> Error {
@@ -379,11 +383,7 @@ impl Bucket {
         let mut listing = self.store.list(Some(&root));
         while let Some(object) = listing.next().await {
             let object = object.map_err(|e| self.failed("listing a snapshot", &e))?;
-            let name = object
-                .location
-                .prefix_match(&root)
-                .map(|parts| parts.map(|p| p.as_ref().to_owned()).collect::<Vec<_>>())
-                .unwrap_or_default();
+            let name = parts_under(&root, &object.location);
             let [name] = name.as_slice() else {
                 return Err(missing(format!(
                     "holds {}, which is no snapshot file",
@@ -452,22 +452,12 @@ impl Bucket {
     /// The checksums of AREA's snapshots that are whole in the bucket (their manifest is
     /// there).
     pub async fn snapshots(&self, area: &str) -> Result<Vec<String>> {
-        let mut root = self.root.clone();
-        for segment in area.split('/') {
-            let part = object_store::path::PathPart::parse(segment).map_err(|e| {
-                Error::internal(format!("{segment:?} cannot be part of a bucket key: {e}"))
-            })?;
-            root = root.join(part);
-        }
+        let root = self.area_root(area)?;
         let mut whole = Vec::new();
         let mut listing = self.store.list(Some(&root));
         while let Some(object) = listing.next().await {
             let object = object.map_err(|e| self.failed("listing snapshots", &e))?;
-            let parts: Vec<String> = object
-                .location
-                .prefix_match(&root)
-                .map(|parts| parts.map(|p| p.as_ref().to_owned()).collect())
-                .unwrap_or_default();
+            let parts = parts_under(&root, &object.location);
             if let [sha, name] = parts.as_slice()
                 && name == snapshot::MANIFEST
             {
@@ -512,6 +502,14 @@ impl Bucket {
             }
         }
     }
+}
+
+/// The segments of `location` below `root` (none when it is not below it).
+fn parts_under(root: &ObjectPath, location: &ObjectPath) -> Vec<String> {
+    location
+        .prefix_match(root)
+        .map(|parts| parts.map(|p| p.as_ref().to_owned()).collect())
+        .unwrap_or_default()
 }
 
 /// The first characters of a checksum, for messages.

@@ -34,6 +34,18 @@ fn anything(_: &str) -> bool {
     true
 }
 
+/// Downloads AREA's snapshot `sha256` into a new directory `into`.
+async fn download_into(
+    bucket: &Bucket,
+    area: &str,
+    sha256: &str,
+    into: &Path,
+    restorable: Arc<dyn Fn(&str) -> bool + Send + Sync>,
+) -> Result<SnapshotManifest> {
+    std::fs::create_dir(into).unwrap();
+    bucket.download(area, sha256, into, restorable).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_goes_up_and_comes_back_checked() {
     let Some(settings) = settings() else { return };
@@ -51,9 +63,7 @@ async fn a_snapshot_goes_up_and_comes_back_checked() {
     assert_eq!(bucket.upload(area, &dir).await.unwrap(), manifest);
 
     let into = local.path().join("downloaded");
-    std::fs::create_dir(&into).unwrap();
-    let got = bucket
-        .download(area, &manifest.sha256, &into, Arc::new(anything))
+    let got = download_into(&bucket, area, &manifest.sha256, &into, Arc::new(anything))
         .await
         .unwrap();
     assert_eq!(got, manifest);
@@ -67,17 +77,25 @@ async fn a_snapshot_goes_up_and_comes_back_checked() {
     snapshot::verify_dir(&into, &anything).unwrap().unwrap();
 
     // A runtime this engine does not have is refused, and so is a checksum not there.
-    let other = local.path().join("refused");
-    std::fs::create_dir(&other).unwrap();
-    let refused = bucket
-        .download(area, &manifest.sha256, &other, Arc::new(|_: &str| false))
-        .await
-        .unwrap_err();
+    let refused = download_into(
+        &bucket,
+        area,
+        &manifest.sha256,
+        &local.path().join("refused"),
+        Arc::new(|_: &str| false),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(refused.kind(), ErrorKind::MachineCrashed, "{refused}");
-    let absent = bucket
-        .download(area, &"0".repeat(64), &other, Arc::new(anything))
-        .await
-        .unwrap_err();
+    let absent = download_into(
+        &bucket,
+        area,
+        &"0".repeat(64),
+        &local.path().join("absent"),
+        Arc::new(anything),
+    )
+    .await
+    .unwrap_err();
     assert!(absent.message().contains("is not there"), "{absent}");
 
     bucket.remove(area, &manifest.sha256).await.unwrap();
@@ -105,12 +123,15 @@ async fn a_changed_object_in_the_bucket_is_refused() {
         .put(&key, PutPayload::from(changed))
         .await
         .unwrap();
-    let into = local.path().join("a");
-    std::fs::create_dir(&into).unwrap();
-    let e = bucket
-        .download(area, &manifest.sha256, &into, Arc::new(anything))
-        .await
-        .unwrap_err();
+    let e = download_into(
+        &bucket,
+        area,
+        &manifest.sha256,
+        &local.path().join("a"),
+        Arc::new(anything),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::MachineCrashed, "{e}");
     assert!(e.message().contains("does not match"), "{e}");
     bucket
@@ -126,12 +147,15 @@ async fn a_changed_object_in_the_bucket_is_refused() {
         .put(&stray, PutPayload::from(vec![0u8; 10]))
         .await
         .unwrap();
-    let into = local.path().join("b");
-    std::fs::create_dir(&into).unwrap();
-    let e = bucket
-        .download(area, &manifest.sha256, &into, Arc::new(anything))
-        .await
-        .unwrap_err();
+    let e = download_into(
+        &bucket,
+        area,
+        &manifest.sha256,
+        &local.path().join("b"),
+        Arc::new(anything),
+    )
+    .await
+    .unwrap_err();
     assert!(e.message().contains("no snapshot file"), "{e}");
     bucket.store.delete(&stray).await.unwrap();
     let extra = root.clone().join("extra.img");
@@ -140,12 +164,15 @@ async fn a_changed_object_in_the_bucket_is_refused() {
         .put(&extra, PutPayload::from(vec![0u8; 10]))
         .await
         .unwrap();
-    let into = local.path().join("c");
-    std::fs::create_dir(&into).unwrap();
-    let e = bucket
-        .download(area, &manifest.sha256, &into, Arc::new(anything))
-        .await
-        .unwrap_err();
+    let e = download_into(
+        &bucket,
+        area,
+        &manifest.sha256,
+        &local.path().join("c"),
+        Arc::new(anything),
+    )
+    .await
+    .unwrap_err();
     assert!(e.message().contains("its manifest says"), "{e}");
     bucket.remove(area, &manifest.sha256).await.unwrap();
 }
@@ -236,19 +263,25 @@ async fn an_upload_cut_halfway_leaves_the_previous_snapshot_intact() {
         bucket.snapshots(area).await.unwrap(),
         vec![first.sha256.clone()]
     );
-    let into = local.path().join("restored");
-    std::fs::create_dir(&into).unwrap();
-    let got = bucket
-        .download(area, &first.sha256, &into, Arc::new(anything))
-        .await
-        .unwrap();
+    let got = download_into(
+        &bucket,
+        area,
+        &first.sha256,
+        &local.path().join("restored"),
+        Arc::new(anything),
+    )
+    .await
+    .unwrap();
     assert_eq!(got, first);
-    let other = local.path().join("other");
-    std::fs::create_dir(&other).unwrap();
-    let missing = bucket
-        .download(area, &second.sha256, &other, Arc::new(anything))
-        .await
-        .unwrap_err();
+    let missing = download_into(
+        &bucket,
+        area,
+        &second.sha256,
+        &local.path().join("other"),
+        Arc::new(anything),
+    )
+    .await
+    .unwrap_err();
     assert!(missing.message().contains("is not there"), "{missing}");
     bucket.remove(area, &first.sha256).await.unwrap();
     bucket.remove(area, &second.sha256).await.unwrap();
