@@ -68,6 +68,12 @@ enum Command {
         /// `public` (public addresses).
         #[arg(long, env = "EVERVM_NETWORK_DEFAULT", value_name = "MODE")]
         network_default: Option<String>,
+        /// Keep machines' snapshots and checkpoints in an S3-compatible bucket:
+        /// `s3://BUCKET/PREFIX` (endpoint and credentials from AWS_ENDPOINT_URL,
+        /// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY). The home keeps copies of recently used
+        /// ones (EVERVM_SNAPSHOT_CACHE_MB). Default: the home's disk only.
+        #[arg(long, env = "EVERVM_SNAPSHOTS", value_name = "URL")]
+        snapshots: Option<String>,
         /// The most network a machine may ask for: `none`, `allow` (its own list of names and
         /// blocks) or `public` (the default).
         #[arg(long, env = "EVERVM_NETWORK_MAX", value_name = "MODE")]
@@ -358,6 +364,7 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
             listen,
             network_default,
             network_max,
+            snapshots,
         } => {
             let options = ServeOptions {
                 home: target.home.clone(),
@@ -365,6 +372,7 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
                 network_default,
                 network_max,
                 database: target.database.clone(),
+                snapshots,
             };
             serve(listen, options).await
         }

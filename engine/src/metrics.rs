@@ -29,6 +29,11 @@ struct StateLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabel {
+    source: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DirectionLabel {
     direction: String,
 }
@@ -53,6 +58,12 @@ pub(crate) struct Metrics {
     machines: Family<StateLabel, Gauge>,
     machines_by_account: Family<AccountLabel, Gauge>,
     snapshot_bytes: Gauge,
+    bucket_uploads: Family<Outcome, Counter>,
+    bucket_upload_seconds: Histogram,
+    bucket_downloads: Family<Outcome, Counter>,
+    bucket_download_seconds: Histogram,
+    /// Restores of a snapshot kept in the bucket, by where it came from (cache, bucket).
+    restore_sources: Family<SourceLabel, Counter>,
     /// Account names by id, as the engine has seen them.
     account_names: Mutex<HashMap<i64, String>>,
 }
@@ -74,6 +85,11 @@ impl Default for Metrics {
             machines: Family::default(),
             machines_by_account: Family::default(),
             snapshot_bytes: Gauge::default(),
+            bucket_uploads: Family::default(),
+            bucket_upload_seconds: latency(),
+            bucket_downloads: Family::default(),
+            bucket_download_seconds: latency(),
+            restore_sources: Family::default(),
             account_names: Mutex::new(HashMap::new()),
         };
         registry.register(
@@ -138,12 +154,51 @@ impl Default for Metrics {
             "Bytes of the machines' snapshots and checkpoints on disk",
             metrics.snapshot_bytes.clone(),
         );
+        registry.register(
+            "bucket_uploads",
+            "Snapshots uploaded to the bucket (--snapshots), by outcome (ok, failed)",
+            metrics.bucket_uploads.clone(),
+        );
+        registry.register(
+            "bucket_upload_duration_seconds",
+            "How long uploading a snapshot to the bucket took",
+            metrics.bucket_upload_seconds.clone(),
+        );
+        registry.register(
+            "bucket_downloads",
+            "Snapshots downloaded from the bucket, by outcome (ok, failed)",
+            metrics.bucket_downloads.clone(),
+        );
+        registry.register(
+            "bucket_download_duration_seconds",
+            "How long downloading (and checking) a snapshot from the bucket took",
+            metrics.bucket_download_seconds.clone(),
+        );
+        registry.register(
+            "snapshot_fetches",
+            "Snapshots kept in the bucket made ready for a restore, by source (cache: the copy \
+             on the home's disk was current; bucket: downloaded)",
+            metrics.restore_sources.clone(),
+        );
         // Every label value from the start (at 0), so that a series never appears out of
         // nowhere and the families show before anything happened.
         for ok in [true, false] {
             metrics.restores.get_or_create(&outcome(ok)).inc_by(0);
             metrics.swap_outs.get_or_create(&outcome(ok)).inc_by(0);
             metrics.sandbox_starts.get_or_create(&outcome(ok)).inc_by(0);
+            metrics.bucket_uploads.get_or_create(&outcome(ok)).inc_by(0);
+            metrics
+                .bucket_downloads
+                .get_or_create(&outcome(ok))
+                .inc_by(0);
+        }
+        for source in ["cache", "bucket"] {
+            metrics
+                .restore_sources
+                .get_or_create(&SourceLabel {
+                    source: source.to_owned(),
+                })
+                .inc_by(0);
         }
         for direction in ["in", "out"] {
             metrics
@@ -217,6 +272,29 @@ impl Metrics {
         if ok {
             self.swap_out_seconds.observe(seconds);
         }
+    }
+
+    pub(crate) fn bucket_upload(&self, ok: bool, seconds: f64) {
+        self.bucket_uploads.get_or_create(&outcome(ok)).inc();
+        if ok {
+            self.bucket_upload_seconds.observe(seconds);
+        }
+    }
+
+    pub(crate) fn bucket_download(&self, ok: bool, seconds: f64) {
+        self.bucket_downloads.get_or_create(&outcome(ok)).inc();
+        if ok {
+            self.bucket_download_seconds.observe(seconds);
+        }
+    }
+
+    /// A snapshot kept in the bucket was made ready from `source` (`cache` or `bucket`).
+    pub(crate) fn snapshot_fetched(&self, source: &str) {
+        self.restore_sources
+            .get_or_create(&SourceLabel {
+                source: source.to_owned(),
+            })
+            .inc();
     }
 
     pub(crate) fn sandbox_started(&self, ok: bool) {

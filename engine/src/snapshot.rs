@@ -19,7 +19,7 @@ pub(crate) const MANIFEST: &str = "manifest.json";
 const DAMAGED: &str = "damaged.txt";
 /// Marks a snapshot whose next restore must reseed the interpreter's random generators (a fork's
 /// or a base snapshot's copy): every copy would otherwise draw the same numbers.
-const RESEED: &str = "reseed";
+pub(crate) const RESEED: &str = "reseed";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotManifest {
@@ -161,8 +161,31 @@ pub fn commit(
     runtime: &str,
     image_id: Option<String>,
 ) -> Result<SnapshotManifest> {
+    let manifest = seal_staged(staging, runtime, image_id)?;
+    install_snapshot(home, machine, staging)?;
+    Ok(manifest)
+}
+
+/// The first half of [`commit`]: writes the manifest of the checkpoint in `staging` and syncs
+/// it, leaving it where it is (to be uploaded before it replaces the machine's snapshot).
+pub fn seal_staged(
+    staging: &Path,
+    runtime: &str,
+    image_id: Option<String>,
+) -> Result<SnapshotManifest> {
+    write_manifest(staging, runtime, image_id, chrono::Utc::now().to_rfc3339())
+}
+
+/// The second half of [`commit`]: renames a sealed `staging` directory into place as the
+/// machine's snapshot.
+pub fn install_snapshot(home: &Path, machine: &str, staging: &Path) -> Result<()> {
     std::fs::create_dir_all(machine_dir(home, machine))?;
-    commit_to(&snapshot_dir(home, machine), staging, runtime, image_id)
+    install(staging, &snapshot_dir(home, machine))
+}
+
+/// Renames a sealed snapshot in `staging` (a download, say) into place at `target`.
+pub fn install_at(staging: &Path, target: &Path) -> Result<()> {
+    install(staging, target)
 }
 
 /// A fresh, empty directory to build a snapshot for `target` in (see [`commit_to`]).
@@ -199,6 +222,18 @@ fn seal(
     image_id: Option<String>,
     created_at: String,
 ) -> Result<SnapshotManifest> {
+    let manifest = write_manifest(staging, runtime, image_id, created_at)?;
+    install(staging, target)?;
+    Ok(manifest)
+}
+
+/// Writes and syncs the manifest of the snapshot in `staging`, taken at `created_at`.
+fn write_manifest(
+    staging: &Path,
+    runtime: &str,
+    image_id: Option<String>,
+    created_at: String,
+) -> Result<SnapshotManifest> {
     owner_only(staging)?;
     let (sha256, bytes) = digest_dir(staging)?;
     let manifest = SnapshotManifest {
@@ -214,7 +249,6 @@ fn seal(
         .map_err(|e| Error::internal(format!("cannot encode a snapshot manifest: {e}")))?;
     write_durably(&staging.join(MANIFEST), &text)?;
     fsync_dir(staging)?;
-    install(staging, target)?;
     Ok(manifest)
 }
 
@@ -566,6 +600,11 @@ pub fn machines_with_snapshots(home: &Path) -> Vec<String> {
         .filter(|e| e.path().join("snapshot").join(MANIFEST).is_file())
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect()
+}
+
+/// Whether the snapshot in `dir` was found unusable (and marked so).
+pub fn marked_damaged(dir: &Path) -> bool {
+    dir.join(DAMAGED).exists()
 }
 
 /// Records why a machine's snapshot cannot be used.

@@ -509,6 +509,7 @@ async fn machines_expire_and_lists_page_through_a_thousand() {
                     expires_at: None,
                     position: 0,
                     network: evervm_engine::network::NetworkPolicy::None,
+                    snapshot_sha256: None,
                 })
                 .unwrap();
         }

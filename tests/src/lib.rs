@@ -4,6 +4,7 @@
 // Test support: a failed set-up should stop the test at once.
 #![allow(clippy::expect_used, clippy::panic)]
 
+pub mod bucket;
 pub mod package_index;
 pub mod postgres;
 

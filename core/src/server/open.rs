@@ -25,6 +25,10 @@ pub struct ServeOptions {
     /// The PostgreSQL store's connection string (`--database`, `EVERVM_DATABASE`); the home's
     /// SQLite database when `None`.
     pub database: Option<String>,
+    /// The bucket for machines' snapshots and checkpoints (`--snapshots s3://BUCKET/PREFIX`,
+    /// `EVERVM_SNAPSHOTS`; endpoint and credentials from the standard `AWS_*` environment); the
+    /// home's disk only when `None`.
+    pub snapshots: Option<String>,
 }
 
 /// Why a server does not start on the process backend unless it is asked for by name.
@@ -57,6 +61,9 @@ pub async fn open(options: ServeOptions) -> Result<Server> {
     let mut config = EngineConfig::new(options.home.unwrap_or_else(EngineConfig::default_home));
     config.backend = BackendChoice::parse(backend);
     config.database = crate::admin::database(options.database.as_deref())?;
+    if let Some(url) = options.snapshots.as_deref() {
+        config.snapshots = Some(evervm_engine::bucket::BucketSettings::parse(url)?);
+    }
     if let Some(default) = options.network_default.as_deref() {
         config.network_default = match crate::types::NetworkMode::parse(default)? {
             crate::types::NetworkMode::None => crate::types::NetworkPolicy::None,

@@ -266,6 +266,14 @@ impl Bucket {
                 self.upload_file(&dir.join(name), &root.clone().join(name.as_str()))
                     .await?;
             }
+            // A fork's mark (its first restore reseeds the interpreter) goes with it.
+            if snapshot::needs_reseed(dir) {
+                self.upload_file(
+                    &dir.join(snapshot::RESEED),
+                    &root.clone().join(snapshot::RESEED),
+                )
+                .await?;
+            }
             self.store
                 .put(&manifest_key, PutPayload::from(manifest_text))
                 .await
@@ -380,6 +388,7 @@ impl Bucket {
             )));
         }
         let mut objects = Vec::new();
+        let mut reseed = None;
         let mut listing = self.store.list(Some(&root));
         while let Some(object) = listing.next().await {
             let object = object.map_err(|e| self.failed("listing a snapshot", &e))?;
@@ -391,6 +400,10 @@ impl Bucket {
                 )));
             };
             if name == snapshot::MANIFEST {
+                continue;
+            }
+            if name == snapshot::RESEED {
+                reseed = Some(object.location);
                 continue;
             }
             if !snapshot::is_snapshot_file(name) {
@@ -409,6 +422,9 @@ impl Bucket {
         }
         for (name, key, _) in &objects {
             self.download_file(key, &into.join(name)).await?;
+        }
+        if reseed.is_some() {
+            snapshot::mark_reseed(into)?;
         }
         crate::fsutil::write_durably(&into.join(snapshot::MANIFEST), &manifest_text)?;
         let checked = {
@@ -480,6 +496,14 @@ impl Bucket {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => return Err(self.failed("removing a snapshot", &e)),
         }
+        self.remove_under(&root).await;
+        Ok(())
+    }
+
+    /// Removes every snapshot of AREA and of the areas below it (a deleted machine's), as far as
+    /// the bucket lets it.
+    pub async fn remove_area(&self, area: &str) -> Result<()> {
+        let root = self.area_root(area)?;
         self.remove_under(&root).await;
         Ok(())
     }

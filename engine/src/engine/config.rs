@@ -246,6 +246,14 @@ pub struct EngineConfig {
     pub packages: PackageSettings,
     /// The PostgreSQL store (`--database`, `EVERVM_DATABASE`); SQLite in the home when `None`.
     pub database: Option<crate::store::PostgresSettings>,
+    /// The bucket machines' snapshots and checkpoints are kept in (`--snapshots s3://...`,
+    /// `EVERVM_SNAPSHOTS`): a save counts once it is whole there, and the home keeps copies of
+    /// recently used ones. On the home's disk only when `None`.
+    pub snapshots: Option<crate::bucket::BucketSettings>,
+    /// How much of the home's disk the copies of swapped machines' snapshots kept from the
+    /// bucket may take (MiB, `EVERVM_SNAPSHOT_CACHE_MB`, default 10240): past it the least
+    /// recently used are removed from the disk (the bucket keeps them). Only with `snapshots`.
+    pub snapshot_cache_mb: u64,
     #[doc(hidden)]
     pub hooks: Hooks,
 }
@@ -335,6 +343,8 @@ impl EngineConfig {
             network: NetworkSettings::from_env(),
             packages: PackageSettings::from_env(),
             database: None,
+            snapshots: None,
+            snapshot_cache_mb: positive("EVERVM_SNAPSHOT_CACHE_MB").unwrap_or(10 * 1024),
             hooks: Hooks::default(),
         }
     }

@@ -4,6 +4,7 @@ use chrono::Utc;
 
 use super::Engine;
 use crate::error::{Error, ErrorKind, Result};
+use crate::machine::bucketed;
 use crate::store::{CheckpointRecord, MachineRecord};
 use crate::types::{
     Account, CheckpointInfo, ForkMachine, MachineInfo, MachineName, validate_checkpoint_name,
@@ -45,12 +46,23 @@ impl Engine {
         };
         let home = self.inner.config.home.clone();
         let target = crate::snapshot::snapshot_dir(&home, child.name.as_str());
-        let stored = match handle.copy_out(target, true).await {
-            Ok(_) => self.insert_machine(&child).await,
+        let mut child = child;
+        let stored = match handle.copy_out(target.clone(), true).await {
+            Ok(_) => {
+                let area = bucketed::machine_area(child.name.as_str());
+                match bucketed::publish(&self.inner, &area, &target).await {
+                    Ok(sha256) => {
+                        child.snapshot_sha256 = sha256;
+                        self.insert_machine(&child).await
+                    }
+                    Err(e) => Err(e),
+                }
+            }
             Err(e) => Err(e),
         };
         if let Err(e) = stored {
             let child_name = child.name.to_string();
+            bucketed::forget_machine(&self.inner, &child_name).await;
             let _ =
                 tokio::task::spawn_blocking(move || crate::snapshot::remove(&home, &child_name))
                     .await;
@@ -83,16 +95,24 @@ impl Engine {
             name: checkpoint.clone(),
             created_at: Utc::now(),
             instruction_count: 0,
+            sha256: None,
         };
         let (machine, reserved) = (name.to_owned(), record.clone());
         self.inner
             .store
             .insert_checkpoint(&machine, &reserved)
             .await?;
-        let copied = handle.copy_out(dir, false).await;
+        let area = bucketed::checkpoint_area(name, &checkpoint);
+        let copied = match handle.copy_out(dir.clone(), false).await {
+            Ok(first_excluded) => bucketed::publish(&self.inner, &area, &dir)
+                .await
+                .map(|sha256| (first_excluded, sha256)),
+            Err(e) => Err(e),
+        };
         let stored = match copied {
-            Ok(first_excluded) => {
+            Ok((first_excluded, sha256)) => {
                 record.instruction_count = first_excluded;
+                record.sha256 = sha256;
                 record.created_at = Utc::now();
                 let (machine, completed) = (name.to_owned(), record.clone());
                 self.inner
@@ -103,6 +123,9 @@ impl Engine {
             Err(e) => Err(e),
         };
         if let Err(e) = stored {
+            if let Some(bucket) = &self.inner.bucket {
+                let _ = bucket.remove_area(&area).await;
+            }
             let (machine, reserved) = (name.to_owned(), checkpoint.clone());
             let _ = self
                 .inner
@@ -192,6 +215,17 @@ impl Engine {
         self.record(account, name).await?;
         let found = self.find_checkpoint(name, checkpoint).await?;
         let dir = crate::snapshot::checkpoint_dir(&self.inner.config.home, name, checkpoint);
+        if let Some(sha256) = &found.sha256 {
+            let area = bucketed::checkpoint_area(name, checkpoint);
+            bucketed::fetch(&self.inner, &area, sha256, &dir)
+                .await
+                .map_err(|e| {
+                    e.context(format!(
+                        "bringing checkpoint {checkpoint:?} from the bucket"
+                    ))
+                })?;
+            self.inner.forget_disk_facts(name);
+        }
         let restorable = self.inner.restorable();
         let checked = {
             let dir = dir.clone();
@@ -232,6 +266,16 @@ impl Engine {
         self.inner.forget_disk_facts(name);
         let (machine, cp) = (name.to_owned(), checkpoint.to_owned());
         self.inner.store.delete_checkpoint(&machine, &cp).await?;
+        if let Some(bucket) = &self.inner.bucket
+            && let Err(e) = bucket
+                .remove_area(&bucketed::checkpoint_area(name, checkpoint))
+                .await
+        {
+            tracing::warn!(
+                machine = name,
+                "cannot remove a checkpoint from the bucket: {e}"
+            );
+        }
         Ok(())
     }
 }

@@ -42,6 +42,8 @@ struct Bucket {
 pub(crate) struct EngineInner {
     pub(crate) config: EngineConfig,
     pub(crate) store: Arc<dyn Metadata>,
+    /// Where snapshots are kept beyond the home (`--snapshots`).
+    pub(crate) bucket: Option<crate::bucket::Bucket>,
     pub(crate) backend: Arc<dyn SandboxBackend>,
     pub(crate) pool: Pool,
     pub(crate) machines: Mutex<HashMap<String, Arc<MachineHandle>>>,
@@ -66,6 +68,7 @@ impl EngineInner {
     pub(crate) fn new(
         config: EngineConfig,
         store: Arc<dyn Metadata>,
+        bucket: Option<crate::bucket::Bucket>,
         backend: Arc<dyn SandboxBackend>,
         home_lock: File,
     ) -> Self {
@@ -74,6 +77,7 @@ impl EngineInner {
         Self {
             config,
             store,
+            bucket,
             backend,
             pool: Pool::default(),
             machines: Mutex::new(HashMap::new()),

@@ -101,6 +101,7 @@ impl Engine {
             expires_at,
             position: 0,
             network,
+            snapshot_sha256: None,
         };
         self.insert_machine(&record).await?;
         let handle = self.spawn_handle(&record, true);
@@ -376,6 +377,7 @@ impl Engine {
             }
             let machine = name.to_owned();
             self.inner.store.delete_machine(&machine).await?;
+            crate::machine::bucketed::forget_machine(&self.inner, &machine).await;
             let home = self.inner.config.home.clone();
             let machine = name.to_owned();
             tokio::task::spawn_blocking(move || crate::snapshot::remove(&home, &machine))

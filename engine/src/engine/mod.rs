@@ -54,6 +54,10 @@ impl Engine {
         home::create_home(&config.home)?;
         let lock_file = home::lock_home(&config.home)?;
         let store = crate::store::open(config.database.as_ref(), &config.home).await?;
+        let bucket = match &config.snapshots {
+            Some(settings) => Some(crate::bucket::Bucket::open(settings).await?),
+            None => None,
+        };
         let home = config.home.clone();
         let with_snapshots = tokio::task::spawn_blocking(move || {
             crate::snapshot::recover(&home);
@@ -69,7 +73,7 @@ impl Engine {
         if unfinished > 0 {
             tracing::warn!("{unfinished} instructions were left unfinished by the last engine");
         }
-        let inner = EngineInner::new(config, store, backend, lock_file);
+        let inner = EngineInner::new(config, store, bucket, backend, lock_file);
         if inner.backend.capabilities().snapshots {
             inner.hold_reserve();
         }
@@ -206,6 +210,7 @@ impl Engine {
         self.inner.backend.shutdown().await;
         // Everything stored before the home is handed over.
         let _ = self.inner.store.flush().await;
+        self.inner.store.hand_over().await;
         lock(&self.inner.home_lock).take();
     }
 }

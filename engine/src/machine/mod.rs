@@ -2,6 +2,7 @@
 //! at a time, in the order they were accepted (`task.rs`), how it goes to disk and comes back
 //! (`swap.rs`), and the live state that streams read (`live.rs`).
 
+pub(crate) mod bucketed;
 mod files;
 mod live;
 mod swap;
@@ -89,6 +90,8 @@ struct MachineState {
     snapshot_at: Option<chrono::DateTime<chrono::Utc>>,
     /// True once that snapshot was compressed, or found to need no compression.
     snapshot_compressed: bool,
+    /// The checksum of its snapshot in the bucket (with `--snapshots`), as last saved or read.
+    snapshot_sha256: Option<String>,
 }
 
 /// Work on a machine's state that its task does between instructions.
@@ -171,6 +174,7 @@ impl MachineHandle {
             marked_unsaved: record.unsaved_since.is_some(),
             ended_abnormally: record.unsaved_since.is_some(),
             snapshot_at: record.snapshot_at,
+            snapshot_sha256: record.snapshot_sha256.clone(),
             ..MachineState::default()
         };
         let (jobs, queue) = mpsc::unbounded_channel();
@@ -332,18 +336,36 @@ impl MachineHandle {
         }
     }
 
-    /// Notes that the machine's whole state is in its snapshot now.
-    async fn mark_saved(&self, engine: &EngineInner) {
-        {
-            let mut state = lock(&self.state);
-            state.marked_unsaved = false;
-            state.snapshot_at = Some(chrono::Utc::now());
-            state.snapshot_compressed = false;
-        }
+    /// Notes in the store that the machine's whole state is in its snapshot now, and which one
+    /// in the bucket (`sha256`, with `--snapshots`); the checksum it replaced. Refused when the
+    /// store cannot take it: with a bucket, the save does not count until it has.
+    async fn note_saved(
+        &self,
+        engine: &EngineInner,
+        sha256: Option<String>,
+    ) -> Result<Option<String>> {
         let name = self.name.to_string();
-        if let Err(e) = engine.store.mark_saved(&name).await {
-            tracing::warn!(machine = %self.name, "cannot note a save: {e}");
-        }
+        engine.store.mark_saved(&name, sha256.as_deref()).await?;
+        let mut state = lock(&self.state);
+        state.marked_unsaved = false;
+        state.snapshot_at = Some(chrono::Utc::now());
+        state.snapshot_compressed = false;
+        Ok(std::mem::replace(&mut state.snapshot_sha256, sha256))
+    }
+
+    /// The checksum of the machine's snapshot in the bucket as the store has it now (another
+    /// node may have saved it since this one did), remembered.
+    async fn stored_snapshot_sha256(&self, engine: &EngineInner) -> Result<Option<String>> {
+        let name = self.name.to_string();
+        let record = engine
+            .store
+            .machine(&name)
+            .await?
+            .ok_or_else(|| Error::machine_not_found(&name))?;
+        lock(&self.state)
+            .snapshot_sha256
+            .clone_from(&record.snapshot_sha256);
+        Ok(record.snapshot_sha256)
     }
 
     fn swap_succeeded(&self) -> bool {

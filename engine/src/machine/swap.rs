@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::MachineHandle;
+use super::{MachineHandle, bucketed};
 use crate::engine::EngineInner;
 use crate::error::{Error, ErrorKind, Result};
 use crate::pool::{Pool, Resident, connect_restored, sandbox_id};
@@ -67,14 +67,16 @@ pub(super) async fn acquire(
         engine.forget_disk_facts(name);
         e
     };
-    let manifest = {
-        let dir = dir.clone();
-        let restorable = engine.restorable();
-        tokio::task::spawn_blocking(move || snapshot::check_manifest(&dir, &*restorable))
-            .await
-            .map_err(|e| Error::internal(format!("reading the snapshot stopped: {e}")))?
-            .map_err(refuse)?
+    // With a bucket, the snapshot that counts is the one the store names: the home's copy
+    // when it is that one, else downloaded now.
+    let pointer = match &engine.bucket {
+        Some(_) => machine.stored_snapshot_sha256(engine).await?,
+        None => None,
     };
+    if let Some(sha256) = &pointer {
+        fetch_snapshot(engine, machine, sha256, &dir).await?;
+    }
+    let manifest = read_manifest(engine, &dir).await?.map_err(refuse)?;
     let Some(manifest) = manifest else {
         let had_snapshot = lock(&machine.state).snapshot_at;
         if let Some(saved) = had_snapshot {
@@ -92,11 +94,51 @@ pub(super) async fn acquire(
         return Ok(fresh);
     };
     let started = std::time::Instant::now();
-    let restored = restore_snapshot(engine, machine, &dir, manifest).await;
+    let mut restored = restore_snapshot(engine, machine, &dir, manifest).await;
+    if let (Err(e), Some(sha256)) = (&restored, &pointer)
+        && snapshot::marked_damaged(&dir)
+    {
+        // The home's copy was damaged; the bucket's is whole.
+        tracing::warn!(machine = name, "downloading its snapshot again: {e}");
+        fetch_snapshot(engine, machine, sha256, &dir).await?;
+        if let Some(manifest) = read_manifest(engine, &dir).await?.map_err(refuse)? {
+            restored = restore_snapshot(engine, machine, &dir, manifest).await;
+        }
+    }
     engine
         .metrics
         .restored(restored.is_ok(), started.elapsed().as_secs_f64());
     restored
+}
+
+/// Makes the machine's snapshot directory hold its snapshot `sha256` from the bucket.
+async fn fetch_snapshot(
+    engine: &Arc<EngineInner>,
+    machine: &MachineHandle,
+    sha256: &str,
+    dir: &Path,
+) -> Result<()> {
+    let name = machine.name.as_str();
+    let fetched = bucketed::fetch(engine, &bucketed::machine_area(name), sha256, dir).await;
+    engine.forget_disk_facts(name);
+    fetched.map_err(|e| {
+        e.context(format!(
+            "bringing machine {name}'s snapshot from the bucket"
+        ))
+    })
+}
+
+/// The manifest of the snapshot in `dir`, checked ([`snapshot::check_manifest`]); the outer
+/// error is the engine's, the inner one the snapshot's.
+async fn read_manifest(
+    engine: &EngineInner,
+    dir: &Path,
+) -> Result<Result<Option<snapshot::SnapshotManifest>>> {
+    let dir = dir.to_path_buf();
+    let restorable = engine.restorable();
+    tokio::task::spawn_blocking(move || snapshot::check_manifest(&dir, &*restorable))
+        .await
+        .map_err(|e| Error::internal(format!("reading the snapshot stopped: {e}")))
 }
 
 /// Restores the machine's snapshot in `dir` (its manifest read and accepted).
@@ -295,6 +337,10 @@ pub(super) async fn compress_swapped(
     lock(&machine.state).snapshot_compressed = true;
     if matches!(compressed, Ok(true)) {
         engine.forget_disk_facts(machine.name.as_str());
+        if engine.bucket.is_some() {
+            // The compressed copy replaces the bucket's too (restores download less).
+            note_current_snapshot(engine, machine).await?;
+        }
         tracing::debug!(
             machine = %machine.name,
             "compressed the snapshot in {:.1} ms",
@@ -380,21 +426,7 @@ pub(super) async fn save(
     if let Some(hook) = &engine.config.hooks.before_commit {
         hook(name.clone()).await;
     }
-    let committed = {
-        let (home, name, staging, runtime, image_id) = (
-            home.clone(),
-            name.clone(),
-            staging.clone(),
-            runtime.clone(),
-            image_id.clone(),
-        );
-        tokio::task::spawn_blocking(move || {
-            snapshot::commit(&home, &name, &staging, &runtime, image_id)
-        })
-        .await
-        .map_err(|e| Error::internal(format!("saving the snapshot stopped: {e}")))
-        .and_then(|r| r)
-    };
+    let committed = commit_saved(engine, machine, &staging, &runtime, image_id.clone()).await;
     engine.forget_disk_facts(&name);
     let manifest = match committed {
         Ok(manifest) => manifest,
@@ -439,7 +471,6 @@ pub(super) async fn save(
     } else {
         drop(current);
     }
-    machine.mark_saved(engine).await;
     // A swap-out may stay on disk for long: compressed now where `compress_after` is 0, else
     // later in the background. A compression that fails leaves the snapshot as it is.
     if how == Save::AndStop
@@ -461,6 +492,90 @@ pub(super) async fn save(
         checkpointed.as_secs_f64() * 1e3,
         started.elapsed().saturating_sub(checkpointed).as_secs_f64() * 1e3
     );
+    Ok(())
+}
+
+/// Makes the sealed checkpoint in `staging` the machine's snapshot and notes it in the store.
+/// With a bucket, it is uploaded and the store points at it before the home's copy is
+/// replaced, and a failure before the store took it leaves `staging` whole and nothing else
+/// changed (the caller brings the machine back from it); the snapshot it replaced is removed
+/// from the bucket.
+async fn commit_saved(
+    engine: &Arc<EngineInner>,
+    machine: &MachineHandle,
+    staging: &Path,
+    runtime: &str,
+    image_id: Option<String>,
+) -> Result<snapshot::SnapshotManifest> {
+    let home = engine.config.home.clone();
+    let name = machine.name.to_string();
+    let manifest = {
+        let (staging, runtime) = (staging.to_path_buf(), runtime.to_owned());
+        tokio::task::spawn_blocking(move || snapshot::seal_staged(&staging, &runtime, image_id))
+            .await
+            .map_err(|e| Error::internal(format!("saving the snapshot stopped: {e}")))??
+    };
+    let install = || {
+        let (home, name, staging) = (home.clone(), name.clone(), staging.to_path_buf());
+        async move {
+            tokio::task::spawn_blocking(move || snapshot::install_snapshot(&home, &name, &staging))
+                .await
+                .map_err(|e| Error::internal(format!("saving the snapshot stopped: {e}")))
+                .and_then(|r| r)
+        }
+    };
+    if engine.bucket.is_none() {
+        install().await?;
+        if let Err(e) = machine.note_saved(engine, None).await {
+            tracing::warn!(machine = %machine.name, "cannot note a save: {e}");
+        }
+        return Ok(manifest);
+    }
+    let area = bucketed::machine_area(&name);
+    let sha256 = bucketed::publish(engine, &area, staging).await?;
+    let previous = match machine.note_saved(engine, sha256.clone()).await {
+        Ok(previous) => previous,
+        Err(e) => {
+            // Not the snapshot the store still names (an unchanged machine's save is the same).
+            let current = lock(&machine.state).snapshot_sha256.clone();
+            if let Some(sha256) = &sha256
+                && current.as_ref() != Some(sha256)
+            {
+                bucketed::retire(engine, &area, sha256).await;
+            }
+            return Err(e.context("recording the save in the store"));
+        }
+    };
+    // From here on the save counts: the home's copy is only a cache.
+    if let Err(e) = install().await {
+        tracing::warn!(
+            machine = %machine.name,
+            "the snapshot is saved in the bucket, but keeping a copy on this disk failed (the \
+             next restore downloads it): {e}"
+        );
+        let _ = tokio::fs::remove_dir_all(staging).await;
+    }
+    if let Some(previous) = previous
+        && Some(&previous) != sha256.as_ref()
+    {
+        bucketed::retire(engine, &area, &previous).await;
+    }
+    Ok(manifest)
+}
+
+/// Publishes the machine's snapshot as it is on the home's disk now (rewritten, rolled back)
+/// and notes it as the machine's; without a bucket, only notes it.
+async fn note_current_snapshot(engine: &Arc<EngineInner>, machine: &MachineHandle) -> Result<()> {
+    let name = machine.name.to_string();
+    let dir = snapshot::snapshot_dir(&engine.config.home, &name);
+    let area = bucketed::machine_area(&name);
+    let sha256 = bucketed::publish(engine, &area, &dir).await?;
+    let previous = machine.note_saved(engine, sha256.clone()).await?;
+    if let Some(previous) = previous
+        && Some(&previous) != sha256.as_ref()
+    {
+        bucketed::retire(engine, &area, &previous).await;
+    }
     Ok(())
 }
 
@@ -557,16 +672,15 @@ pub(super) async fn rollback(
     .map_err(|e| Error::internal(format!("the rollback stopped: {e}")))
     .and_then(|r| r);
     engine.forget_disk_facts(machine.name.as_str());
-    if copied.is_ok() {
-        {
-            let mut state = lock(&machine.state);
-            state.recovering_from = None;
-            state.ended_abnormally = false;
-        }
-        machine.mark_saved(engine).await;
-        engine.record_machine_error(&machine.name, None).await;
+    copied?;
+    {
+        let mut state = lock(&machine.state);
+        state.recovering_from = None;
+        state.ended_abnormally = false;
     }
-    copied
+    note_current_snapshot(engine, machine).await?;
+    engine.record_machine_error(&machine.name, None).await;
+    Ok(())
 }
 
 impl MachineHandle {

@@ -61,6 +61,9 @@ pub struct MachineRecord {
     pub network: NetworkPolicy,
     /// Its place in the order machines were created (set by the store; 0 before it is stored).
     pub position: i64,
+    /// The checksum of its snapshot in the bucket (with `--snapshots`): the one to restore.
+    /// `None` when its snapshot is only on the local disk, or it has none.
+    pub snapshot_sha256: Option<String>,
 }
 
 /// A checkpoint's row.
@@ -70,6 +73,8 @@ pub struct CheckpointRecord {
     pub created_at: DateTime<Utc>,
     /// The machine's instruction count when the checkpoint was taken.
     pub instruction_count: i64,
+    /// The checksum of its snapshot in the bucket, when snapshots are kept in one.
+    pub sha256: Option<String>,
 }
 
 /// An evervm server sharing the database with others (a node of a cluster).
@@ -150,8 +155,9 @@ pub trait Metadata: Send + Sync {
     ) -> Result<Vec<(i64, String)>>;
     /// Notes that the machine may now hold state that is not saved (unless already noted).
     async fn mark_unsaved(&self, name: &str) -> Result<()>;
-    /// Notes that the machine's whole state is in its snapshot, written now.
-    async fn mark_saved(&self, name: &str) -> Result<()>;
+    /// Notes that the machine's whole state is in its snapshot, written now, and which one is
+    /// in the bucket (`None` when snapshots are kept on the local disk only).
+    async fn mark_saved(&self, name: &str, sha256: Option<&str>) -> Result<()>;
     /// Notes a snapshot found for each named machine that has none recorded (machines from
     /// before the store recorded them); how many were noted.
     async fn note_snapshots_on_disk(&self, names: &[String]) -> Result<usize>;
@@ -164,7 +170,8 @@ pub trait Metadata: Send + Sync {
 
     /// Records a checkpoint; refused when the machine already has one by that name.
     async fn insert_checkpoint(&self, machine: &str, checkpoint: &CheckpointRecord) -> Result<()>;
-    /// Records when a reserved checkpoint was taken and what it holds.
+    /// Records when a reserved checkpoint was taken and what it holds (its snapshot in the
+    /// bucket too).
     async fn complete_checkpoint(&self, machine: &str, checkpoint: &CheckpointRecord)
     -> Result<()>;
     /// The machine's checkpoints, oldest first.
@@ -232,10 +239,14 @@ pub trait Metadata: Send + Sync {
     async fn lease(&self, machine: &str) -> Result<Option<Lease>>;
     /// [`Metadata::mark_saved`] by the holder of `lease` only: refused (`Conflict`) when the
     /// lease is no longer held, so a node that lost a machine never records a snapshot for it.
-    async fn mark_saved_fenced(&self, lease: &Lease) -> Result<()>;
+    async fn mark_saved_fenced(&self, lease: &Lease, sha256: Option<&str>) -> Result<()>;
 
     /// Waits until everything asked of the store before has been done.
     async fn flush(&self) -> Result<()>;
+
+    /// Gives up what this server holds in the database (its hold on a PostgreSQL database), so
+    /// that the next server can open it: the engine's shutdown calls it last.
+    async fn hand_over(&self) {}
 }
 
 /// The error for a write refused because the lease it carries is no longer held.
@@ -417,7 +428,7 @@ fn decode_result(machine: &str, seq: i64, text: &str) -> Result<ExecResult> {
 /// The machine columns every query reads, in [`RawMachine`]'s order.
 const MACHINE_COLUMNS: &str = "name, account_id, created_at, tags, memory_mb, backend, \
     next_seq, last_used_at, last_error, image, durability, unsaved_since, snapshot_at, env, \
-    expires_at, position, network";
+    expires_at, position, network, snapshot_sha256";
 
 /// A machine's row as read, before its columns are checked.
 pub(super) struct RawMachine {
@@ -438,6 +449,7 @@ pub(super) struct RawMachine {
     pub(super) expires_at: Option<String>,
     pub(super) position: i64,
     pub(super) network: String,
+    pub(super) snapshot_sha256: Option<String>,
 }
 
 impl RawMachine {
@@ -476,6 +488,7 @@ impl RawMachine {
             expires_at: self.expires_at.as_deref().map(parse_time).transpose()?,
             position: self.position,
             network,
+            snapshot_sha256: self.snapshot_sha256,
         })
     }
 }

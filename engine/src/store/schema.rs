@@ -9,14 +9,17 @@
 //! environment (`env`, JSON) and an expiry time (`expires_at`). Version 6 gave them a network
 //! policy (`network`, JSON). Version 7 made nodes share a database: a table of `nodes`, and on
 //! every machine the lease of the node that runs it (`owner`, `owner_epoch`, `lease_until`).
+//! Version 8 recorded which snapshot in the bucket (`--snapshots s3://...`) is a machine's
+//! (`machines.snapshot_sha256`) and a checkpoint's (`checkpoints.sha256`): the pointer a node
+//! restores from, moved only once the snapshot is whole in the bucket.
 
 /// The schema version this engine writes.
-pub(super) const VERSION: i64 = 7;
+pub(super) const VERSION: i64 = 8;
 
 /// Changes after version 6: `(the version it makes, statements)`, applied in order to both
 /// databases, in the template's words. A new database is made from the tables below, which are
 /// always the latest version's.
-pub(super) const MIGRATIONS: &[(i64, &str)] = &[(7, LEASES_7)];
+pub(super) const MIGRATIONS: &[(i64, &str)] = &[(7, LEASES_7), (8, BUCKET_8)];
 
 /// Version 7: nodes, and machines' leases.
 const LEASES_7: &str = "
@@ -29,6 +32,12 @@ CREATE TABLE IF NOT EXISTS nodes (
     started_at TEXT NOT NULL,
     heartbeat_at TEXT NOT NULL
 );
+";
+
+/// Version 8: which snapshot in the bucket is a machine's and a checkpoint's.
+const BUCKET_8: &str = "
+ALTER TABLE machines ADD COLUMN snapshot_sha256 TEXT;
+ALTER TABLE checkpoints ADD COLUMN sha256 TEXT;
 ";
 
 /// The database a statement is written for.
@@ -58,7 +67,8 @@ CREATE TABLE IF NOT EXISTS tokens (
 );
 -- A machine's last three columns are the lease of the node that runs it: the node, the lease's
 -- number (one more at every change of owner: a write that carries an older one is refused) and
--- until when it holds. (SQLite keeps a table's text: comments stay outside it.)
+-- until when it holds. The last is the checksum of its snapshot in the bucket, when snapshots are
+-- kept in one. (SQLite keeps a table's text: comments stay outside it.)
 CREATE TABLE IF NOT EXISTS machines (
     position {serial},
     name TEXT NOT NULL UNIQUE,
@@ -79,7 +89,8 @@ CREATE TABLE IF NOT EXISTS machines (
     network TEXT NOT NULL DEFAULT '{"mode":"none"}',
     owner TEXT,
     owner_epoch {int} NOT NULL DEFAULT 0,
-    lease_until TEXT
+    lease_until TEXT,
+    snapshot_sha256 TEXT
 );
 -- The evervm servers sharing this database: where the others reach each one, and when it last
 -- said it was alive.
@@ -91,7 +102,7 @@ CREATE TABLE IF NOT EXISTS nodes (
 );
 "#;
 
-/// The tables of a machine's history (unchanged since version 4).
+/// The tables of a machine's history (since version 4; checkpoints' `sha256` since version 8).
 const MACHINE_ROWS: &str = r"
 CREATE TABLE IF NOT EXISTS instructions (
     machine TEXT NOT NULL REFERENCES machines(name) ON DELETE CASCADE,
@@ -104,12 +115,13 @@ CREATE TABLE IF NOT EXISTS instructions (
     rolled_back_to TEXT,
     PRIMARY KEY (machine, seq)
 );
--- Named, kept snapshots of a machine.
+-- Named, kept snapshots of a machine (sha256: its snapshot in the bucket, when there is one).
 CREATE TABLE IF NOT EXISTS checkpoints (
     machine TEXT NOT NULL REFERENCES machines(name) ON DELETE CASCADE,
     name TEXT NOT NULL,
     created_at TEXT NOT NULL,
     instruction_count {int} NOT NULL,
+    sha256 TEXT,
     PRIMARY KEY (machine, name)
 );
 -- Output is stored in batches of consecutive chunks whose seqs start at first_seq (a blob of

@@ -45,6 +45,7 @@ pub(super) fn record(name: &str, account: &Account) -> MachineRecord {
         expires_at: None,
         position: 0,
         network: NetworkPolicy::Public,
+        snapshot_sha256: None,
     }
 }
 
@@ -153,9 +154,13 @@ async fn machines(store: &dyn Metadata) {
         unsaved.unsaved_since,
         "the first mark stays"
     );
-    store.mark_saved("m-first").await.unwrap();
+    store.mark_saved("m-first", Some("0123ab")).await.unwrap();
     let saved = store.machine("m-first").await.unwrap().unwrap();
     assert!(saved.unsaved_since.is_none() && saved.snapshot_at.is_some());
+    assert_eq!(saved.snapshot_sha256.as_deref(), Some("0123ab"));
+    store.mark_saved("m-first", None).await.unwrap();
+    let local = store.machine("m-first").await.unwrap().unwrap();
+    assert_eq!(local.snapshot_sha256, None, "a save to the local disk only");
     assert_eq!(
         store
             .note_snapshots_on_disk(&["m-first".to_owned(), "m-second".to_owned()])
@@ -272,6 +277,7 @@ async fn history(store: &dyn Metadata) {
         name: "before".into(),
         created_at: Utc::now(),
         instruction_count: 1,
+        sha256: None,
     };
     store
         .insert_checkpoint("m-history", &checkpoint)
@@ -287,6 +293,7 @@ async fn history(store: &dyn Metadata) {
     );
     let completed = CheckpointRecord {
         instruction_count: 2,
+        sha256: Some("cafe".into()),
         ..checkpoint.clone()
     };
     store
@@ -296,6 +303,7 @@ async fn history(store: &dyn Metadata) {
     let listed = store.checkpoints("m-history").await.unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].instruction_count, 2);
+    assert_eq!(listed[0].sha256.as_deref(), Some("cafe"));
     assert_eq!(
         store
             .mark_rolled_back(
@@ -410,6 +418,7 @@ async fn deleting_takes_everything(store: &dyn Metadata) {
         .await
         .unwrap();
     let checkpoint = CheckpointRecord {
+        sha256: None,
         name: "c".into(),
         created_at: Utc::now(),
         instruction_count: 1,

@@ -55,7 +55,7 @@ async fn leases_hold(store: Arc<dyn Metadata>) {
     // The owner asking again keeps its number.
     let again = taken(store.take_lease("m-leased", "node-a", LONG).await.unwrap());
     assert_eq!(again.epoch, 1);
-    store.mark_saved_fenced(&again).await.unwrap();
+    store.mark_saved_fenced(&again, None).await.unwrap();
     assert!(
         store
             .machine("m-leased")
@@ -81,7 +81,10 @@ async fn leases_hold(store: Arc<dyn Metadata>) {
     tokio::time::sleep(Duration::from_millis(20)).await;
     let b = taken(store.take_lease("m-leased", "node-b", LONG).await.unwrap());
     assert_eq!((b.owner.as_str(), b.epoch), ("node-b", 2));
-    let refused = store.mark_saved_fenced(&short).await.unwrap_err();
+    let refused = store
+        .mark_saved_fenced(&short, Some("cd"))
+        .await
+        .unwrap_err();
     assert_eq!(refused.kind(), ErrorKind::Conflict, "{refused}");
     assert!(refused.message().contains("no longer holds"), "{refused}");
     assert!(!store.release_lease(&short).await.unwrap());
@@ -89,7 +92,18 @@ async fn leases_hold(store: Arc<dyn Metadata>) {
         held(store.take_lease("m-leased", "node-a", LONG).await.unwrap()),
         b
     );
-    store.mark_saved_fenced(&b).await.unwrap();
+    store.mark_saved_fenced(&b, Some("ef")).await.unwrap();
+    let pointer = store
+        .machine("m-leased")
+        .await
+        .unwrap()
+        .unwrap()
+        .snapshot_sha256;
+    assert_eq!(
+        pointer.as_deref(),
+        Some("ef"),
+        "the refused save moved nothing"
+    );
 
     // Given up, it is free again, and the next owner's number is higher still.
     assert!(store.release_lease(&b).await.unwrap());
@@ -102,7 +116,7 @@ async fn leases_hold(store: Arc<dyn Metadata>) {
     assert_eq!(store.lease("m-leased").await.unwrap(), None);
     let gone = store.heartbeat("node-a", LONG).await.unwrap_err();
     assert_eq!(gone.kind(), ErrorKind::Conflict, "{gone}");
-    assert!(store.mark_saved_fenced(&a2).await.is_err());
+    assert!(store.mark_saved_fenced(&a2, None).await.is_err());
     store
         .register_node("node-a", "http://127.0.0.1:1")
         .await
@@ -116,7 +130,7 @@ async fn leases_hold(store: Arc<dyn Metadata>) {
     assert_eq!(missing.kind(), ErrorKind::NotFound, "{missing}");
     let b2 = taken(store.take_lease("m-leased", "node-b", LONG).await.unwrap());
     store.delete_machine("m-leased").await.unwrap();
-    assert!(store.mark_saved_fenced(&b2).await.is_err());
+    assert!(store.mark_saved_fenced(&b2, None).await.is_err());
     assert!(!store.release_lease(&b2).await.unwrap());
     let too_long = store
         .take_lease("m-none", "node-a", Duration::from_secs(u64::MAX))
@@ -209,8 +223,10 @@ async fn postgres_leases_hold() {
     database.drop_it().await;
 }
 
-/// What version 7 added, taken away again: a store as version 6 left it.
+/// What versions 7 and 8 added, taken away again: a store as version 6 left it.
 const BACK_TO_6: &str = "
+ALTER TABLE machines DROP COLUMN snapshot_sha256;
+ALTER TABLE checkpoints DROP COLUMN sha256;
 DROP INDEX IF EXISTS machines_by_owner;
 ALTER TABLE machines DROP COLUMN owner;
 ALTER TABLE machines DROP COLUMN owner_epoch;
@@ -230,7 +246,9 @@ async fn upgraded_from_6(store: Arc<dyn Metadata>) {
         .unwrap();
     let lease = taken(store.take_lease("m-old", "node-a", LONG).await.unwrap());
     assert_eq!(lease.epoch, 1);
-    store.mark_saved_fenced(&lease).await.unwrap();
+    store.mark_saved_fenced(&lease, Some("ab")).await.unwrap();
+    let machine = store.machine("m-old").await.unwrap().unwrap();
+    assert_eq!(machine.snapshot_sha256.as_deref(), Some("ab"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

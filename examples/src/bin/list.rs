@@ -70,6 +70,7 @@ fn populate(home: &std::path::Path, count: usize, runtime: &str) -> Result<Vec<S
             expires_at: None,
             position: 0,
             network: evervm::NetworkPolicy::None,
+            snapshot_sha256: None,
         })?;
         let dir = evervm::engine::snapshot::snapshot_dir(home, &name);
         std::fs::create_dir_all(&dir)?;

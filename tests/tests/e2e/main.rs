@@ -1,6 +1,7 @@
 //! End-to-end suites, one test binary. Every suite runs on every backend `backends()` lists.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod bucket;
 mod client;
 mod environment;
 mod faults;

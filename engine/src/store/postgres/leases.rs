@@ -141,12 +141,16 @@ impl PostgresStore {
         .transpose()
     }
 
-    pub(super) async fn mark_saved_fenced_row(&self, lease: &Lease) -> Result<()> {
+    pub(super) async fn mark_saved_fenced_row(
+        &self,
+        lease: &Lease,
+        sha256: Option<&str>,
+    ) -> Result<()> {
         let saved = self
             .execute(
-                "UPDATE machines SET unsaved_since = NULL, snapshot_at = $4
+                "UPDATE machines SET unsaved_since = NULL, snapshot_at = $4, snapshot_sha256 = $5
                  WHERE name = $1 AND owner = $2 AND owner_epoch = $3",
-                &[&lease.machine, &lease.owner, &lease.epoch, &now()],
+                &[&lease.machine, &lease.owner, &lease.epoch, &now(), &sha256],
             )
             .await?;
         if saved == 0 {

@@ -167,6 +167,7 @@ fn raw_machine(row: &tokio_postgres::Row) -> Result<RawMachine> {
         expires_at: column(row, 14)?,
         position: column(row, 15)?,
         network: column(row, 16)?,
+        snapshot_sha256: column(row, 17)?,
     })
 }
 
@@ -470,8 +471,8 @@ impl Metadata for PostgresStore {
         }
         tx.execute(
             "INSERT INTO machines (name, account_id, created_at, tags, memory_mb, image, backend,
-             next_seq, durability, snapshot_at, env, expires_at, network)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, $9, $10, $11, $12)",
+             next_seq, durability, snapshot_at, env, expires_at, network, snapshot_sha256)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, $9, $10, $11, $12, $13)",
             &[
                 &record.name.as_str(),
                 &record.account_id,
@@ -485,6 +486,7 @@ impl Metadata for PostgresStore {
                 &env,
                 &record.expires_at.map(stored),
                 &network,
+                &record.snapshot_sha256,
             ],
         )
         .await
@@ -559,10 +561,11 @@ impl Metadata for PostgresStore {
         Ok(())
     }
 
-    async fn mark_saved(&self, name: &str) -> Result<()> {
+    async fn mark_saved(&self, name: &str, sha256: Option<&str>) -> Result<()> {
         self.execute(
-            "UPDATE machines SET unsaved_since = NULL, snapshot_at = $2 WHERE name = $1",
-            &[&name, &now()],
+            "UPDATE machines SET unsaved_since = NULL, snapshot_at = $2, snapshot_sha256 = $3
+             WHERE name = $1",
+            &[&name, &now(), &sha256],
         )
         .await?;
         Ok(())
@@ -616,13 +619,14 @@ impl Metadata for PostgresStore {
         let client = self.client().await?;
         let inserted = client
             .execute(
-                "INSERT INTO checkpoints (machine, name, created_at, instruction_count)
-                 VALUES ($1, $2, $3, $4) ON CONFLICT (machine, name) DO NOTHING",
+                "INSERT INTO checkpoints (machine, name, created_at, instruction_count, sha256)
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (machine, name) DO NOTHING",
                 &[
                     &machine,
                     &checkpoint.name,
                     &stored(checkpoint.created_at),
                     &checkpoint.instruction_count,
+                    &checkpoint.sha256,
                 ],
             )
             .await
@@ -640,13 +644,14 @@ impl Metadata for PostgresStore {
     ) -> Result<()> {
         let updated = self
             .execute(
-                "UPDATE checkpoints SET created_at = $3, instruction_count = $4
+                "UPDATE checkpoints SET created_at = $3, instruction_count = $4, sha256 = $5
                  WHERE machine = $1 AND name = $2",
                 &[
                     &machine,
                     &checkpoint.name,
                     &stored(checkpoint.created_at),
                     &checkpoint.instruction_count,
+                    &checkpoint.sha256,
                 ],
             )
             .await?;
@@ -658,7 +663,7 @@ impl Metadata for PostgresStore {
 
     async fn checkpoints(&self, machine: &str) -> Result<Vec<CheckpointRecord>> {
         self.query(
-            "SELECT name, created_at, instruction_count FROM checkpoints WHERE machine = $1
+            "SELECT name, created_at, instruction_count, sha256 FROM checkpoints WHERE machine = $1
              ORDER BY created_at, name",
             &[&machine],
         )
@@ -669,6 +674,7 @@ impl Metadata for PostgresStore {
                 name: column(row, 0)?,
                 created_at: parse_time(&column::<String>(row, 1)?)?,
                 instruction_count: column(row, 2)?,
+                sha256: column(row, 3)?,
             })
         })
         .collect()
@@ -851,12 +857,26 @@ impl Metadata for PostgresStore {
         self.lease_row(machine).await
     }
 
-    async fn mark_saved_fenced(&self, lease: &Lease) -> Result<()> {
-        self.mark_saved_fenced_row(lease).await
+    async fn mark_saved_fenced(&self, lease: &Lease, sha256: Option<&str>) -> Result<()> {
+        self.mark_saved_fenced_row(lease, sha256).await
     }
 
     async fn flush(&self) -> Result<()> {
         // Every operation is finished when it answers.
         Ok(())
+    }
+
+    async fn hand_over(&self) {
+        let held = self.held.lock().ok().and_then(|mut held| held.take());
+        if let Some(client) = held {
+            // Unlocked now, not when the server notices the connection closed: the next
+            // server may be opening already.
+            if let Err(e) = client
+                .execute("SELECT pg_advisory_unlock($1)", &[&SERVER_LOCK])
+                .await
+            {
+                tracing::warn!("PostgreSQL: cannot give up this server's hold: {e}");
+            }
+        }
     }
 }

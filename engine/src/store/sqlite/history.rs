@@ -23,13 +23,15 @@ impl Store {
         let inserted = self
             .conn
             .execute(
-                "INSERT OR IGNORE INTO checkpoints (machine, name, created_at, instruction_count)
-                 VALUES (?1, ?2, ?3, ?4)",
+                "INSERT OR IGNORE INTO checkpoints
+                 (machine, name, created_at, instruction_count, sha256)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
                 params![
                     machine,
                     checkpoint.name,
                     stored(checkpoint.created_at),
-                    checkpoint.instruction_count
+                    checkpoint.instruction_count,
+                    checkpoint.sha256
                 ],
             )
             .map_err(|e| machine_gone(machine, e))?;
@@ -46,13 +48,14 @@ impl Store {
         checkpoint: &CheckpointRecord,
     ) -> Result<()> {
         let updated = self.conn.execute(
-            "UPDATE checkpoints SET created_at = ?3, instruction_count = ?4
+            "UPDATE checkpoints SET created_at = ?3, instruction_count = ?4, sha256 = ?5
              WHERE machine = ?1 AND name = ?2",
             params![
                 machine,
                 checkpoint.name,
                 stored(checkpoint.created_at),
-                checkpoint.instruction_count
+                checkpoint.instruction_count,
+                checkpoint.sha256
             ],
         )?;
         if updated == 0 {
@@ -65,23 +68,25 @@ impl Store {
     /// The machine's checkpoints, oldest first.
     pub fn checkpoints(&self, machine: &str) -> Result<Vec<CheckpointRecord>> {
         let mut statement = self.conn.prepare_cached(
-            "SELECT name, created_at, instruction_count FROM checkpoints WHERE machine = ?1
-             ORDER BY created_at, name",
+            "SELECT name, created_at, instruction_count, sha256 FROM checkpoints
+             WHERE machine = ?1 ORDER BY created_at, name",
         )?;
         let rows = statement.query_map(params![machine], |r| {
             Ok((
                 r.get::<_, String>(0)?,
                 r.get::<_, String>(1)?,
                 r.get::<_, i64>(2)?,
+                r.get::<_, Option<String>>(3)?,
             ))
         })?;
         let mut checkpoints = Vec::new();
         for row in rows {
-            let (name, created_at, instruction_count) = row?;
+            let (name, created_at, instruction_count, sha256) = row?;
             checkpoints.push(CheckpointRecord {
                 name,
                 created_at: parse_time(&created_at)?,
                 instruction_count,
+                sha256,
             });
         }
         Ok(checkpoints)

@@ -138,11 +138,11 @@ impl Store {
             .transpose()
     }
 
-    pub fn mark_saved_fenced(&mut self, lease: &Lease) -> Result<()> {
+    pub fn mark_saved_fenced(&mut self, lease: &Lease, sha256: Option<&str>) -> Result<()> {
         let saved = self.conn.execute(
-            "UPDATE machines SET unsaved_since = NULL, snapshot_at = ?4
+            "UPDATE machines SET unsaved_since = NULL, snapshot_at = ?4, snapshot_sha256 = ?5
              WHERE name = ?1 AND owner = ?2 AND owner_epoch = ?3",
-            params![lease.machine, lease.owner, lease.epoch, now()],
+            params![lease.machine, lease.owner, lease.epoch, now(), sha256],
         )?;
         if saved == 0 {
             return Err(lease_lost(lease));

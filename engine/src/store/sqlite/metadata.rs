@@ -84,9 +84,11 @@ impl Metadata for StoreThread {
         self.call(move |s| s.mark_unsaved(&name)).await
     }
 
-    async fn mark_saved(&self, name: &str) -> Result<()> {
+    async fn mark_saved(&self, name: &str, sha256: Option<&str>) -> Result<()> {
         let name = name.to_owned();
-        self.call(move |s| s.mark_saved(&name)).await
+        let sha256 = sha256.map(str::to_owned);
+        self.call(move |s| s.mark_saved(&name, sha256.as_deref()))
+            .await
     }
 
     async fn note_snapshots_on_disk(&self, names: &[String]) -> Result<usize> {
@@ -235,9 +237,11 @@ impl Metadata for StoreThread {
         self.call(move |s| s.lease(&machine)).await
     }
 
-    async fn mark_saved_fenced(&self, lease: &Lease) -> Result<()> {
+    async fn mark_saved_fenced(&self, lease: &Lease, sha256: Option<&str>) -> Result<()> {
         let lease = lease.clone();
-        self.call(move |s| s.mark_saved_fenced(&lease)).await
+        let sha256 = sha256.map(str::to_owned);
+        self.call(move |s| s.mark_saved_fenced(&lease, sha256.as_deref()))
+            .await
     }
 
     async fn flush(&self) -> Result<()> {

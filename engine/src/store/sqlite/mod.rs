@@ -195,8 +195,8 @@ impl Store {
         let (tags, env, network) = machine_json(record)?;
         self.conn.execute(
             "INSERT INTO machines (name, account_id, created_at, tags, memory_mb, image, backend,
-             next_seq, durability, snapshot_at, env, expires_at, network)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 0, ?8, ?9, ?10, ?11, ?12)",
+             next_seq, durability, snapshot_at, env, expires_at, network, snapshot_sha256)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 0, ?8, ?9, ?10, ?11, ?12, ?13)",
             params![
                 record.name.as_str(),
                 record.account_id,
@@ -209,7 +209,8 @@ impl Store {
                 record.snapshot_at.map(stored),
                 env,
                 record.expires_at.map(stored),
-                network
+                network,
+                record.snapshot_sha256
             ],
         )
         .map_err(|e| match e {
@@ -242,6 +243,7 @@ impl Store {
             expires_at: row.get(14)?,
             position: row.get(15)?,
             network: row.get(16)?,
+            snapshot_sha256: row.get(17)?,
         })
     }
 
@@ -300,11 +302,13 @@ impl Store {
         Ok(())
     }
 
-    /// Notes that the machine's whole state is in its snapshot, written now.
-    pub fn mark_saved(&mut self, name: &str) -> Result<()> {
+    /// Notes that the machine's whole state is in its snapshot, written now, and which one is
+    /// in the bucket.
+    pub fn mark_saved(&mut self, name: &str, sha256: Option<&str>) -> Result<()> {
         self.conn.execute(
-            "UPDATE machines SET unsaved_since = NULL, snapshot_at = ?2 WHERE name = ?1",
-            params![name, now()],
+            "UPDATE machines SET unsaved_since = NULL, snapshot_at = ?2, snapshot_sha256 = ?3
+             WHERE name = ?1",
+            params![name, now(), sha256],
         )?;
         Ok(())
     }

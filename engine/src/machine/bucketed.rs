@@ -1,0 +1,144 @@
+//! Snapshots kept in the bucket (`--snapshots s3://...`). The bucket holds every snapshot that
+//! counts; the store says which one is each machine's (and each checkpoint's) by its checksum;
+//! the home keeps copies, which serve a restore when their checksum is the one the store names.
+//!
+//! A save is whole in the bucket before the store points at it, and the store points at it
+//! before the home's copy is replaced: whatever step fails, the snapshot the store names is
+//! whole somewhere, and a node that finds its own copy out of date downloads the right one.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::engine::EngineInner;
+use crate::error::{Error, Result};
+use crate::snapshot;
+
+/// Where a machine's snapshot is kept in the bucket.
+pub(crate) fn machine_area(machine: &str) -> String {
+    format!("machines/{machine}/snapshot")
+}
+
+/// Where a machine's checkpoint is kept in the bucket.
+pub(crate) fn checkpoint_area(machine: &str, checkpoint: &str) -> String {
+    format!("machines/{machine}/checkpoints/{checkpoint}")
+}
+
+/// Everything of a machine's in the bucket (its snapshot and checkpoints).
+fn machine_root(machine: &str) -> String {
+    format!("machines/{machine}")
+}
+
+/// Uploads the sealed snapshot in `dir` as AREA's; its checksum, or `None` when snapshots are
+/// kept on the home's disk only.
+pub(crate) async fn publish(
+    engine: &EngineInner,
+    area: &str,
+    dir: &Path,
+) -> Result<Option<String>> {
+    let Some(bucket) = &engine.bucket else {
+        return Ok(None);
+    };
+    let started = std::time::Instant::now();
+    let uploaded = bucket.upload(area, dir).await;
+    let seconds = started.elapsed().as_secs_f64();
+    engine.metrics.bucket_upload(uploaded.is_ok(), seconds);
+    let manifest = uploaded?;
+    tracing::debug!(
+        area,
+        bytes = manifest.bytes,
+        "uploaded a snapshot in {:.1} ms",
+        seconds * 1e3
+    );
+    Ok(Some(manifest.sha256))
+}
+
+/// Removes AREA's snapshot `sha256` from the bucket (one no longer pointed at), logging a
+/// failure: what is left behind is unreferenced.
+pub(crate) async fn retire(engine: &EngineInner, area: &str, sha256: &str) {
+    if let Some(bucket) = &engine.bucket
+        && let Err(e) = bucket.remove(area, sha256).await
+    {
+        tracing::warn!(area, "cannot remove an old snapshot from the bucket: {e}");
+    }
+}
+
+/// Removes everything of a deleted machine's from the bucket, logging a failure.
+pub(crate) async fn forget_machine(engine: &EngineInner, machine: &str) {
+    if let Some(bucket) = &engine.bucket
+        && let Err(e) = bucket.remove_area(&machine_root(machine)).await
+    {
+        tracing::warn!(
+            machine,
+            "cannot remove the machine's snapshots from the bucket: {e}"
+        );
+    }
+}
+
+/// Makes `target` hold AREA's snapshot `sha256`: the home's copy when it is that one, else a
+/// download (checked) that replaces it. Nothing to do without a bucket.
+pub(crate) async fn fetch(
+    engine: &Arc<EngineInner>,
+    area: &str,
+    sha256: &str,
+    target: &Path,
+) -> Result<()> {
+    let Some(bucket) = &engine.bucket else {
+        return Ok(());
+    };
+    let current = {
+        let target = target.to_path_buf();
+        tokio::task::spawn_blocking(move || local_checksum(&target))
+            .await
+            .map_err(|e| Error::internal(format!("reading a snapshot's manifest stopped: {e}")))?
+    };
+    if current.as_deref() == Some(sha256) {
+        engine.metrics.snapshot_fetched("cache");
+        return Ok(());
+    }
+    let staging = {
+        let target = target.to_path_buf();
+        tokio::task::spawn_blocking(move || snapshot::staging_beside(&target))
+            .await
+            .map_err(|e| Error::internal(format!("preparing a download stopped: {e}")))??
+    };
+    let started = std::time::Instant::now();
+    let downloaded = bucket
+        .download(area, sha256, &staging, engine.restorable())
+        .await;
+    engine
+        .metrics
+        .bucket_download(downloaded.is_ok(), started.elapsed().as_secs_f64());
+    let installed = match downloaded {
+        Ok(_) => {
+            let (staging, target) = (staging.clone(), target.to_path_buf());
+            tokio::task::spawn_blocking(move || snapshot::install_at(&staging, &target))
+                .await
+                .map_err(|e| Error::internal(format!("installing a download stopped: {e}")))
+                .and_then(|r| r)
+        }
+        Err(e) => Err(e),
+    };
+    if installed.is_err() {
+        let _ = tokio::fs::remove_dir_all(&staging).await;
+    }
+    installed?;
+    engine.metrics.snapshot_fetched("bucket");
+    tracing::debug!(
+        area,
+        "downloaded a snapshot in {:.1} ms",
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+/// The checksum the manifest in `dir` names, if it has a readable one and was not found
+/// damaged (a damaged copy is replaced by a download).
+fn local_checksum(dir: &Path) -> Option<String> {
+    if snapshot::marked_damaged(dir) {
+        return None;
+    }
+    let text = std::fs::read(dir.join(snapshot::MANIFEST)).ok()?;
+    snapshot::parse_manifest(&text, &|_| true)
+        .ok()
+        .map(|m| m.sha256)
+}
