@@ -620,6 +620,23 @@ pub fn remove(home: &Path, machine: &str) -> Result<()> {
     remove_dir(&machine_dir(home, machine))
 }
 
+/// Removes the home's copy of a machine's snapshot (one the bucket keeps): renamed to a scratch
+/// name first, so that nothing finds it half removed.
+pub fn remove_copy(home: &Path, machine: &str) -> Result<()> {
+    use rand::Rng;
+    let target = snapshot_dir(home, machine);
+    let scratch = target.with_file_name(format!(
+        "{SCRATCH_BUILDING}evicted-{}-{:08x}",
+        std::process::id(),
+        rand::rng().random::<u32>()
+    ));
+    match std::fs::rename(&target, &scratch) {
+        Ok(()) => remove_dir(&scratch),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Removes one checkpoint's files.
 pub fn remove_checkpoint(home: &Path, machine: &str, checkpoint: &str) -> Result<()> {
     remove_dir(&checkpoint_dir(home, machine, checkpoint))

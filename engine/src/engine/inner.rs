@@ -55,6 +55,8 @@ pub(crate) struct EngineInner {
     pub(crate) closing: AtomicBool,
     /// True while a task is swapping machines out to get back within the resident budget.
     pub(crate) trimming: AtomicBool,
+    /// True while a task removes copies of snapshots to keep the home's cache within bounds.
+    pub(crate) evicting: AtomicBool,
     /// The home's lock, held until shutdown (or drop).
     pub(crate) home_lock: Mutex<Option<File>>,
     disk: Mutex<HashMap<String, DiskFacts>>,
@@ -85,6 +87,7 @@ impl EngineInner {
             deleting: Mutex::new(HashSet::new()),
             closing: AtomicBool::new(false),
             trimming: AtomicBool::new(false),
+            evicting: AtomicBool::new(false),
             home_lock: Mutex::new(Some(home_lock)),
             disk: Mutex::new(HashMap::new()),
             rates: Mutex::new(HashMap::new()),

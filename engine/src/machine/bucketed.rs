@@ -8,10 +8,13 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use crate::engine::EngineInner;
 use crate::error::{Error, Result};
 use crate::snapshot;
+use crate::sync::lock;
 
 /// Where a machine's snapshot is kept in the bucket.
 pub(crate) fn machine_area(machine: &str) -> String {
@@ -123,6 +126,7 @@ pub(crate) async fn fetch(
     }
     installed?;
     engine.metrics.snapshot_fetched("bucket");
+    keep_cache_within_bound(engine);
     tracing::debug!(
         area,
         "downloaded a snapshot in {:.1} ms",
@@ -141,4 +145,112 @@ fn local_checksum(dir: &Path) -> Option<String> {
     snapshot::parse_manifest(&text, &|_| true)
         .ok()
         .map(|m| m.sha256)
+}
+
+/// Keeps the home's copies of machines' snapshots within `snapshot_cache_mb` (in the
+/// background): past it, the copies of the machines used least recently are removed, resident
+/// machines' never, and only copies of snapshots the bucket holds. Checkpoints' copies stay
+/// (they count against the account's disk limit).
+pub(crate) fn keep_cache_within_bound(engine: &Arc<EngineInner>) {
+    if engine.bucket.is_none() || engine.evicting.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let engine = Arc::clone(engine);
+    tokio::spawn(async move {
+        if let Err(e) = evict_past_bound(&engine).await {
+            tracing::warn!("cannot keep the snapshot cache within its bound: {e}");
+        }
+        engine.evicting.store(false, Ordering::SeqCst);
+    });
+}
+
+/// A copy of a machine's snapshot on the home's disk.
+struct Copy {
+    machine: String,
+    bytes: u64,
+    /// How long the machine was not used (the longest for machines without a handle now).
+    idle_for: Duration,
+    resident: bool,
+}
+
+async fn evict_past_bound(engine: &Arc<EngineInner>) -> Result<()> {
+    let bound = engine.config.snapshot_cache_mb.saturating_mul(1024 * 1024);
+    let inner = Arc::clone(engine);
+    let mut copies = tokio::task::spawn_blocking(move || {
+        let loaded: std::collections::HashMap<String, (Duration, bool)> = lock(&inner.machines)
+            .iter()
+            .map(|(name, handle)| (name.clone(), (handle.idle_for(), handle.resident())))
+            .collect();
+        snapshot::machines_with_snapshots(&inner.config.home)
+            .into_iter()
+            .map(|machine| {
+                let (idle_for, resident) = loaded
+                    .get(&machine)
+                    .copied()
+                    .unwrap_or((Duration::MAX, false));
+                Copy {
+                    bytes: inner.disk_facts(&machine).snapshot_bytes,
+                    machine,
+                    idle_for,
+                    resident,
+                }
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .map_err(|e| Error::internal(format!("measuring the snapshot cache stopped: {e}")))?;
+    let mut total: u64 = copies.iter().map(|c| c.bytes).sum();
+    if total <= bound {
+        return Ok(());
+    }
+    copies.retain(|c| !c.resident);
+    copies.sort_by_key(|c| std::cmp::Reverse(c.idle_for));
+    for copy in copies {
+        if total <= bound {
+            break;
+        }
+        let handle = lock(&engine.machines).get(&copy.machine).cloned();
+        let dropped = match handle {
+            // Its task removes it between instructions, never under a restore.
+            Some(handle) => handle.drop_copy().await,
+            None => {
+                // No handle can be made for it meanwhile.
+                let _membership = engine.membership.lock().await;
+                if lock(&engine.machines).contains_key(&copy.machine) {
+                    Ok(false)
+                } else {
+                    drop_copy(engine, &copy.machine).await
+                }
+            }
+        };
+        match dropped {
+            Ok(true) => total = total.saturating_sub(copy.bytes),
+            Ok(false) => {}
+            Err(e) => tracing::debug!(machine = copy.machine, "its copy stays: {e}"),
+        }
+    }
+    Ok(())
+}
+
+/// Removes the home's copy of the machine's snapshot if the store names one in the bucket (the
+/// caller makes sure that nothing restores the machine meanwhile); whether it did.
+pub(super) async fn drop_copy(engine: &EngineInner, machine: &str) -> Result<bool> {
+    let kept_in_bucket = engine
+        .store
+        .machine(machine)
+        .await?
+        .is_some_and(|r| r.snapshot_sha256.is_some());
+    if !kept_in_bucket {
+        return Ok(false);
+    }
+    let (home, name) = (engine.config.home.clone(), machine.to_owned());
+    tokio::task::spawn_blocking(move || snapshot::remove_copy(&home, &name))
+        .await
+        .map_err(|e| Error::internal(format!("removing a snapshot's copy stopped: {e}")))??;
+    engine.forget_disk_facts(machine);
+    tracing::debug!(
+        machine,
+        "removed the home's copy of its snapshot (the bucket keeps it)"
+    );
+    Ok(true)
 }

@@ -112,6 +112,9 @@ enum Control {
     },
     /// Compress the snapshot of a swapped machine; answers whether it did.
     Compress(oneshot::Sender<Result<bool>>),
+    /// Remove the home's copy of a swapped machine's snapshot, if the bucket keeps it; answers
+    /// whether it did.
+    DropCopy(oneshot::Sender<Result<bool>>),
 }
 
 /// The engine's handle on one machine.
@@ -521,6 +524,12 @@ impl MachineHandle {
     pub(crate) async fn copy_out(&self, to: PathBuf, reseed: bool) -> Result<i64> {
         self.control(|reply| Control::CopyOut { to, reseed, reply })
             .await
+    }
+
+    /// Removes the home's copy of the machine's snapshot when it is swapped, idle, and its
+    /// snapshot is in the bucket; whether it did.
+    pub(crate) async fn drop_copy(&self) -> Result<bool> {
+        self.control(Control::DropCopy).await
     }
 
     /// Replaces the machine's state with the snapshot in `from` (between instructions).

@@ -560,6 +560,7 @@ async fn commit_saved(
     {
         bucketed::retire(engine, &area, &previous).await;
     }
+    bucketed::keep_cache_within_bound(engine);
     Ok(manifest)
 }
 

@@ -126,7 +126,7 @@ pub(super) async fn run(
             Control::CopyOut { reply, .. } => {
                 let _ = reply.send(Err(gone()));
             }
-            Control::Compress(reply) => {
+            Control::Compress(reply) | Control::DropCopy(reply) => {
                 let _ = reply.send(Err(gone()));
             }
         }
@@ -244,6 +244,14 @@ async fn handle_control(
                 compress_swapped(engine, machine, crate::sandbox::Effort::Small).await
             };
             let _ = reply.send(compressed);
+        }
+        Control::DropCopy(reply) => {
+            let dropped = if resident.is_some() || machine.has_pending_work() {
+                Ok(false)
+            } else {
+                super::bucketed::drop_copy(engine, machine.name.as_str()).await
+            };
+            let _ = reply.send(dropped);
         }
         Control::Rollback { from, reply } => {
             let was_resident = resident.is_some();

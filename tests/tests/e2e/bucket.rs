@@ -147,3 +147,35 @@ async fn a_machine_saved_on_one_home_comes_back_on_another() {
     );
     engine_a.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_homes_copies_stay_within_the_cache_bound() {
+    let Some(shared) = Shared::create() else {
+        return;
+    };
+    let home = tempfile::tempdir().unwrap();
+    let mut config = shared.config(home.path());
+    // Smaller than any snapshot: every swapped machine's copy goes.
+    config.snapshot_cache_mb = 1;
+    let engine = Engine::open(config).await.unwrap();
+    let account = engine.ensure_account("local").await.unwrap();
+    let client = evervm::Client::from_engine(engine.clone(), account);
+    let machine = super::new_machine(&client, Some("minimal")).await;
+    value(&machine, "y = 'kept in the bucket'").await;
+    machine.swap_out().await.unwrap();
+    let dir = evervm::engine::snapshot::snapshot_dir(home.path(), machine.name());
+    // The copy is removed in the background, soon after the save.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while dir.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the home's copy of {} stayed past the bound",
+            machine.name()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(value(&machine, "y").await, "'kept in the bucket'");
+    assert_eq!(fetches(&engine, "bucket").await, 1);
+    machine.delete().await.unwrap();
+    engine.shutdown().await;
+}
