@@ -74,6 +74,15 @@ enum Command {
         /// ones (EVERVM_SNAPSHOT_CACHE_MB). Default: the home's disk only.
         #[arg(long, env = "EVERVM_SNAPSHOTS", value_name = "URL")]
         snapshots: Option<String>,
+        /// Run as a node of a cluster: where the other nodes reach this server
+        /// (`http://HOST:PORT`). The nodes share --database and --snapshots; each machine runs
+        /// on one node at a time, and requests reaching another node are forwarded to it.
+        #[arg(long, env = "EVERVM_ADVERTISE", value_name = "URL")]
+        advertise: Option<String>,
+        /// This node's id, unique in the cluster and the same across its restarts (default:
+        /// the host's name).
+        #[arg(long, env = "EVERVM_NODE_ID", value_name = "ID")]
+        node_id: Option<String>,
         /// The most network a machine may ask for: `none`, `allow` (its own list of names and
         /// blocks) or `public` (the default).
         #[arg(long, env = "EVERVM_NETWORK_MAX", value_name = "MODE")]
@@ -365,6 +374,8 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
             network_default,
             network_max,
             snapshots,
+            advertise,
+            node_id,
         } => {
             let options = ServeOptions {
                 home: target.home.clone(),
@@ -373,6 +384,8 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
                 network_max,
                 database: target.database.clone(),
                 snapshots,
+                advertise,
+                node_id,
             };
             serve(listen, options).await
         }

@@ -64,6 +64,9 @@ pub(crate) struct Metrics {
     bucket_download_seconds: Histogram,
     /// Restores of a snapshot kept in the bucket, by where it came from (cache, bucket).
     restore_sources: Family<SourceLabel, Counter>,
+    /// In a cluster: its nodes by state (alive, dead), and the leases this node holds.
+    cluster_nodes: Family<StateLabel, Gauge>,
+    node_leases: Gauge,
     /// Account names by id, as the engine has seen them.
     account_names: Mutex<HashMap<i64, String>>,
 }
@@ -90,6 +93,8 @@ impl Default for Metrics {
             bucket_downloads: Family::default(),
             bucket_download_seconds: latency(),
             restore_sources: Family::default(),
+            cluster_nodes: Family::default(),
+            node_leases: Gauge::default(),
             account_names: Mutex::new(HashMap::new()),
         };
         registry.register(
@@ -179,6 +184,18 @@ impl Default for Metrics {
             "Snapshots kept in the bucket made ready for a restore, by source (cache: the copy \
              on the home's disk was current; bucket: downloaded)",
             metrics.restore_sources.clone(),
+        );
+        registry.register(
+            "cluster_nodes",
+            "In a cluster, its nodes by state (alive: renewed its leases within one lease's \
+             length; dead)",
+            metrics.cluster_nodes.clone(),
+        );
+        registry.register(
+            "node_leases",
+            "In a cluster, the machines this node holds the lease of (as its last heartbeat \
+             renewed them)",
+            metrics.node_leases.clone(),
         );
         // Every label value from the start (at 0), so that a series never appears out of
         // nowhere and the families show before anything happened.
@@ -316,7 +333,18 @@ impl Metrics {
         by_state: &[(&str, i64)],
         by_account: &[(String, i64)],
         snapshot_bytes: u64,
+        cluster: Option<Cluster>,
     ) -> String {
+        if let Some(cluster) = cluster {
+            for (state, count) in [("alive", cluster.alive), ("dead", cluster.dead)] {
+                self.cluster_nodes
+                    .get_or_create(&StateLabel {
+                        state: state.to_owned(),
+                    })
+                    .set(count);
+            }
+            self.node_leases.set(cluster.leases);
+        }
         for (state, count) in by_state {
             self.machines
                 .get_or_create(&StateLabel {
@@ -340,6 +368,14 @@ impl Metrics {
         }
         text
     }
+}
+
+/// What a node of a cluster reports in its metrics.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Cluster {
+    pub(crate) alive: i64,
+    pub(crate) dead: i64,
+    pub(crate) leases: i64,
 }
 
 fn outcome(ok: bool) -> Outcome {

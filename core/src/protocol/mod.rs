@@ -580,6 +580,30 @@ pub struct HealthResponse {
     pub backend_version: String,
 }
 
+/// The nodes of the cluster this server belongs to (`GET /v1/nodes`, evervm's own).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
+pub struct NodesResponse {
+    /// This server's node id; null when it is no node of a cluster (then `nodes` is empty).
+    pub this_node: Option<String>,
+    pub nodes: Vec<ApiNode>,
+}
+
+/// One evervm server sharing the database with others.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
+pub struct ApiNode {
+    pub id: String,
+    /// Where the other nodes forward its machines' requests.
+    pub address: String,
+    pub started_at: chrono::DateTime<chrono::Utc>,
+    /// When it last renewed its leases.
+    pub heartbeat_at: chrono::DateTime<chrono::Utc>,
+    /// Whether it renewed them within one lease's length: a node that is not alive runs no
+    /// machine (its machines come back on others).
+    pub alive: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

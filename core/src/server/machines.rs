@@ -26,6 +26,30 @@ pub(crate) async fn whoami(Authed(account): Authed) -> Json<WhoamiResponse> {
     })
 }
 
+/// `GET /v1/nodes`: the cluster's nodes (any account's token may read them).
+pub(crate) async fn nodes(
+    State(state): State<AppState>,
+    Authed(_account): Authed,
+) -> ApiResult<crate::protocol::NodesResponse> {
+    let nodes = state
+        .engine
+        .nodes()
+        .await?
+        .into_iter()
+        .map(|(node, alive)| crate::protocol::ApiNode {
+            id: node.id,
+            address: node.address,
+            started_at: node.started_at,
+            heartbeat_at: node.heartbeat_at,
+            alive,
+        })
+        .collect();
+    Ok(Json(crate::protocol::NodesResponse {
+        this_node: state.engine.node_id().map(str::to_owned),
+        nodes,
+    }))
+}
+
 /// `POST /v1/machine/new`: the body may be empty, `null` or an object.
 pub(crate) async fn create(
     State(state): State<AppState>,

@@ -29,6 +29,7 @@ pub(crate) mod error;
 mod exec;
 pub(crate) mod extract;
 mod files;
+mod forward;
 mod machines;
 mod mcp;
 mod open;
@@ -69,6 +70,7 @@ pub(crate) mod paths {
     pub(crate) const OPENAPI: &str = "/openapi.json";
     pub(crate) const SIGNUP: &str = "/internal/signup";
     pub(crate) const WHOAMI: &str = "/v1/whoami";
+    pub(crate) const NODES: &str = "/v1/nodes";
     pub(crate) const MACHINE_NEW: &str = "/v1/machine/new";
     pub(crate) const MACHINE_LIST: &str = "/v1/machine/list";
     pub(crate) const MACHINE: &str = "/v1/machine/{machine_name}";
@@ -101,6 +103,7 @@ pub(crate) mod paths {
         OPENAPI,
         SIGNUP,
         WHOAMI,
+        NODES,
         MACHINE_NEW,
         MACHINE_LIST,
         MACHINE,
@@ -155,6 +158,7 @@ pub fn router_with_metrics_token(engine: Engine, metrics_token: Option<String>) 
         .route(paths::OPENAPI, get(openapi::openapi))
         .route(paths::SIGNUP, post(signup))
         .route(paths::WHOAMI, get(machines::whoami))
+        .route(paths::NODES, get(machines::nodes))
         .route(paths::MACHINE_NEW, post(machines::create))
         .route(
             paths::MACHINE_LIST,
@@ -206,11 +210,16 @@ pub fn router_with_metrics_token(engine: Engine, metrics_token: Option<String>) 
                     mcp::authenticate,
                 )),
         )
-        .with_state(state);
+        .with_state(state.clone());
+    let state_for_forwarding = state;
     // Routing happens inside `api`, after the outer layers have run: that is what lets
     // `normalize` rewrite the path before it is matched.
     Router::new()
         .fallback_service(api)
+        .layer(middleware::from_fn_with_state(
+            state_for_forwarding,
+            forward::to_owner,
+        ))
         .layer(middleware::from_fn(log_request))
         .layer(middleware::from_fn(close_after_refusal))
         .layer(middleware::map_request(normalize))

@@ -29,6 +29,12 @@ pub struct ServeOptions {
     /// `EVERVM_SNAPSHOTS`; endpoint and credentials from the standard `AWS_*` environment); the
     /// home's disk only when `None`.
     pub snapshots: Option<String>,
+    /// Where the other nodes of a cluster reach this server (`--advertise http://HOST:PORT`,
+    /// `EVERVM_ADVERTISE`): given, the server is a node of a cluster sharing `database` and
+    /// `snapshots` with the others.
+    pub advertise: Option<String>,
+    /// This node's id (`--node-id`, `EVERVM_NODE_ID`; the host's name when `None`).
+    pub node_id: Option<String>,
 }
 
 /// Why a server does not start on the process backend unless it is asked for by name.
@@ -63,6 +69,18 @@ pub async fn open(options: ServeOptions) -> Result<Server> {
     config.database = crate::admin::database(options.database.as_deref())?;
     if let Some(url) = options.snapshots.as_deref() {
         config.snapshots = Some(evervm_engine::bucket::BucketSettings::parse(url)?);
+    }
+    if let Some(advertise) = options.advertise.as_deref() {
+        let id = match options.node_id {
+            Some(id) => id,
+            None => host_name()?,
+        };
+        config.node = Some(evervm_engine::NodeSettings::new(&id, advertise)?);
+    } else if options.node_id.is_some() {
+        return Err(Error::invalid(
+            "--node-id names a node of a cluster: give --advertise too (where the other nodes \
+             reach this one)",
+        ));
     }
     if let Some(default) = options.network_default.as_deref() {
         config.network_default = match crate::types::NetworkMode::parse(default)? {
@@ -137,4 +155,16 @@ impl Server {
     pub async fn shutdown(self) {
         self.engine.shutdown().await;
     }
+}
+
+/// This host's name, the default id of a node.
+fn host_name() -> Result<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .map_err(|e| {
+            Error::invalid(format!(
+                "cannot read this host's name ({e}): give --node-id"
+            ))
+        })?;
+    Ok(name.trim().to_owned())
 }

@@ -69,7 +69,7 @@ mod tests {
         ExecResponse, ExecResultResponse, ForkMachineRequest, HealthResponse, InstallRequest,
         InstallResponse, InterruptResponse, ListCheckpointsResponse, ListMachinesRequest,
         ListMachinesResponse, MachineInfoResponse, MessageFromServer, MessageToServer,
-        SignupRequest, SwapResponse, WhoamiResponse,
+        NodesResponse, SignupRequest, SwapResponse, WhoamiResponse,
     };
     use crate::server::paths;
     use crate::types::{FileInfo, FileList};
@@ -117,6 +117,7 @@ mod tests {
                 ByHand,
             ),
             ("get", paths::WHOAMI, None, Json(body::<WhoamiResponse>)),
+            ("get", paths::NODES, None, Json(body::<NodesResponse>)),
             (
                 "post",
                 paths::MACHINE_NEW,

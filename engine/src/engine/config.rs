@@ -254,6 +254,10 @@ pub struct EngineConfig {
     /// bucket may take (MiB, `EVERVM_SNAPSHOT_CACHE_MB`, default 10240): past it the least
     /// recently used are removed from the disk (the bucket keeps them). Only with `snapshots`.
     pub snapshot_cache_mb: u64,
+    /// This engine as a node of a cluster (`--advertise`, `--node-id`): it shares the database
+    /// and the bucket with other nodes, owns the machines it runs through leases, and the server
+    /// forwards requests for the others' machines. Needs `database` and `snapshots`.
+    pub node: Option<super::node::NodeSettings>,
     #[doc(hidden)]
     pub hooks: Hooks,
 }
@@ -345,6 +349,7 @@ impl EngineConfig {
             database: None,
             snapshots: None,
             snapshot_cache_mb: positive("EVERVM_SNAPSHOT_CACHE_MB").unwrap_or(10 * 1024),
+            node: None,
             hooks: Hooks::default(),
         }
     }

@@ -44,6 +44,8 @@ pub(crate) struct EngineInner {
     pub(crate) store: Arc<dyn Metadata>,
     /// Where snapshots are kept beyond the home (`--snapshots`).
     pub(crate) bucket: Option<crate::bucket::Bucket>,
+    /// This engine's standing as a node of a cluster, when it is one.
+    pub(crate) node: Option<super::node::Node>,
     pub(crate) backend: Arc<dyn SandboxBackend>,
     pub(crate) pool: Pool,
     pub(crate) machines: Mutex<HashMap<String, Arc<MachineHandle>>>,
@@ -77,6 +79,7 @@ impl EngineInner {
         let packages =
             crate::packages::index::PackageIndex::new(&config.packages, config.home.join("wheels"));
         Self {
+            node: config.node.clone().map(super::node::Node::new),
             config,
             store,
             bucket,

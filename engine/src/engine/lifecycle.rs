@@ -83,6 +83,18 @@ impl Engine {
     /// they are now.
     pub async fn metrics_text(&self) -> Result<String> {
         let machines = self.inner.store.machine_accounts().await?;
+        let cluster = match &self.inner.node {
+            Some(node) => {
+                let nodes = self.nodes().await?;
+                let alive = nodes.iter().filter(|(_, alive)| *alive).count();
+                Some(crate::metrics::Cluster {
+                    alive: i64::try_from(alive).unwrap_or(i64::MAX),
+                    dead: i64::try_from(nodes.len() - alive).unwrap_or(i64::MAX),
+                    leases: i64::try_from(node.leases()).unwrap_or(i64::MAX),
+                })
+            }
+            None => None,
+        };
         let inner = Arc::clone(&self.inner);
         tokio::task::spawn_blocking(move || {
             let mut by_state: BTreeMap<&str, i64> = ["resident", "swapped", "damaged", "stopped"]
@@ -108,7 +120,9 @@ impl Engine {
             }
             let by_state: Vec<(&str, i64)> = by_state.into_iter().collect();
             let by_account: Vec<(String, i64)> = by_account.into_iter().collect();
-            inner.metrics.encode(&by_state, &by_account, snapshot_bytes)
+            inner
+                .metrics
+                .encode(&by_state, &by_account, snapshot_bytes, cluster)
         })
         .await
         .map_err(|e| Error::internal(format!("reading the metrics stopped: {e}")))

@@ -13,6 +13,7 @@ mod home;
 mod inner;
 mod lifecycle;
 mod machines;
+mod node;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -26,6 +27,7 @@ pub use self::home::{
     revoke_token_in_home, revoke_token_in_store,
 };
 pub(crate) use self::inner::EngineInner;
+pub use self::node::NodeSettings;
 use crate::error::Result;
 use crate::pool::{Pool, Shape};
 use crate::sync::lock;
@@ -53,7 +55,18 @@ impl Engine {
     pub async fn open(config: EngineConfig) -> Result<Self> {
         home::create_home(&config.home)?;
         let lock_file = home::lock_home(&config.home)?;
-        let store = crate::store::open(config.database.as_ref(), &config.home).await?;
+        if config.node.is_some() && (config.database.is_none() || config.snapshots.is_none()) {
+            return Err(crate::Error::invalid(
+                "a node of a cluster shares a PostgreSQL database (--database) and a bucket                  (--snapshots) with the others: give both, or leave out --advertise",
+            ));
+        }
+        // One server per database, unless the servers sharing it are nodes of one cluster.
+        let store = crate::store::open(
+            config.database.as_ref(),
+            &config.home,
+            config.node.is_none(),
+        )
+        .await?;
         let bucket = match &config.snapshots {
             Some(settings) => Some(crate::bucket::Bucket::open(settings).await?),
             None => None,
@@ -80,6 +93,7 @@ impl Engine {
         let engine = Self {
             inner: Arc::new(inner),
         };
+        engine.join_cluster().await?;
         Pool::refill(&engine.inner, &engine.default_shape());
         tokio::spawn(lifecycle::delete_expired_machines(Arc::downgrade(
             &engine.inner,
@@ -206,6 +220,7 @@ impl Engine {
             }
             handle.stop().await;
         }
+        self.leave_cluster().await;
         self.inner.pool.drain().await;
         self.inner.backend.shutdown().await;
         // Everything stored before the home is handed over.

@@ -92,6 +92,8 @@ struct MachineState {
     snapshot_compressed: bool,
     /// The checksum of its snapshot in the bucket (with `--snapshots`), as last saved or read.
     snapshot_sha256: Option<String>,
+    /// This node's lease on it, while this node runs it (in a cluster).
+    lease: Option<crate::store::Lease>,
 }
 
 /// Work on a machine's state that its task does between instructions.
@@ -348,12 +350,53 @@ impl MachineHandle {
         sha256: Option<String>,
     ) -> Result<Option<String>> {
         let name = self.name.to_string();
-        engine.store.mark_saved(&name, sha256.as_deref()).await?;
+        let lease = lock(&self.state).lease.clone();
+        match &lease {
+            // Fenced: refused once another node took the machine.
+            Some(lease) => {
+                engine
+                    .store
+                    .mark_saved_fenced(lease, sha256.as_deref())
+                    .await?;
+            }
+            None => engine.store.mark_saved(&name, sha256.as_deref()).await?,
+        }
         let mut state = lock(&self.state);
         state.marked_unsaved = false;
         state.snapshot_at = Some(chrono::Utc::now());
         state.snapshot_compressed = false;
         Ok(std::mem::replace(&mut state.snapshot_sha256, sha256))
+    }
+
+    /// Notes this node's lease on the machine, and what the store says of it now: another node
+    /// may have run it since this one did, saved it, or stopped with changes unsaved.
+    async fn took_lease(&self, engine: &EngineInner, lease: crate::store::Lease) -> Result<()> {
+        let name = self.name.to_string();
+        let record = engine
+            .store
+            .machine(&name)
+            .await?
+            .ok_or_else(|| Error::machine_not_found(&name))?;
+        let mut state = lock(&self.state);
+        state.lease = Some(lease);
+        state.snapshot_at = record.snapshot_at;
+        state.snapshot_sha256 = record.snapshot_sha256;
+        state.marked_unsaved = record.unsaved_since.is_some();
+        if let Some(since) = record.unsaved_since
+            && state.recovering_from.is_none()
+        {
+            state.recovering_from = Some(format!(
+                "the node that ran it stopped with changes since {} not saved",
+                since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ));
+            state.ended_abnormally = true;
+        }
+        Ok(())
+    }
+
+    /// Takes this node's lease on the machine out of its state (to give it up).
+    fn lease_given_up(&self) -> Option<crate::store::Lease> {
+        lock(&self.state).lease.take()
     }
 
     /// The checksum of the machine's snapshot in the bucket as the store has it now (another
@@ -406,6 +449,12 @@ impl MachineHandle {
         }
         self.touch();
         let name = self.name.to_string();
+        // In a cluster, an instruction is accepted only by the node that may run it: one
+        // that another node runs is refused before it is stored.
+        let leased = lock(&self.state).lease.is_some();
+        if !leased && let Some(lease) = engine.take_lease(&name).await? {
+            self.took_lease(engine, lease).await?;
+        }
         let timeout_ms = timeout.as_millis() as u64;
         let stored_code = code.clone();
         let seq = engine

@@ -47,11 +47,26 @@ pub(super) async fn become_resident(
 
 /// A sandbox for a machine that has none: its snapshot restored when it has one (refused, with
 /// the reason, when the snapshot is damaged), else a fresh one from the pool. The account's
-/// resident memory limit is made room for first.
+/// resident memory limit is made room for first. In a cluster, this node takes the machine's
+/// lease first (refused when another node runs it) and gives it up again if this fails.
 pub(super) async fn acquire(
     engine: &Arc<EngineInner>,
     machine: &MachineHandle,
 ) -> Result<Resident> {
+    if let Some(lease) = engine.take_lease(machine.name.as_str()).await? {
+        machine.took_lease(engine, lease).await?;
+    }
+    let acquired = acquire_here(engine, machine).await;
+    if acquired.is_err()
+        && let Some(lease) = machine.lease_given_up()
+    {
+        engine.release_lease(&lease).await;
+    }
+    acquired
+}
+
+/// [`acquire`] once this node may run the machine.
+async fn acquire_here(engine: &Arc<EngineInner>, machine: &MachineHandle) -> Result<Resident> {
     engine
         .make_room_for(
             machine.account_id,
@@ -430,6 +445,14 @@ pub(super) async fn save(
     engine.forget_disk_facts(&name);
     let manifest = match committed {
         Ok(manifest) => manifest,
+        Err(e) if engine.node.is_some() && e.kind() == ErrorKind::Conflict => {
+            // Another node took the machine: this one must not run it any more.
+            let _ = tokio::fs::remove_dir_all(&staging).await;
+            current.kill().await;
+            machine.lease_given_up();
+            machine.ended_abnormally(format!("this node lost it to another: {e}"));
+            return Err(e);
+        }
         Err(e) if in_place => {
             // The previous snapshot is untouched, and the machine runs on with its state.
             let _ = tokio::fs::remove_dir_all(&staging).await;
@@ -470,6 +493,10 @@ pub(super) async fn save(
         *resident = Some(current);
     } else {
         drop(current);
+        // Swapped out: any node may take it next.
+        if let Some(lease) = machine.lease_given_up() {
+            engine.release_lease(&lease).await;
+        }
     }
     // A swap-out may stay on disk for long: compressed now where `compress_after` is 0, else
     // later in the background. A compression that fails leaves the snapshot as it is.

@@ -279,16 +279,20 @@ fn after(ttl: std::time::Duration) -> Result<String> {
         .ok_or_else(|| Error::invalid(format!("a lease of {ttl:?} is too long")))
 }
 
-/// Opens the store an engine runs on: PostgreSQL at `database` when given (refused while another
-/// server uses that database), else SQLite at `evervm.db` in `home`.
+/// Opens the store an engine runs on: PostgreSQL at `database` when given (with `alone`, refused
+/// while another server uses that database; nodes of a cluster share it), else SQLite at
+/// `evervm.db` in `home`.
 pub(crate) async fn open(
     database: Option<&PostgresSettings>,
     home: &std::path::Path,
+    alone: bool,
 ) -> Result<std::sync::Arc<dyn Metadata>> {
     Ok(match database {
         Some(settings) => {
             let store = PostgresStore::connect(settings).await?;
-            store.hold_for_this_server().await?;
+            if alone {
+                store.hold_for_this_server().await?;
+            }
             std::sync::Arc::new(store)
         }
         None => {

@@ -217,9 +217,9 @@ impl PostgresStore {
             return Err(Error::new(
                 crate::ErrorKind::Conflict,
                 format!(
-                    "another evervm server uses the database {} (one server per database for \
-                     now: nodes that share one are not built yet); stop it or give this server \
-                     a database of its own",
+                    "another evervm server uses the database {}: stop it, give this server a \
+                     database of its own, or run both as nodes of one cluster (--advertise, \
+                     with --snapshots)",
                     self.database
                 ),
             ));

@@ -1,0 +1,335 @@
+//! Three `evervm serve` nodes on loopback sharing one PostgreSQL database and one bucket (gVisor):
+//! machines run on one owner whichever node they were created through, requests (and
+//! WebSockets) reaching another node are forwarded to the owner, a machine swapped on one node
+//! comes back on another with its state, a node killed with SIGKILL loses no acknowledged state
+//! of a machine with `durability = instruction`, and nodes racing for one machine never run it
+//! both. Needs the test PostgreSQL server and bucket (`scripts/test.sh` starts both).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use evervm::{Client, CreateMachineOptions};
+
+const EVERVM: &str = env!("CARGO_BIN_EXE_evervm");
+
+/// Leases of 3 s: a dead node's machines wait at most that long.
+const LEASE_SECS: &str = "3";
+
+struct Node {
+    url: String,
+    killed: bool,
+    child: Child,
+    _home: tempfile::TempDir,
+    log: tempfile::NamedTempFile,
+}
+
+impl Node {
+    fn start(id: &str, database: &str, bucket: &str) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url = format!("http://127.0.0.1:{port}");
+        let home = tempfile::tempdir().unwrap();
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let mut child = Command::new(EVERVM)
+            .args(["serve", "--backend", "gvisor", "--listen"])
+            .arg(format!("127.0.0.1:{port}"))
+            .args(["--advertise", &url, "--node-id", id])
+            .args(["--database", database, "--snapshots", bucket])
+            .arg("--home")
+            .arg(home.path())
+            .env("EVERVM_LEASE_SECS", LEASE_SECS)
+            .env("EVERVM_IDLE_SWAP_SECS", "0")
+            .env("EVERVM_LOG", "debug")
+            .env_remove("EVERVM_URL")
+            .env_remove("EVERVM_TOKEN")
+            .stdout(Stdio::piped())
+            .stderr(log.reopen().unwrap())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        loop {
+            let Some(Ok(line)) = lines.next() else {
+                let log = std::fs::read_to_string(log.path()).unwrap_or_default();
+                panic!("node {id} did not start:\n{log}");
+            };
+            if line.contains("listening on ") {
+                break;
+            }
+        }
+        std::thread::spawn(move || lines.for_each(drop));
+        Self {
+            url,
+            killed: false,
+            child,
+            _home: home,
+            log,
+        }
+    }
+
+    fn client(&self, token: &str) -> Client {
+        Client::remote(&self.url, token).unwrap()
+    }
+
+    fn kill(&mut self) {
+        self.killed = true;
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.log.path()).unwrap_or_default()
+    }
+
+    /// `GET PATH` with the token, as JSON or text.
+    async fn get(&self, path: &str, token: &str) -> String {
+        reqwest::Client::new()
+            .get(format!("{}{path}", self.url))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    /// How many machines this node has resident (`evervm_machines{state="resident"}`).
+    async fn resident(&self, token: &str) -> u64 {
+        metric(
+            &self.get("/metrics", token).await,
+            "evervm_machines{state=\"resident\"}",
+        )
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn metric(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(&format!("{series} ")))
+        .unwrap_or_else(|| panic!("no {series} in:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// The `repr` of what `code` evaluates to on `machine` through `client`; fails on an error.
+async fn value(client: &Client, machine: &str, code: &str) -> String {
+    let run = client.machine(machine).exec(code).await.unwrap();
+    match (run.result.value, run.result.error) {
+        (Some(value), None) => value,
+        (None, None) => String::new(),
+        (_, Some(error)) => panic!("{code:?} on {machine} failed: {error}"),
+    }
+}
+
+struct Cluster {
+    nodes: Vec<Node>,
+    token: String,
+    _database: evervm_tests::postgres::ScratchPostgres,
+}
+
+impl Cluster {
+    fn start() -> Option<Self> {
+        if !evervm_tests::backends().iter().any(|b| b == "gvisor") {
+            eprintln!("skipping: the gVisor backend is not available here");
+            return None;
+        }
+        let database = evervm_tests::postgres::ScratchPostgres::create()?;
+        let bucket = evervm_tests::bucket::scratch_bucket()?;
+        let made = Command::new(EVERVM)
+            .args(["token", "create", "--account", "cluster", "--database"])
+            .arg(&database.url)
+            .output()
+            .unwrap();
+        assert!(
+            made.status.success(),
+            "{}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+        let token = String::from_utf8(made.stdout).unwrap().trim().to_owned();
+        let nodes = ["node-a", "node-b", "node-c"]
+            .iter()
+            .map(|id| Node::start(id, &database.url, &bucket))
+            .collect();
+        Some(Self {
+            nodes,
+            token,
+            _database: database,
+        })
+    }
+
+    fn client(&self, node: usize) -> Client {
+        self.nodes[node].client(&self.token)
+    }
+
+    /// How many machines each node has resident (a killed node: none).
+    async fn residents(&self) -> Vec<u64> {
+        let mut counts = Vec::new();
+        for node in &self.nodes {
+            counts.push(if node.killed {
+                0
+            } else {
+                node.resident(&self.token).await
+            });
+        }
+        counts
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn three_nodes_share_machines_forward_requests_and_survive_a_kill() {
+    let Some(mut cluster) = Cluster::start() else {
+        return;
+    };
+    let token = cluster.token.clone();
+
+    // Every node lists the three, alive.
+    let listed: serde_json::Value =
+        serde_json::from_str(&cluster.nodes[1].get("/v1/nodes", &token).await).unwrap();
+    assert_eq!(listed["this_node"], "node-b", "{listed}");
+    let alive: Vec<&str> = listed["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["alive"] == true)
+        .map(|n| n["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(alive, ["node-a", "node-b", "node-c"], "{listed}");
+
+    // A machine created through A runs on A, and requests through B and C reach it there.
+    let machine = cluster
+        .client(0)
+        .create_machine(CreateMachineOptions {
+            image: Some("minimal".into()),
+            ..CreateMachineOptions::default()
+        })
+        .await
+        .unwrap();
+    let name = machine.name().to_owned();
+    value(&cluster.client(0), &name, "x = 1").await;
+    assert_eq!(value(&cluster.client(1), &name, "x += 1; x").await, "2");
+    assert_eq!(cluster.residents().await, [1, 0, 0]);
+    // A WebSocket through C is forwarded too.
+    let mut session = cluster.client(2).machine(&name).connect().await.unwrap();
+    let run = session
+        .exec("x * 10", &evervm::ExecOptions::default(), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(run.result.value.as_deref(), Some("20"), "{run:?}");
+    drop(session);
+    assert_eq!(cluster.residents().await, [1, 0, 0]);
+
+    // Swapped on A, it comes back on the node its next instruction reaches: B.
+    cluster.client(0).machine(&name).swap_out().await.unwrap();
+    assert_eq!(value(&cluster.client(1), &name, "x").await, "2");
+    assert_eq!(cluster.residents().await, [0, 1, 0]);
+    let metrics_b = cluster.nodes[1].get("/metrics", &token).await;
+    assert_eq!(
+        metric(
+            &metrics_b,
+            "evervm_snapshot_fetches_total{source=\"bucket\"}"
+        ),
+        1
+    );
+
+    // A machine with durability = instruction on C, C killed: the next instruction (through
+    // A) runs on a survivor with every acknowledged change.
+    let durable = cluster
+        .client(2)
+        .create_machine(CreateMachineOptions {
+            image: Some("minimal".into()),
+            durability: Some("instruction".into()),
+            ..CreateMachineOptions::default()
+        })
+        .await
+        .unwrap();
+    let durable = durable.name().to_owned();
+    for i in 1..=3 {
+        value(&cluster.client(2), &durable, &format!("y = {i}")).await;
+    }
+    assert_eq!(
+        cluster.residents().await,
+        [0, 1, 1],
+        "it runs where it was created"
+    );
+    assert_eq!(
+        cluster.residents().await,
+        [0, 1, 1],
+        "it runs where it was created"
+    );
+    cluster.nodes[2].kill();
+    let killed = Instant::now();
+    let deadline = killed + Duration::from_secs(60);
+    let back = loop {
+        match cluster.client(0).machine(&durable).exec("y").await {
+            Ok(run) if run.result.error.is_none() => break run,
+            Ok(run) => eprintln!("not yet: {:?}", run.result.error),
+            Err(e) => eprintln!("not yet: {e}"),
+        }
+        assert!(Instant::now() < deadline, "no failover within 60 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    eprintln!(
+        "failover: the machine answered on a survivor {:.2} s after its node was killed \
+         (leases of {LEASE_SECS} s)",
+        killed.elapsed().as_secs_f64()
+    );
+    assert_eq!(back.result.value.as_deref(), Some("3"), "{back:?}");
+    let listed: serde_json::Value =
+        serde_json::from_str(&cluster.nodes[0].get("/v1/nodes", &token).await).unwrap();
+    let c = listed["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["id"] == "node-c");
+    assert!(c.is_none_or(|c| c["alive"] == false), "{listed}");
+    cluster.client(0).machine(&durable).delete().await.unwrap();
+
+    // The two survivors race for one swapped machine, many times: the node that loses
+    // forwards the instruction to the winner, and every instruction ran on the one node that
+    // held the machine then, so none is lost.
+    let shared = name.clone();
+    let (mut succeeded, mut refused) = (0, Vec::new());
+    for _ in 0..15 {
+        let owner_a = cluster.client(0);
+        owner_a.machine(&shared).swap_out().await.unwrap();
+        let (on_a, on_b) = (
+            cluster.client(0).machine(&shared),
+            cluster.client(1).machine(&shared),
+        );
+        let step = "n = globals().get('n', 0) + 1; n";
+        let (a, b) = tokio::join!(on_a.exec(step), on_b.exec(step));
+        for run in [a, b] {
+            match run {
+                Ok(run) if run.result.error.is_none() => succeeded += 1,
+                Ok(run) => refused.push(format!("{:?}", run.result.error)),
+                Err(e) => refused.push(e.to_string()),
+            }
+        }
+        let residents = cluster.residents().await;
+        assert!(residents[0] + residents[1] <= 1, "{residents:?}");
+    }
+    eprintln!(
+        "the race: {succeeded} of 30 instructions ran, {} refused: {refused:?}",
+        refused.len()
+    );
+    assert_eq!(succeeded, 30, "every instruction ran: {refused:?}");
+    assert_eq!(
+        value(&cluster.client(1), &shared, "n").await,
+        succeeded.to_string(),
+        "every instruction that succeeded counted once"
+    );
+    for node in &cluster.nodes[..2] {
+        assert!(!node.log().contains("panicked"), "{}", node.log());
+    }
+}
