@@ -169,10 +169,43 @@ async fn ensure_base(
     };
     let manifest = match found {
         (Ok(Some(manifest)), true) if manifest.image_id == current => manifest,
-        _ => make_base(engine, shape, &dir).await?,
+        _ => match shared_base(engine, &dir, current.as_deref()).await {
+            Some(manifest) => manifest,
+            None => {
+                let made = make_base(engine, shape, &dir).await?;
+                if let Some(bucket) = &engine.bucket {
+                    crate::bucket::share_base(bucket, &dir).await;
+                }
+                made
+            }
+        },
     };
     *base = Some(manifest.clone());
     Ok((dir, manifest))
+}
+
+/// A base snapshot for `dir` that another node made and shared through the bucket (made with
+/// this node's runsc from this image), downloaded; `None` without one.
+async fn shared_base(
+    engine: &EngineInner,
+    dir: &std::path::Path,
+    image_id: Option<&str>,
+) -> Option<SnapshotManifest> {
+    let bucket = engine.bucket.as_ref()?;
+    let describe = engine.backend.describe();
+    let restorable: Arc<dyn Fn(&str) -> bool + Send + Sync> =
+        Arc::new(move |runtime: &str| runtime == describe);
+    match crate::bucket::fetch_base(bucket, dir, image_id, restorable).await {
+        Ok(Some(manifest)) => {
+            tracing::info!(dir = %dir.display(), "took a base snapshot another node shared");
+            Some(manifest)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!("cannot look for a shared base snapshot: {e}");
+            None
+        }
+    }
 }
 
 /// Boots a sandbox, warms it up, and checkpoints it into `dir`.

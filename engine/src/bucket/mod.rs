@@ -500,6 +500,51 @@ impl Bucket {
         Ok(())
     }
 
+    /// Uploads one plain file (not a snapshot: a kept runsc binary, its description) to
+    /// `AREA/NAME`.
+    pub async fn put_file(&self, area: &str, name: &str, path: &Path) -> Result<()> {
+        let key = self.area_root(&format!("{area}/{name}"))?;
+        self.upload_file(path, &key).await
+    }
+
+    /// Downloads the plain file `AREA/NAME` into a new file at `path` (synced), refusing one
+    /// larger than `max_bytes`; false when the bucket has no such file.
+    pub async fn get_file(
+        &self,
+        area: &str,
+        name: &str,
+        path: &Path,
+        max_bytes: u64,
+    ) -> Result<bool> {
+        let key = self.area_root(&format!("{area}/{name}"))?;
+        match self.store.head(&key).await {
+            Ok(meta) if meta.size > max_bytes => Err(Error::internal(format!(
+                "{key} in {} holds {} bytes, more than the {max_bytes} it may",
+                self.url, meta.size
+            ))),
+            Ok(_) => self.download_file(&key, path).await.map(|()| true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(self.failed("looking for a file", &e)),
+        }
+    }
+
+    /// The names of the areas right below AREA (the digests under `runsc`, say).
+    pub async fn areas_under(&self, area: &str) -> Result<Vec<String>> {
+        let root = self.area_root(area)?;
+        let listed = self
+            .store
+            .list_with_delimiter(Some(&root))
+            .await
+            .map_err(|e| self.failed("listing", &e))?;
+        let mut names: Vec<String> = listed
+            .common_prefixes
+            .iter()
+            .filter_map(|p| parts_under(&root, p).into_iter().next())
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
     /// Removes every snapshot of AREA and of the areas below it (a deleted machine's), as far as
     /// the bucket lets it.
     pub async fn remove_area(&self, area: &str) -> Result<()> {
@@ -540,6 +585,9 @@ fn parts_under(root: &ObjectPath, location: &ObjectPath) -> Vec<String> {
 fn short(sha256: &str) -> &str {
     sha256.get(..12).unwrap_or(sha256)
 }
+
+mod kept;
+pub use kept::{fetch_base, share_base, share_kept_runsc};
 
 #[cfg(test)]
 mod tests;

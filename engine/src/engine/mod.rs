@@ -82,6 +82,10 @@ impl Engine {
         let unfinished = store
             .fail_unfinished("MachineCrashed: the engine stopped before this instruction finished")
             .await?;
+        if let Some(bucket) = &bucket {
+            // Before the backend starts: it loads the kept binaries.
+            crate::bucket::share_kept_runsc(bucket, &config.home).await?;
+        }
         let backend = home::choose_backend(&config).await?;
         if unfinished > 0 {
             tracing::warn!("{unfinished} instructions were left unfinished by the last engine");

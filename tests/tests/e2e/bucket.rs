@@ -96,6 +96,19 @@ async fn a_machine_saved_on_one_home_comes_back_on_another() {
         "(42, 'on a')"
     );
     assert_eq!(fetches(&engine_b, "bucket").await, 1);
+    // A new machine on B starts from the base snapshot A made and shared, not from one of
+    // B's own.
+    let fresh = super::new_machine(&client_b, Some("minimal")).await;
+    assert_eq!(value(&fresh, "1 + 1").await, "2");
+    fresh.delete().await.unwrap();
+    let bases = bucket.snapshots("bases/minimal-512").await.unwrap();
+    assert_eq!(bases.len(), 1, "one shared base snapshot: {bases:?}");
+    let taken =
+        std::fs::read_to_string(home_b.path().join("base/minimal-512/manifest.json")).unwrap();
+    assert!(
+        taken.contains(&bases[0]),
+        "B's base is the shared one: {taken}"
+    );
     value(&machine_b, "x = 43").await;
     machine_b.swap_out().await.unwrap();
     // The next restore on B uses its own copy; the replaced snapshot left the bucket.
@@ -146,6 +159,16 @@ async fn a_machine_saved_on_one_home_comes_back_on_another() {
         Vec::<String>::new()
     );
     engine_a.shutdown().await;
+
+    // The runsc A keeps for its snapshots went to the bucket when A opened again, and a new
+    // home gets it at its first start.
+    let kept = bucket.areas_under("runsc").await.unwrap();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    let home_c = tempfile::tempdir().unwrap();
+    let (engine_c, _) = shared.open(home_c.path()).await;
+    let fetched = home_c.path().join("runsc-bin").join(&kept[0]);
+    assert!(fetched.join("runsc").is_file() && fetched.join("runsc.json").is_file());
+    engine_c.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -10,6 +10,7 @@ mod forever;
 mod gvisor;
 mod isolation;
 mod network;
+mod nodes;
 mod packages;
 mod rich;
 mod sdk;

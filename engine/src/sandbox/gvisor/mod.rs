@@ -25,6 +25,7 @@ mod pages;
 mod precreated;
 mod probe;
 mod runsc;
+pub(crate) use runsc::binary_digest;
 mod sandbox;
 
 pub use runsc::Runsc;

@@ -87,7 +87,7 @@ pub(super) fn candidates(configured: Option<&Path>) -> Vec<PathBuf> {
     unique
 }
 
-pub(super) fn binary_digest(path: &Path) -> Result<String> {
+pub(crate) fn binary_digest(path: &Path) -> Result<String> {
     let bytes = std::fs::read(path)
         .map_err(|e| Error::internal(format!("cannot read {}: {e}", path.display())))?;
     Ok(hex::encode(Sha256::digest(bytes))[..16].to_owned())

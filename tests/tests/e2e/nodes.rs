@@ -1,0 +1,148 @@
+//! A node that loses the database stops its machines before its leases run out, and another node
+//! then runs them from their last snapshot (gVisor, PostgreSQL, the test bucket). The database is
+//! reached through a proxy the test cuts.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use evervm::engine::bucket::BucketSettings;
+use evervm::engine::store::PostgresSettings;
+use evervm::engine::{Engine, NodeSettings};
+use evervm_tests::{backends, bucket::scratch_bucket, postgres::ScratchPostgres};
+
+use super::value;
+
+/// A TCP proxy to `target` on a loopback port; `cut` closes every connection and refuses new
+/// ones.
+struct Proxy {
+    port: u16,
+    cut: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    async fn start(target: std::net::SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&cut);
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                if flag.load(Ordering::SeqCst) {
+                    continue;
+                }
+                let flag = Arc::clone(&flag);
+                tokio::spawn(async move {
+                    let Ok(mut server) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    let copy = tokio::io::copy_bidirectional(&mut client, &mut server);
+                    let watch = async {
+                        while !flag.load(Ordering::SeqCst) {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    };
+                    tokio::select! {
+                        _ = copy => {}
+                        () = watch => {}
+                    }
+                });
+            }
+        });
+        Self { port, cut }
+    }
+}
+
+/// `postgres://USER@HOST:PORT/DB` with the port replaced.
+fn through_port(url: &str, port: u16) -> String {
+    let mut parsed = url::Url::parse(url).unwrap();
+    parsed.set_port(Some(port)).unwrap();
+    parsed.to_string()
+}
+
+fn node_config(
+    home: &std::path::Path,
+    database: &str,
+    bucket: &str,
+    id: &str,
+) -> evervm::engine::EngineConfig {
+    let mut config = super::gvisor_config(home);
+    config.database = Some(PostgresSettings::parse(database).unwrap());
+    config.snapshots = Some(BucketSettings::parse(bucket).unwrap());
+    // No one serves this address: the test talks to each engine in process.
+    let mut node = NodeSettings::new(id, "http://127.0.0.1:9").unwrap();
+    node.lease_ttl = Duration::from_secs(2);
+    config.node = Some(node);
+    config
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_cut_from_the_database_stops_its_machines_and_another_takes_them() {
+    if !backends().iter().any(|b| b == "gvisor") {
+        eprintln!("skipping: the gVisor backend is not available here");
+        return;
+    }
+    let Some(database) = ScratchPostgres::create() else {
+        return;
+    };
+    let Some(bucket) = scratch_bucket() else {
+        return;
+    };
+    let direct = url::Url::parse(&database.url).unwrap();
+    let target = format!(
+        "{}:{}",
+        direct.host_str().unwrap(),
+        direct.port().unwrap_or(5432)
+    )
+    .parse()
+    .unwrap();
+    let proxy = Proxy::start(target).await;
+    let (home_a, home_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let through_proxy = through_port(&database.url, proxy.port);
+    let engine_a = Engine::open(node_config(home_a.path(), &through_proxy, &bucket, "cut-a"))
+        .await
+        .unwrap();
+    let account = engine_a.ensure_account("local").await.unwrap();
+    let client_a = evervm::Client::from_engine(engine_a.clone(), account.clone());
+    let machine = super::new_machine(&client_a, Some("minimal")).await;
+    let name = machine.name().to_owned();
+    value(&machine, "x = 'saved'").await;
+    machine.swap_out().await.unwrap();
+    value(&machine, "x = 'unsaved'").await;
+    assert!(engine_a.sandbox_pid(&name).is_some(), "it runs on A");
+
+    // A loses the database. B asks for the machine from then on: it is refused while A's
+    // lease may hold, and takes it once the lease ran out, from its last snapshot, saying what
+    // was lost. By then A has stopped it.
+    let engine_b = Engine::open(node_config(home_b.path(), &database.url, &bucket, "cut-b"))
+        .await
+        .unwrap();
+    let client_b = evervm::Client::from_engine(engine_b.clone(), account);
+    let on_b = client_b.machine(&name);
+    proxy.cut.store(true, Ordering::SeqCst);
+    let cut = Instant::now();
+    let deadline = cut + Duration::from_secs(30);
+    let run = loop {
+        match on_b.exec("x").await {
+            Ok(run) if run.result.error.is_none() => break run,
+            Ok(run) => eprintln!("not yet: {:?}", run.result.error),
+            Err(e) => eprintln!("not yet: {e}"),
+        }
+        assert!(Instant::now() < deadline, "B never took the machine");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        engine_a.sandbox_pid(&name).is_none(),
+        "B runs the machine while A still does"
+    );
+    eprintln!(
+        "B ran the machine {:.2} s after A lost the database (leases of 2 s)",
+        cut.elapsed().as_secs_f64()
+    );
+    assert_eq!(run.result.value.as_deref(), Some("'saved'"), "{run:?}");
+    let said: String = run.output.iter().map(|c| c.data.as_str()).collect();
+    assert!(said.contains("not saved"), "B says what was lost: {said:?}");
+    engine_b.shutdown().await;
+    // A cannot save anything for the machine: its shutdown finds the database gone.
+    engine_a.shutdown().await;
+}
