@@ -201,6 +201,13 @@ impl Engine {
         let Some(node) = &self.inner.node else {
             return Ok(None);
         };
+        // Served here without asking the database while this node holds the lease.
+        let held_here = lock(&self.inner.machines)
+            .get(machine)
+            .is_some_and(|handle| handle.holds_lease());
+        if held_here && !node.fenced() {
+            return Ok(None);
+        }
         let Some(lease) = self.inner.store.lease(machine).await? else {
             return Ok(None);
         };

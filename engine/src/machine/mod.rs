@@ -394,6 +394,12 @@ impl MachineHandle {
         Ok(())
     }
 
+    /// Whether this node holds the machine's lease (as far as it knows: a node that could not
+    /// renew its leases stops its machines and drops their handles).
+    pub(crate) fn holds_lease(&self) -> bool {
+        lock(&self.state).lease.is_some()
+    }
+
     /// Takes this node's lease on the machine out of its state (to give it up).
     fn lease_given_up(&self) -> Option<crate::store::Lease> {
         lock(&self.state).lease.take()

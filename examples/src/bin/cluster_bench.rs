@@ -149,8 +149,35 @@ async fn start_node(id: &str, args: &Args) -> Result<Node> {
     })
 }
 
-/// `1+1` over HTTP through each node, the machine on the first.
+/// `1+1` over HTTP through one server on the same database and bucket that is no node (what the
+/// store costs), then through each of two nodes, the machine on the first.
 async fn forwarding_figures(args: &Args) -> Result<()> {
+    {
+        let home = tempfile::tempdir()?;
+        let server = evervm_tests::TestServer::start_with("gvisor", {
+            let config = config(home.path(), args)?;
+            move |c: &mut EngineConfig| {
+                c.database = config.database;
+                c.snapshots = config.snapshots;
+                c.default_image = config.default_image;
+                c.idle_swap = None;
+                c.pool_size = 1;
+            }
+        });
+        let token =
+            evervm::admin::create_token(server.home(), Some(&args.database), "bench", None).await?;
+        let client = Client::remote(&server.url, &token)?;
+        let machine = client
+            .create_machine(CreateMachineOptions::default())
+            .await?;
+        machine.exec("1").await?;
+        println!("one server, no cluster (PostgreSQL and the bucket)");
+        report(
+            "exec 1+1 over HTTP",
+            http_round_trips(&machine, args.rounds).await?,
+        );
+        machine.delete().await?;
+    }
     let a = start_node("bench-a", args).await?;
     let b = start_node("bench-b", args).await?;
     let token = a.engine.create_token("bench").await?;
@@ -166,16 +193,7 @@ async fn forwarding_figures(args: &Args) -> Result<()> {
         ("exec 1+1 over HTTP, through its node", &machine),
         ("exec 1+1 over HTTP, through the other node", &forwarded),
     ] {
-        let mut rounds = Vec::with_capacity(args.rounds);
-        for _ in 0..args.rounds {
-            let started = Instant::now();
-            let run = machine.exec("1+1").await?;
-            rounds.push(started.elapsed());
-            if run.result.value.as_deref() != Some("2") {
-                bail!("1+1 gave {:?}", run.result);
-            }
-        }
-        report(label, rounds);
+        report(label, http_round_trips(machine, args.rounds).await?);
     }
     machine.delete().await?;
     for node in [a, b] {
@@ -183,6 +201,20 @@ async fn forwarding_figures(args: &Args) -> Result<()> {
         let _ = node.served.await;
     }
     Ok(())
+}
+
+/// `rounds` runs of `1+1`, each timed.
+async fn http_round_trips(machine: &evervm::Machine, rounds: usize) -> Result<Vec<Duration>> {
+    let mut times = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let started = Instant::now();
+        let run = machine.exec("1+1").await?;
+        times.push(started.elapsed());
+        if run.result.value.as_deref() != Some("2") {
+            bail!("1+1 gave {:?}", run.result);
+        }
+    }
+    Ok(times)
 }
 
 #[tokio::main]
