@@ -267,6 +267,17 @@ async fn three_nodes_share_machines_forward_requests_and_survive_a_kill() {
         [0, 1, 1],
         "it runs where it was created"
     );
+    // An instruction still running when its node dies gets an error result on the survivor.
+    let running = cluster
+        .client(2)
+        .machine(&durable)
+        .start(
+            "import time; time.sleep(60); y = 'never'",
+            &evervm::ExecOptions::default(),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
     cluster.nodes[2].kill();
     let killed = Instant::now();
     let deadline = killed + Duration::from_secs(60);
@@ -285,6 +296,19 @@ async fn three_nodes_share_machines_forward_requests_and_survive_a_kill() {
         killed.elapsed().as_secs_f64()
     );
     assert_eq!(back.result.value.as_deref(), Some("3"), "{back:?}");
+    let cut_short = cluster
+        .client(0)
+        .machine(&durable)
+        .result(running.seq)
+        .await
+        .unwrap();
+    assert!(
+        cut_short
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("node that ran this instruction stopped")),
+        "{cut_short:?}"
+    );
     let listed: serde_json::Value =
         serde_json::from_str(&cluster.nodes[0].get("/v1/nodes", &token).await).unwrap();
     let c = listed["nodes"]

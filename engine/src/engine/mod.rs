@@ -80,7 +80,14 @@ impl Engine {
         .map_err(|e| crate::Error::internal(format!("looking for snapshots stopped: {e}")))?;
         store.note_snapshots_on_disk(&with_snapshots).await?;
         let unfinished = store
-            .fail_unfinished("MachineCrashed: the engine stopped before this instruction finished")
+            .fail_unfinished(
+                "MachineCrashed: the engine stopped before this instruction finished",
+                // A node's, only of the machines it ran: the other nodes run theirs.
+                match &config.node {
+                    Some(node) => crate::store::Unfinished::OwnedBy(node.id.clone()),
+                    None => crate::store::Unfinished::All,
+                },
+            )
             .await?;
         if let Some(bucket) = &bucket {
             // Before the backend starts: it loads the kept binaries.

@@ -377,19 +377,37 @@ impl MachineHandle {
             .machine(&name)
             .await?
             .ok_or_else(|| Error::machine_not_found(&name))?;
-        let mut state = lock(&self.state);
-        state.lease = Some(lease);
-        state.snapshot_at = record.snapshot_at;
-        state.snapshot_sha256 = record.snapshot_sha256;
-        state.marked_unsaved = record.unsaved_since.is_some();
-        if let Some(since) = record.unsaved_since
-            && state.recovering_from.is_none()
-        {
-            state.recovering_from = Some(format!(
-                "the node that ran it stopped with changes since {} not saved",
-                since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-            ));
-            state.ended_abnormally = true;
+        let except: Vec<i64> = {
+            let mut state = lock(&self.state);
+            state.lease = Some(lease);
+            state.snapshot_at = record.snapshot_at;
+            state.snapshot_sha256 = record.snapshot_sha256;
+            state.marked_unsaved = record.unsaved_since.is_some();
+            if let Some(since) = record.unsaved_since
+                && state.recovering_from.is_none()
+            {
+                state.recovering_from = Some(format!(
+                    "the node that ran it stopped with changes since {} not saved",
+                    since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                ));
+                state.ended_abnormally = true;
+            }
+            state.live.keys().copied().collect()
+        };
+        // Instructions the node that ran it before left without a result (it stopped) end now:
+        // no one else would ever finish them.
+        let failed = engine
+            .store
+            .fail_unfinished(
+                "MachineCrashed: the node that ran this instruction stopped before it finished",
+                crate::store::Unfinished::OfMachine {
+                    machine: name,
+                    except,
+                },
+            )
+            .await?;
+        if failed > 0 {
+            tracing::warn!(machine = %self.name, "{failed} instructions left unfinished by another node");
         }
         Ok(())
     }

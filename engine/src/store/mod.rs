@@ -103,6 +103,18 @@ pub struct Lease {
     pub until: DateTime<Utc>,
 }
 
+/// Which instructions left without a result [`Metadata::fail_unfinished`] gives an error result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unfinished {
+    /// Every one (one server on its store, at its start: nothing else runs them).
+    All,
+    /// Those of the machines whose lease this node holds (a node starting again under its id).
+    OwnedBy(String),
+    /// Those of one machine but the ones listed (a node taking over a machine from another,
+    /// which stopped: the listed ones are this node's own, waiting to run).
+    OfMachine { machine: String, except: Vec<i64> },
+}
+
 /// What asking for a machine's lease gave.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaseOutcome {
@@ -207,9 +219,9 @@ pub trait Metadata: Send + Sync {
         seq: i64,
     ) -> Result<Option<Option<ExecResult>>>;
     async fn instruction_output(&self, machine: &str, seq: i64) -> Result<Vec<OutputChunk>>;
-    /// Instructions left without a result by an engine that stopped get an error result; how
-    /// many did.
-    async fn fail_unfinished(&self, reason: &str) -> Result<usize>;
+    /// Instructions left without a result by an engine that stopped get an error result: all of
+    /// them, or those `scope` names; how many did.
+    async fn fail_unfinished(&self, reason: &str, scope: Unfinished) -> Result<usize>;
 
     // --- nodes and leases -----------------------------------------------------------------
 

@@ -10,7 +10,7 @@ use chrono::Utc;
 
 use super::{
     CheckpointRecord, MachineRecord, Metadata, OutputBatches, PostgresSettings, PostgresStore,
-    Store, StoreThread,
+    Store, StoreThread, Unfinished,
 };
 use crate::guest::image::Profile;
 use crate::network::NetworkPolicy;
@@ -343,13 +343,50 @@ async fn history(store: &dyn Metadata) {
         ErrorKind::NotFound
     );
 
-    // An engine that stopped leaves unfinished instructions: they get an error result.
+    // An engine that stopped leaves unfinished instructions: they get an error result. A node
+    // fails only those of its machines, or of one machine but the ones it runs itself.
+    let kept = store
+        .insert_instruction("m-history", "2", 1000)
+        .await
+        .unwrap();
     assert_eq!(
-        store.fail_unfinished("the engine stopped").await.unwrap(),
+        store
+            .fail_unfinished("gone", Unfinished::OwnedBy("node-none".into()))
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        store
+            .fail_unfinished(
+                "the node stopped",
+                Unfinished::OfMachine {
+                    machine: "m-history".into(),
+                    except: vec![kept],
+                }
+            )
+            .await
+            .unwrap(),
         1
+    );
+    assert_eq!(
+        store.instruction_result("m-history", kept).await.unwrap(),
+        Some(None),
+        "the listed one is left alone"
     );
     let Some(Some(failed)) = store.instruction_result("m-history", 0).await.unwrap() else {
         panic!("instruction 0 has no result");
+    };
+    assert!(format!("{failed:?}").contains("the node stopped"));
+    assert_eq!(
+        store
+            .fail_unfinished("the engine stopped", Unfinished::All)
+            .await
+            .unwrap(),
+        1
+    );
+    let Some(Some(failed)) = store.instruction_result("m-history", kept).await.unwrap() else {
+        panic!("instruction {kept} has no result");
     };
     assert!(format!("{failed:?}").contains("the engine stopped"));
     store.flush().await.unwrap();

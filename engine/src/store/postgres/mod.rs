@@ -17,9 +17,9 @@ use super::output::{StoredBatch, decode_output};
 use super::schema::{self, Dialect, VERSION};
 use super::{
     CheckpointRecord, Lease, LeaseOutcome, MACHINE_COLUMNS, MachineRecord, Metadata, NodeRecord,
-    OutputBatches, RawMachine, check_token, checkpoint_exists, decode_result, encode_result,
-    machine_exists, machine_json, new_token, no_such_token, now, parse_time, split_token, stored,
-    token_expiry, too_many_machines,
+    OutputBatches, RawMachine, Unfinished, check_token, checkpoint_exists, decode_result,
+    encode_result, machine_exists, machine_json, new_token, no_such_token, now, parse_time,
+    split_token, stored, token_expiry, too_many_machines,
 };
 use crate::error::{Error, Result};
 use crate::types::{Account, ExecResult, FailureCause, OutputChunk, TokenInfo};
@@ -818,14 +818,34 @@ impl Metadata for PostgresStore {
         Ok(chunks)
     }
 
-    async fn fail_unfinished(&self, reason: &str) -> Result<usize> {
+    async fn fail_unfinished(&self, reason: &str, scope: Unfinished) -> Result<usize> {
         let encoded = encode_result(&ExecResult::failure(FailureCause::MachineCrashed, reason))?;
-        let changed = self
-            .execute(
-                "UPDATE instructions SET result = $1, finished_at = $2 WHERE result IS NULL",
-                &[&encoded, &now()],
-            )
-            .await?;
+        let at = now();
+        let changed = match &scope {
+            Unfinished::All => {
+                self.execute(
+                    "UPDATE instructions SET result = $1, finished_at = $2 WHERE result IS NULL",
+                    &[&encoded, &at],
+                )
+                .await?
+            }
+            Unfinished::OwnedBy(node) => {
+                self.execute(
+                    "UPDATE instructions SET result = $1, finished_at = $2 WHERE result IS NULL
+                     AND machine IN (SELECT name FROM machines WHERE owner = $3)",
+                    &[&encoded, &at, node],
+                )
+                .await?
+            }
+            Unfinished::OfMachine { machine, except } => {
+                self.execute(
+                    "UPDATE instructions SET result = $1, finished_at = $2 WHERE result IS NULL
+                     AND machine = $3 AND NOT (seq = ANY($4))",
+                    &[&encoded, &at, machine, except],
+                )
+                .await?
+            }
+        };
         Ok(usize::try_from(changed).unwrap_or(usize::MAX))
     }
 

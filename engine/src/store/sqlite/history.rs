@@ -6,8 +6,8 @@ use super::{Store, machine_gone};
 use crate::error::{Error, Result};
 use crate::store::output::{StoredBatch, decode_output};
 use crate::store::{
-    CheckpointRecord, OutputBatches, checkpoint_exists, decode_result, encode_result, now,
-    parse_time, stored,
+    CheckpointRecord, OutputBatches, Unfinished, checkpoint_exists, decode_result, encode_result,
+    now, parse_time, stored,
 };
 use crate::types::{ExecResult, FailureCause, OutputChunk};
 
@@ -245,12 +245,41 @@ impl Store {
     }
 
     /// Instructions left without a result by an engine that stopped: they get an error result.
-    pub fn fail_unfinished(&mut self, reason: &str) -> Result<usize> {
+    pub fn fail_unfinished(&mut self, reason: &str, scope: &Unfinished) -> Result<usize> {
         let encoded = encode_result(&ExecResult::failure(FailureCause::MachineCrashed, reason))?;
-        let changed = self.conn.execute(
-            "UPDATE instructions SET result = ?1, finished_at = ?2 WHERE result IS NULL",
-            params![encoded, now()],
-        )?;
+        let at = now();
+        let changed = match scope {
+            Unfinished::All => self.conn.execute(
+                "UPDATE instructions SET result = ?1, finished_at = ?2 WHERE result IS NULL",
+                params![encoded, at],
+            )?,
+            Unfinished::OwnedBy(node) => self.conn.execute(
+                "UPDATE instructions SET result = ?1, finished_at = ?2 WHERE result IS NULL
+                 AND machine IN (SELECT name FROM machines WHERE owner = ?3)",
+                params![encoded, at, node],
+            )?,
+            Unfinished::OfMachine { machine, except } => {
+                let tx = self.conn.transaction()?;
+                let unfinished: Vec<i64> = {
+                    let mut select = tx.prepare_cached(
+                        "SELECT seq FROM instructions WHERE machine = ?1 AND result IS NULL",
+                    )?;
+                    select
+                        .query_map(params![machine], |r| r.get(0))?
+                        .collect::<rusqlite::Result<_>>()?
+                };
+                let mut changed = 0;
+                for seq in unfinished.iter().filter(|seq| !except.contains(seq)) {
+                    changed += tx.execute(
+                        "UPDATE instructions SET result = ?1, finished_at = ?2
+                         WHERE machine = ?3 AND seq = ?4 AND result IS NULL",
+                        params![encoded, at, machine, seq],
+                    )?;
+                }
+                tx.commit()?;
+                changed
+            }
+        };
         Ok(changed)
     }
 }

@@ -7,6 +7,7 @@ use super::StoreThread;
 use crate::error::Result;
 use crate::store::{
     CheckpointRecord, Lease, LeaseOutcome, MachineRecord, Metadata, NodeRecord, OutputBatches,
+    Unfinished,
 };
 use crate::types::{Account, ExecResult, OutputChunk, TokenInfo};
 
@@ -193,9 +194,9 @@ impl Metadata for StoreThread {
             .await
     }
 
-    async fn fail_unfinished(&self, reason: &str) -> Result<usize> {
+    async fn fail_unfinished(&self, reason: &str, scope: Unfinished) -> Result<usize> {
         let reason = reason.to_owned();
-        self.call(move |s| s.fail_unfinished(&reason)).await
+        self.call(move |s| s.fail_unfinished(&reason, &scope)).await
     }
 
     async fn register_node(&self, id: &str, address: &str) -> Result<()> {
