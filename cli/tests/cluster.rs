@@ -268,16 +268,20 @@ async fn three_nodes_share_machines_forward_requests_and_survive_a_kill() {
         "it runs where it was created"
     );
     // An instruction still running when its node dies gets an error result on the survivor.
-    let running = cluster
+    let (running, mut events) = cluster
         .client(2)
         .machine(&durable)
-        .start(
-            "import time; time.sleep(60); y = 'never'",
+        .stream(
+            "print('running', flush=True); import time; time.sleep(60); y = 'never'",
             &evervm::ExecOptions::default(),
         )
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Killed once it runs: its first line came.
+    match futures::StreamExt::next(&mut events).await {
+        Some(Ok(evervm::ExecEvent::Output(chunk))) => assert_eq!(chunk.data.trim_end(), "running"),
+        other => panic!("expected its first line, got {other:?}"),
+    }
     cluster.nodes[2].kill();
     let killed = Instant::now();
     let deadline = killed + Duration::from_secs(60);
@@ -299,7 +303,7 @@ async fn three_nodes_share_machines_forward_requests_and_survive_a_kill() {
     let cut_short = cluster
         .client(0)
         .machine(&durable)
-        .result(running.seq)
+        .result(running)
         .await
         .unwrap();
     assert!(

@@ -278,31 +278,29 @@ impl Metrics {
     }
 
     pub(crate) fn restored(&self, ok: bool, seconds: f64) {
-        self.restores.get_or_create(&outcome(ok)).inc();
-        if ok {
-            self.restore_seconds.observe(seconds);
-        }
+        counted_and_timed(&self.restores, &self.restore_seconds, ok, seconds);
     }
 
     pub(crate) fn swapped_out(&self, ok: bool, seconds: f64) {
-        self.swap_outs.get_or_create(&outcome(ok)).inc();
-        if ok {
-            self.swap_out_seconds.observe(seconds);
-        }
+        counted_and_timed(&self.swap_outs, &self.swap_out_seconds, ok, seconds);
     }
 
     pub(crate) fn bucket_upload(&self, ok: bool, seconds: f64) {
-        self.bucket_uploads.get_or_create(&outcome(ok)).inc();
-        if ok {
-            self.bucket_upload_seconds.observe(seconds);
-        }
+        counted_and_timed(
+            &self.bucket_uploads,
+            &self.bucket_upload_seconds,
+            ok,
+            seconds,
+        );
     }
 
     pub(crate) fn bucket_download(&self, ok: bool, seconds: f64) {
-        self.bucket_downloads.get_or_create(&outcome(ok)).inc();
-        if ok {
-            self.bucket_download_seconds.observe(seconds);
-        }
+        counted_and_timed(
+            &self.bucket_downloads,
+            &self.bucket_download_seconds,
+            ok,
+            seconds,
+        );
     }
 
     /// A snapshot kept in the bucket was made ready from `source` (`cache` or `bucket`).
@@ -376,6 +374,19 @@ pub(crate) struct Cluster {
     pub(crate) alive: i64,
     pub(crate) dead: i64,
     pub(crate) leases: i64,
+}
+
+/// One more of `counter`'s outcome, and its time in `histogram` when it went well.
+fn counted_and_timed(
+    counter: &Family<Outcome, Counter>,
+    histogram: &Histogram,
+    ok: bool,
+    seconds: f64,
+) {
+    counter.get_or_create(&outcome(ok)).inc();
+    if ok {
+        histogram.observe(seconds);
+    }
 }
 
 fn outcome(ok: bool) -> Outcome {

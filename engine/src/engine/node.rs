@@ -6,6 +6,7 @@
 //! for a machine another node owns are forwarded to it by the server ([`Engine::owner_address`]).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -82,7 +83,7 @@ pub(crate) struct Node {
     /// The other nodes as last read, by id.
     peers: Mutex<HashMap<String, NodeRecord>>,
     /// How many leases the last heartbeat renewed.
-    leases: Mutex<usize>,
+    leases: AtomicUsize,
 }
 
 impl Node {
@@ -92,7 +93,7 @@ impl Node {
             settings,
             valid_until: Mutex::new(valid_until),
             peers: Mutex::new(HashMap::new()),
-            leases: Mutex::new(0),
+            leases: AtomicUsize::new(0),
         }
     }
 
@@ -102,7 +103,7 @@ impl Node {
 
     /// How many leases the last heartbeat renewed.
     pub(crate) fn leases(&self) -> usize {
-        *lock(&self.leases)
+        self.leases.load(Ordering::Relaxed)
     }
 
     /// Whether this node's leases may have run out (or will within a heartbeat): then it must
@@ -136,16 +137,7 @@ impl EngineInner {
         let Some(node) = &self.node else {
             return Ok(None);
         };
-        if node.fenced() {
-            return Err(Error::new(
-                ErrorKind::Conflict,
-                format!(
-                    "node {} cannot reach the database to renew its leases, so it runs no \
-                     machine now: try another node",
-                    node.id()
-                ),
-            ));
-        }
+        self.refuse_if_fenced()?;
         match self
             .store
             .take_lease(machine, node.id(), node.settings.lease_ttl)
@@ -153,6 +145,22 @@ impl EngineInner {
         {
             LeaseOutcome::Taken(lease) => Ok(Some(lease)),
             LeaseOutcome::Held(lease) => Err(owned_elsewhere(&lease)),
+        }
+    }
+
+    /// Refuses to run machines while this node's leases may have run out (nothing to refuse
+    /// outside a cluster).
+    pub(crate) fn refuse_if_fenced(&self) -> Result<()> {
+        match &self.node {
+            Some(node) if node.fenced() => Err(Error::new(
+                ErrorKind::Conflict,
+                format!(
+                    "node {} cannot reach the database to renew its leases, so it runs no \
+                     machine now: try another node",
+                    node.id()
+                ),
+            )),
+            _ => Ok(()),
         }
     }
 
@@ -309,7 +317,7 @@ async fn heartbeat(engine: Weak<EngineInner>) {
         match renewed {
             Ok(Ok(count)) => {
                 *lock(&node.valid_until) = sent + node.settings.lease_ttl;
-                *lock(&node.leases) = count;
+                node.leases.store(count, Ordering::Relaxed);
                 refresh_peers(&inner).await;
                 remove_dead_nodes(&inner, node).await;
             }

@@ -65,6 +65,21 @@ pub(crate) async fn retire(engine: &EngineInner, area: &str, sha256: &str) {
     }
 }
 
+/// Removes the snapshot a save replaced (`previous`) from the bucket, unless the save was of
+/// the same snapshot (`current`).
+pub(crate) async fn retire_replaced(
+    engine: &EngineInner,
+    area: &str,
+    previous: Option<String>,
+    current: Option<&str>,
+) {
+    if let Some(previous) = previous
+        && Some(previous.as_str()) != current
+    {
+        retire(engine, area, &previous).await;
+    }
+}
+
 /// Removes everything of a deleted machine's from the bucket, logging a failure.
 pub(crate) async fn forget_machine(engine: &EngineInner, machine: &str) {
     if let Some(bucket) = &engine.bucket

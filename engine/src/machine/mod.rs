@@ -423,21 +423,6 @@ impl MachineHandle {
         lock(&self.state).lease.take()
     }
 
-    /// The checksum of the machine's snapshot in the bucket as the store has it now (another
-    /// node may have saved it since this one did), remembered.
-    async fn stored_snapshot_sha256(&self, engine: &EngineInner) -> Result<Option<String>> {
-        let name = self.name.to_string();
-        let record = engine
-            .store
-            .machine(&name)
-            .await?
-            .ok_or_else(|| Error::machine_not_found(&name))?;
-        lock(&self.state)
-            .snapshot_sha256
-            .clone_from(&record.snapshot_sha256);
-        Ok(record.snapshot_sha256)
-    }
-
     fn swap_succeeded(&self) -> bool {
         let mut state = lock(&self.state);
         let had_failed = state.swap_failures > 0;

@@ -53,7 +53,10 @@ pub(super) async fn acquire(
     engine: &Arc<EngineInner>,
     machine: &MachineHandle,
 ) -> Result<Resident> {
-    if let Some(lease) = engine.take_lease(machine.name.as_str()).await? {
+    // Taken already when its instruction was accepted; else taken now.
+    if machine.holds_lease() {
+        engine.refuse_if_fenced()?;
+    } else if let Some(lease) = engine.take_lease(machine.name.as_str()).await? {
         machine.took_lease(engine, lease).await?;
     }
     let acquired = acquire_here(engine, machine).await;
@@ -82,12 +85,10 @@ async fn acquire_here(engine: &Arc<EngineInner>, machine: &MachineHandle) -> Res
         engine.forget_disk_facts(name);
         e
     };
-    // With a bucket, the snapshot that counts is the one the store names: the home's copy
-    // when it is that one, else downloaded now.
-    let pointer = match &engine.bucket {
-        Some(_) => machine.stored_snapshot_sha256(engine).await?,
-        None => None,
-    };
+    // With a bucket, the snapshot that counts is the one the store names (as this node read it
+    // when it took the machine's lease, or saved it itself): the home's copy when it is that
+    // one, else downloaded now.
+    let pointer = lock(&machine.state).snapshot_sha256.clone();
     if let Some(sha256) = &pointer {
         fetch_snapshot(engine, machine, sha256, &dir).await?;
     }
@@ -582,11 +583,7 @@ async fn commit_saved(
         );
         let _ = tokio::fs::remove_dir_all(staging).await;
     }
-    if let Some(previous) = previous
-        && Some(&previous) != sha256.as_ref()
-    {
-        bucketed::retire(engine, &area, &previous).await;
-    }
+    bucketed::retire_replaced(engine, &area, previous, sha256.as_deref()).await;
     bucketed::keep_cache_within_bound(engine);
     Ok(manifest)
 }
@@ -599,11 +596,7 @@ async fn note_current_snapshot(engine: &Arc<EngineInner>, machine: &MachineHandl
     let area = bucketed::machine_area(&name);
     let sha256 = bucketed::publish(engine, &area, &dir).await?;
     let previous = machine.note_saved(engine, sha256.clone()).await?;
-    if let Some(previous) = previous
-        && Some(&previous) != sha256.as_ref()
-    {
-        bucketed::retire(engine, &area, &previous).await;
-    }
+    bucketed::retire_replaced(engine, &area, previous, sha256.as_deref()).await;
     Ok(())
 }
 

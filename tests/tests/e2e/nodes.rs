@@ -2,8 +2,6 @@
 //! then runs them from their last snapshot (gVisor, PostgreSQL, the test bucket). The database is
 //! reached through a proxy the test cuts.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use evervm::engine::bucket::BucketSettings;
@@ -17,34 +15,27 @@ use super::value;
 /// ones.
 struct Proxy {
     port: u16,
-    cut: Arc<AtomicBool>,
+    cut: tokio::sync::watch::Sender<bool>,
 }
 
 impl Proxy {
     async fn start(target: std::net::SocketAddr) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let cut = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&cut);
+        let (cut, watching) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
             while let Ok((mut client, _)) = listener.accept().await {
-                if flag.load(Ordering::SeqCst) {
+                if *watching.borrow() {
                     continue;
                 }
-                let flag = Arc::clone(&flag);
+                let mut watching = watching.clone();
                 tokio::spawn(async move {
                     let Ok(mut server) = tokio::net::TcpStream::connect(target).await else {
                         return;
                     };
-                    let copy = tokio::io::copy_bidirectional(&mut client, &mut server);
-                    let watch = async {
-                        while !flag.load(Ordering::SeqCst) {
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                        }
-                    };
                     tokio::select! {
-                        _ = copy => {}
-                        () = watch => {}
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = watching.wait_for(|cut| *cut) => {}
                     }
                 });
             }
@@ -119,7 +110,7 @@ async fn a_node_cut_from_the_database_stops_its_machines_and_another_takes_them(
         .unwrap();
     let client_b = evervm::Client::from_engine(engine_b.clone(), account);
     let on_b = client_b.machine(&name);
-    proxy.cut.store(true, Ordering::SeqCst);
+    proxy.cut.send_replace(true);
     let cut = Instant::now();
     let deadline = cut + Duration::from_secs(30);
     let run = loop {
