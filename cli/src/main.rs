@@ -87,6 +87,10 @@ enum Command {
         /// blocks) or `public` (the default).
         #[arg(long, env = "EVERVM_NETWORK_MAX", value_name = "MODE")]
         network_max: Option<String>,
+        /// Also serve E2B's API on this address, for E2B's SDKs (E2B_API_URL and
+        /// E2B_SANDBOX_URL both http://ADDR, E2B_API_KEY from `evervm token create --e2b`).
+        #[arg(long, env = "EVERVM_E2B_LISTEN", value_name = "ADDR")]
+        e2b_listen: Option<SocketAddr>,
     },
     /// Build and list root filesystem images (for the gVisor backend).
     Image {
@@ -169,7 +173,12 @@ enum TokenCommand {
         /// How long it works: a number and s, m, h or d (`30d`); for ever when not given.
         #[arg(long, value_name = "DURATION")]
         expires_in: Option<String>,
+        /// Print it as an E2B API key (`e2b_<hex>`, for E2B_API_KEY against `--e2b-listen`).
+        #[arg(long)]
+        e2b: bool,
     },
+    /// Print the E2B API key (`e2b_<hex>`) of a token, for E2B's SDKs against `--e2b-listen`.
+    E2b { token: String },
     /// List the tokens of the store (the home's, or --database): id, account, when made, when
     /// they expire (never secrets).
     List {
@@ -376,6 +385,7 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
             snapshots,
             advertise,
             node_id,
+            e2b_listen,
         } => {
             let options = ServeOptions {
                 home: target.home.clone(),
@@ -387,7 +397,7 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
                 advertise,
                 node_id,
             };
-            serve(listen, options).await
+            serve(listen, e2b_listen, options).await
         }
         Command::Token { command } => {
             let home = target
@@ -486,16 +496,24 @@ async fn tokens(
     command: TokenCommand,
 ) -> Result<()> {
     match command {
+        TokenCommand::E2b { token } => {
+            println!("{}", evervm::server::e2b::api_key_for_token(token.trim()));
+        }
         TokenCommand::Create {
             account,
             expires_in,
+            e2b,
         } => {
             let valid_for = expires_in
                 .as_deref()
                 .map(evervm::admin::parse_duration)
                 .transpose()?;
             let token = evervm::admin::create_token(home, database, &account, valid_for).await?;
-            println!("{token}");
+            if e2b {
+                println!("{}", evervm::server::e2b::api_key_for_token(&token));
+            } else {
+                println!("{token}");
+            }
         }
         TokenCommand::List { json } => {
             let tokens = evervm::admin::list_tokens(home, database).await?;
@@ -535,7 +553,11 @@ async fn tokens(
     }
     Ok(())
 }
-async fn serve(listen: SocketAddr, options: ServeOptions) -> Result<ExitCode> {
+async fn serve(
+    listen: SocketAddr,
+    e2b_listen: Option<SocketAddr>,
+    options: ServeOptions,
+) -> Result<ExitCode> {
     let server = evervm::server::open(options).await?;
     let listener = match tokio::net::TcpListener::bind(listen).await {
         Ok(listener) => listener,
@@ -543,6 +565,17 @@ async fn serve(listen: SocketAddr, options: ServeOptions) -> Result<ExitCode> {
             server.shutdown().await;
             return Err(e).with_context(|| format!("cannot listen on {listen}"));
         }
+    };
+    let e2b_listener = match e2b_listen {
+        Some(address) => match tokio::net::TcpListener::bind(address).await {
+            Ok(listener) => Some(listener),
+            Err(e) => {
+                server.shutdown().await;
+                return Err(e)
+                    .with_context(|| format!("cannot listen on {address} (--e2b-listen)"));
+            }
+        },
+        None => None,
     };
     let address = listener.local_addr()?;
     let url = format!("http://{address}");
@@ -571,7 +604,21 @@ async fn serve(listen: SocketAddr, options: ServeOptions) -> Result<ExitCode> {
         );
         let _ = writeln!(banner, "  export EVERVM_URL={url}");
         let _ = writeln!(banner, "  export EVERVM_TOKEN={token}");
+        if let Some(e2b) = e2b_listener.as_ref().and_then(|l| l.local_addr().ok()) {
+            let _ = writeln!(
+                banner,
+                "  export E2B_API_URL=http://{e2b} E2B_SANDBOX_URL=http://{e2b} E2B_API_KEY={}",
+                evervm::server::e2b::api_key_for_token(&token)
+            );
+        }
         let _ = writeln!(banner, "(more with `evervm token create`)");
+    }
+    if let Some(e2b) = e2b_listener.as_ref().and_then(|l| l.local_addr().ok()) {
+        let _ = writeln!(
+            banner,
+            "E2B-compatible API on http://{e2b}: E2B_API_URL=E2B_SANDBOX_URL=http://{e2b}, \
+             E2B_API_KEY from `evervm token create --e2b`"
+        );
     }
     if server.backend_name() == "process" {
         let _ = writeln!(
@@ -583,7 +630,7 @@ async fn serve(listen: SocketAddr, options: ServeOptions) -> Result<ExitCode> {
     let _ = out.write_all(banner.as_bytes());
     let _ = out.flush();
     drop(out);
-    server.serve_with_shutdown(listener, stop).await?;
+    server.serve_listeners(listener, e2b_listener, stop).await?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -156,7 +156,8 @@ pub fn parse_tag(text: &str) -> Result<(String, String)> {
 }
 
 /// A machine's name: 1 to 64 characters of `[A-Za-z0-9_-]`, never the reserved word `new`.
-/// Generated names are 16 alphanumeric characters.
+/// Generated names are 16 characters of `[a-z0-9]` (about 82 bits), which makes them valid DNS
+/// labels too (E2B's sandbox ids, `<port>-<id>.<domain>`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct MachineName(String);
@@ -175,7 +176,7 @@ impl MachineName {
     #[cfg(feature = "runtime")]
     pub(crate) fn generate() -> Self {
         use rand::Rng;
-        const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+        const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
         let mut rng = rand::rng();
         let name: String = (0..16)
             .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))

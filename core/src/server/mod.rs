@@ -25,6 +25,7 @@
 //! ```
 
 mod auth;
+pub mod e2b;
 pub(crate) mod error;
 mod exec;
 pub(crate) mod extract;
@@ -266,32 +267,67 @@ pub async fn serve_with_shutdown<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
+    serve_listeners(engine, listener, None, signal).await
+}
+
+/// Serves `engine`'s API on `listener` and, given `e2b`, its E2B-compatible API on that one
+/// (see [`e2b`]), until `signal` completes; then shuts down as [`serve_with_shutdown`] does.
+pub async fn serve_listeners<F>(
+    engine: Engine,
+    listener: tokio::net::TcpListener,
+    e2b: Option<tokio::net::TcpListener>,
+    signal: F,
+) -> std::io::Result<()>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
     if let Ok(address) = listener.local_addr() {
         tracing::info!(%address, backend = engine.backend_name(), "serving the evervm API");
     }
-    let (stopping_tx, mut stopping) = tokio::sync::watch::channel(false);
+    let (stopping_tx, stopping) = tokio::sync::watch::channel(false);
     let signal = async move {
         signal.await;
         tracing::info!("shutting down");
         let _ = stopping_tx.send(true);
     };
-    // Small messages (an exec, its result) must not wait for Nagle's algorithm.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("cannot set TCP_NODELAY: {e}");
-        }
-    });
-    let server = axum::serve(listener, router(engine.clone()))
-        .with_graceful_shutdown(signal)
-        .into_future();
-    let grace_over = async move {
+    let stopped = |mut stopping: tokio::sync::watch::Receiver<bool>| async move {
         if stopping.wait_for(|stopping| *stopping).await.is_err() {
             std::future::pending::<()>().await;
         }
+    };
+    let mut servers = vec![tokio::spawn(
+        axum::serve(without_nagle(listener), router(engine.clone()))
+            .with_graceful_shutdown(signal)
+            .into_future(),
+    )];
+    if let Some(e2b_listener) = e2b {
+        if let Ok(address) = e2b_listener.local_addr() {
+            tracing::info!(%address, "serving the E2B-compatible API");
+        }
+        servers.push(tokio::spawn(
+            axum::serve(without_nagle(e2b_listener), e2b::router(engine.clone()))
+                .with_graceful_shutdown(stopped(stopping.clone()))
+                .into_future(),
+        ));
+    }
+    let all_served = async {
+        let mut result = Ok(());
+        for server in servers {
+            let served = server
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(format!("a listener stopped: {e}"))));
+            if result.is_ok() {
+                result = served;
+            }
+        }
+        result
+    };
+    let grace_over = async move {
+        stopped(stopping).await;
         tokio::time::sleep(SHUTDOWN_GRACE).await;
     };
     let result = tokio::select! {
-        result = server => result,
+        result = all_served => result,
         () = grace_over => {
             tracing::warn!("requests still open {} s after shutdown began: stopping anyway", SHUTDOWN_GRACE.as_secs());
             Ok(())
@@ -299,6 +335,18 @@ where
     };
     engine.shutdown().await;
     result
+}
+
+/// The listener, with small messages (an exec, its result) sent without waiting for Nagle's
+/// algorithm.
+fn without_nagle(
+    listener: tokio::net::TcpListener,
+) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
+    axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("cannot set TCP_NODELAY: {e}");
+        }
+    })
 }
 
 /// Completes at Ctrl-C, or SIGTERM on Unix. The handlers are installed when this is called (a

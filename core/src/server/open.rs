@@ -151,6 +151,20 @@ impl Server {
         super::serve_with_shutdown(self.engine, listener, signal).await
     }
 
+    /// Serves the API on `listener` and, given `e2b`, E2B's API on that one (see
+    /// [`super::e2b`]), until `signal` completes; then stops the engine.
+    pub async fn serve_listeners<F>(
+        self,
+        listener: tokio::net::TcpListener,
+        e2b: Option<tokio::net::TcpListener>,
+        signal: F,
+    ) -> std::io::Result<()>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        super::serve_listeners(self.engine, listener, e2b, signal).await
+    }
+
     /// Stops the engine without serving.
     pub async fn shutdown(self) {
         self.engine.shutdown().await;

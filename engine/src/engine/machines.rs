@@ -174,6 +174,11 @@ impl Engine {
         }
     }
 
+    /// True once the engine has shut down (or begun to).
+    pub fn is_closed(&self) -> bool {
+        self.inner.closing()
+    }
+
     pub(super) fn refuse_when_closed(&self) -> Result<()> {
         if self.inner.closing() {
             return Err(Error::new(

@@ -1,0 +1,672 @@
+//! E2B's control plane (its REST API at `E2B_API_URL`): sandboxes created, connected, listed,
+//! given timeouts, paused and killed, over the caller's evervm machines.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use evervm_engine::{
+    Account, CreateMachine, EnvVar, ErrorKind, ForkMachine, ListCursor, MachineInfo, Tags,
+};
+use serde::{Deserialize, Serialize};
+
+use super::sandboxes::{Clock, DEFAULT_TIMEOUT, timeout_from_seconds};
+use super::{ApiCaller, E2bFailure, E2bState, ENVD_VERSION};
+
+/// The tag that keeps the template a sandbox was created from (E2B's `templateID`); tags under
+/// `e2b:` are not shown as metadata.
+const TEMPLATE_TAG: &str = "e2b:template";
+const HIDDEN_TAG_PREFIX: &str = "e2b:";
+/// The template the code-interpreter SDKs ask for by default.
+const DEFAULT_TEMPLATE: &str = "code-interpreter-v1";
+/// E2B's own templates, which are evervm's default image here.
+const E2B_TEMPLATES: &[&str] = &["base", "code-interpreter-v1", "code-interpreter"];
+/// E2B's `clientID`, which says where a sandbox runs.
+const CLIENT_ID: &str = "evervm";
+/// The most sandboxes one page of a list holds (E2B's limit).
+const MAX_LIST_LIMIT: usize = 100;
+/// The most forks one request makes (E2B's limit).
+const MAX_FORKS: u32 = 20;
+
+/// `POST /sandboxes` and `/v2/sandboxes`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct NewSandbox {
+    #[serde(rename = "templateID", default)]
+    template_id: Option<String>,
+    /// Seconds.
+    #[serde(default)]
+    timeout: Option<i64>,
+    #[serde(default)]
+    metadata: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    env_vars: Option<BTreeMap<String, String>>,
+}
+
+/// A sandbox as create and connect answer it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SandboxView {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    #[serde(rename = "sandboxID")]
+    sandbox_id: String,
+    #[serde(rename = "clientID")]
+    client_id: &'static str,
+    alias: String,
+    envd_version: &'static str,
+    /// The API key: the SDKs send it back on every sandbox request (`X-Access-Token`).
+    envd_access_token: String,
+    domain: Option<String>,
+}
+
+/// A sandbox as `GET /sandboxes/{id}` and lists describe it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct SandboxDetail {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    #[serde(rename = "sandboxID")]
+    sandbox_id: String,
+    #[serde(rename = "clientID")]
+    client_id: &'static str,
+    alias: String,
+    started_at: DateTime<Utc>,
+    end_at: DateTime<Utc>,
+    envd_version: &'static str,
+    cpu_count: usize,
+    #[serde(rename = "memoryMB")]
+    memory_mb: u32,
+    #[serde(rename = "diskSizeMB")]
+    disk_size_mb: u64,
+    metadata: BTreeMap<String, String>,
+    /// `running` or `paused`.
+    state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    envd_access_token: Option<String>,
+    domain: Option<String>,
+}
+
+fn template_of(info: &MachineInfo) -> String {
+    info.tags
+        .get(TEMPLATE_TAG)
+        .cloned()
+        .unwrap_or_else(|| info.image.clone())
+}
+
+fn metadata_of(tags: &Tags) -> BTreeMap<String, String> {
+    tags.iter()
+        .filter(|(key, _)| !key.starts_with(HIDDEN_TAG_PREFIX))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+fn view(info: &MachineInfo, key: &str) -> SandboxView {
+    let template_id = template_of(info);
+    SandboxView {
+        alias: template_id.clone(),
+        template_id,
+        sandbox_id: info.name.to_string(),
+        client_id: CLIENT_ID,
+        envd_version: ENVD_VERSION,
+        envd_access_token: key.to_owned(),
+        domain: None,
+    }
+}
+
+fn detail(state: &E2bState, info: &MachineInfo, key: Option<&str>) -> SandboxDetail {
+    let clock = state.sandboxes.clock(info.name.as_str());
+    let (started_at, end_at, running) = match &clock {
+        Some(Clock {
+            started_at, end_at, ..
+        }) => (*started_at, *end_at, true),
+        // A paused sandbox: since it was last used (or made), until then.
+        None => {
+            let last = info.last_used_at.unwrap_or(info.created_at);
+            (info.created_at, last, false)
+        }
+    };
+    let template_id = template_of(info);
+    SandboxDetail {
+        alias: template_id.clone(),
+        template_id,
+        sandbox_id: info.name.to_string(),
+        client_id: CLIENT_ID,
+        started_at,
+        end_at,
+        envd_version: ENVD_VERSION,
+        cpu_count: std::thread::available_parallelism().map_or(1, usize::from),
+        memory_mb: info.memory_mb,
+        disk_size_mb: state.engine.limits().max_disk_mb_per_account,
+        metadata: metadata_of(&info.tags),
+        state: if running { "running" } else { "paused" },
+        envd_access_token: key.map(str::to_owned),
+        domain: None,
+    }
+}
+
+/// The API key the request came with (already checked by [`ApiCaller`]).
+fn key_of(headers: &HeaderMap) -> String {
+    super::header_text(headers, "x-api-key")
+        .or_else(|| super::bearer(headers))
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// A JSON body, or `{}` when empty; errors name what is wrong.
+fn parse_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, E2bFailure> {
+    let body = if body.trim_ascii().is_empty() {
+        b"{}".as_slice()
+    } else {
+        body
+    };
+    serde_json::from_slice(body)
+        .map_err(|e| E2bFailure::bad_request(format!("the request body is not valid: {e}")))
+}
+
+fn created<T: Serialize>(body: &T) -> Response {
+    (StatusCode::CREATED, Json(body)).into_response()
+}
+
+/// `POST /sandboxes`, `POST /v2/sandboxes`: a new machine, running for its timeout.
+pub(super) async fn create(
+    State(state): State<E2bState>,
+    ApiCaller(account): ApiCaller,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, E2bFailure> {
+    let request: NewSandbox = parse_body(&body)?;
+    let timeout = match request.timeout {
+        Some(seconds) => timeout_from_seconds(seconds)?,
+        None => DEFAULT_TIMEOUT,
+    };
+    let template = request
+        .template_id
+        .filter(|t| !t.trim().is_empty())
+        .unwrap_or_else(|| DEFAULT_TEMPLATE.to_owned());
+    let image = if E2B_TEMPLATES.contains(&template.as_str()) {
+        None
+    } else {
+        Some(template.clone())
+    };
+    let mut tags: Tags = request.metadata.unwrap_or_default().into_iter().collect();
+    if tags.keys().any(|key| key.starts_with(HIDDEN_TAG_PREFIX)) {
+        return Err(E2bFailure::bad_request(format!(
+            "metadata keys starting with {HIDDEN_TAG_PREFIX:?} are evervm's own"
+        )));
+    }
+    tags.insert(TEMPLATE_TAG.to_owned(), template);
+    let env = request
+        .env_vars
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(name, value)| {
+            (
+                name,
+                EnvVar {
+                    value,
+                    secret: false,
+                },
+            )
+        })
+        .collect();
+    let info = state
+        .engine
+        .create_machine(
+            &account,
+            CreateMachine {
+                tags,
+                image,
+                env,
+                ..CreateMachine::default()
+            },
+        )
+        .await
+        .map_err(|e| template_failure(&e))?;
+    state.sandboxes.start(&account, info.name.as_str(), timeout);
+    Ok(created(&view(&info, &key_of(&headers))))
+}
+
+/// A creation that failed on its template says what templates there are.
+fn template_failure(error: &evervm_engine::Error) -> E2bFailure {
+    let mut failure = E2bFailure::from(error);
+    if error.kind() == ErrorKind::InvalidInput && error.message().contains("image") {
+        failure.message = format!(
+            "{}: a template is E2B's `base` or `code-interpreter-v1` (evervm's default image), or \
+             an evervm image (`minimal`, `data`, or one built with `evervm image build`)",
+            error.message()
+        );
+    }
+    failure
+}
+
+async fn machine(state: &E2bState, account: &Account, id: &str) -> Result<MachineInfo, E2bFailure> {
+    state
+        .engine
+        .machine_info(account, id)
+        .await
+        .map_err(|e| not_found_as_sandbox(&e, id))
+}
+
+fn not_found_as_sandbox(error: &evervm_engine::Error, id: &str) -> E2bFailure {
+    if error.kind() == ErrorKind::NotFound {
+        E2bFailure::sandbox_not_found(id)
+    } else {
+        E2bFailure::from(error)
+    }
+}
+
+/// `GET /sandboxes/{id}`.
+pub(super) async fn info(
+    State(state): State<E2bState>,
+    ApiCaller(account): ApiCaller,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<SandboxDetail>, E2bFailure> {
+    let info = machine(&state, &account, &id).await?;
+    Ok(Json(detail(&state, &info, Some(&key_of(&headers)))))
+}
+
+/// `GET /v2/sandboxes`'s query (metadata in E2B's encoding, see [`parse_metadata`]).
+#[derive(Debug, Default)]
+struct ListQuery {
+    metadata: Tags,
+    /// `running`, `paused`, or both when empty.
+    states: Vec<String>,
+    limit: Option<usize>,
+    next_token: Option<String>,
+}
+
+fn parse_list_query(query: Option<&str>) -> Result<ListQuery, E2bFailure> {
+    let mut parsed = ListQuery::default();
+    for (key, value) in url::form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        match key.as_ref() {
+            "metadata" | "query" => parsed.metadata.extend(parse_metadata(&value)?),
+            "state" => {
+                for state in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                    if state != "running" && state != "paused" {
+                        return Err(E2bFailure::bad_request(format!(
+                            "state {state:?}: a sandbox is `running` or `paused`"
+                        )));
+                    }
+                    parsed.states.push(state.to_owned());
+                }
+            }
+            "limit" => {
+                let limit = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|l| (1..=MAX_LIST_LIMIT).contains(l))
+                    .ok_or_else(|| {
+                        E2bFailure::bad_request(format!(
+                            "limit {value:?}: a page holds 1 to {MAX_LIST_LIMIT} sandboxes"
+                        ))
+                    })?;
+                parsed.limit = Some(limit);
+            }
+            "nextToken" => parsed.next_token = Some(value.into_owned()),
+            _ => {}
+        }
+    }
+    Ok(parsed)
+}
+
+/// E2B's metadata filter, once the query string is decoded: `k=v&k2=v2` with every key and
+/// value percent-encoded, the whole percent-encoded once more (what both SDKs send).
+fn parse_metadata(text: &str) -> Result<Tags, E2bFailure> {
+    let once = percent_decode(text)?;
+    let mut tags = Tags::new();
+    for pair in once.split('&').filter(|p| !p.is_empty()) {
+        let Some((key, value)) = pair.split_once('=') else {
+            return Err(E2bFailure::bad_request(format!(
+                "metadata filter {pair:?} is not key=value"
+            )));
+        };
+        tags.insert(percent_decode(key)?, percent_decode(value)?);
+    }
+    Ok(tags)
+}
+
+/// `%XX` sequences decoded (a `%` not followed by two hex digits stays as it is).
+fn percent_decode(text: &str) -> Result<String, E2bFailure> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| char::from(b).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied().and_then(hex),
+            bytes.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(high), Some(low)) => {
+                out.push(u8::try_from(high * 16 + low).unwrap_or(b'?'));
+                i += 3;
+            }
+            (byte, _, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| E2bFailure::bad_request("the metadata filter is not UTF-8"))
+}
+
+/// `GET /v2/sandboxes`: the caller's sandboxes with every metadata pair given, newest first, in
+/// pages (`X-Next-Token`).
+pub(super) async fn list(
+    State(state): State<E2bState>,
+    ApiCaller(account): ApiCaller,
+    RawQuery(query): RawQuery,
+) -> Result<Response, E2bFailure> {
+    let query = parse_list_query(query.as_deref())?;
+    list_page(&state, &account, query).await
+}
+
+/// `GET /sandboxes` (the first generation's list): running sandboxes only, one page.
+pub(super) async fn list_running(
+    State(state): State<E2bState>,
+    ApiCaller(account): ApiCaller,
+    RawQuery(query): RawQuery,
+) -> Result<Response, E2bFailure> {
+    let mut query = parse_list_query(query.as_deref())?;
+    query.states = vec!["running".to_owned()];
+    list_page(&state, &account, query).await
+}
+
+async fn list_page(
+    state: &E2bState,
+    account: &Account,
+    query: ListQuery,
+) -> Result<Response, E2bFailure> {
+    let cursor = query
+        .next_token
+        .as_deref()
+        .map(ListCursor::parse)
+        .transpose()?;
+    let page = state
+        .engine
+        .list_machines_page(
+            account,
+            &query.metadata,
+            query.limit.unwrap_or(MAX_LIST_LIMIT),
+            cursor,
+        )
+        .await?;
+    let sandboxes: Vec<SandboxDetail> = page
+        .machines
+        .iter()
+        .map(|info| detail(state, info, None))
+        .filter(|d| query.states.is_empty() || query.states.iter().any(|s| s == d.state))
+        .collect();
+    let mut response = Json(sandboxes).into_response();
+    if let Some(next) = page.next_cursor
+        && let Ok(value) = HeaderValue::from_str(&next.encode())
+    {
+        response.headers_mut().insert("x-next-token", value);
+    }
+    Ok(response)
+}
+
+/// `DELETE /sandboxes/{id}`: the machine is deleted (E2B's kill).
+pub(super) async fn kill(
+    State(state): State<E2bState>,
+    ApiCaller(account): ApiCaller,
+    Path(id): Path<String>,
+) -> Result<StatusCode, E2bFailure> {
+    state
+        .engine
+        .delete_machine(&account, &id)
+        .await
+        .map_err(|e| not_found_as_sandbox(&e, &id))?;
+    state.sandboxes.stop(&id);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+struct TimeoutRequest {
+    timeout: i64,
+}
+
+/// `POST /sandboxes/{id}/timeout`: the sandbox runs for that long from now.
+pub(super) async fn set_timeout(
+    State(state): State<E2bState>,
+    ApiCaller(account): ApiCaller,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, E2bFailure> {
+    let request: TimeoutRequest = parse_body(&body)?;
+    let timeout = timeout_from_seconds(request.timeout)?;
+    machine(&state, &account, &id).await?;
+    state.sandboxes.start(&account, &id, timeout);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+struct RefreshRequest {
+    #[serde(default)]
+    duration: Option<i64>,
+}
+
+/// `POST /sandboxes/{id}/refreshes`: as a timeout (E2B's keep-alive of older SDKs).
+pub(super) async fn refresh(
+    State(state): State<E2bState>,
+    ApiCaller(account): ApiCaller,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, E2bFailure> {
+    let request: RefreshRequest = parse_body(&body)?;
+    let timeout = match request.duration {
+        Some(seconds) => timeout_from_seconds(seconds)?,
+        None => DEFAULT_TIMEOUT,
+    };
+    machine(&state, &account, &id).await?;
+    state.sandboxes.start(&account, &id, timeout);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /sandboxes/{id}/pause`: the machine is swapped out; 409 when it already was paused.
+pub(super) async fn pause(
+    State(state): State<E2bState>,
+    ApiCaller(account): ApiCaller,
+    Path(id): Path<String>,
+) -> Result<StatusCode, E2bFailure> {
+    machine(&state, &account, &id).await?;
+    if !state.sandboxes.stop(&id) {
+        return Err(E2bFailure::new(
+            StatusCode::CONFLICT,
+            format!("sandbox {id:?} is already paused"),
+        ));
+    }
+    state
+        .engine
+        .swap_out(&account, &id)
+        .await
+        .map_err(|e| not_found_as_sandbox(&e, &id))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+struct ConnectRequest {
+    #[serde(default)]
+    timeout: Option<i64>,
+}
+
+/// `POST /sandboxes/{id}/connect`, `/v2/sandboxes/{id}/connect`: a paused sandbox runs again
+/// (its machine is restored by its next instruction) for the timeout given; a running one's
+/// timeout is only ever extended. 201 when it was paused, 200 when it was running.
+pub(super) async fn connect(
+    State(state): State<E2bState>,
+    ApiCaller(account): ApiCaller,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, E2bFailure> {
+    let request: ConnectRequest = parse_body(&body)?;
+    resume_or_connect(&state, &account, &headers, &id, request.timeout).await
+}
+
+/// `POST /sandboxes/{id}/resume` (the first generation's connect): as connect.
+pub(super) async fn resume(
+    State(state): State<E2bState>,
+    ApiCaller(account): ApiCaller,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, E2bFailure> {
+    let request: ConnectRequest = parse_body(&body)?;
+    resume_or_connect(&state, &account, &headers, &id, request.timeout).await
+}
+
+async fn resume_or_connect(
+    state: &E2bState,
+    account: &Account,
+    headers: &HeaderMap,
+    id: &str,
+    timeout: Option<i64>,
+) -> Result<Response, E2bFailure> {
+    let timeout = timeout.map(timeout_from_seconds).transpose()?;
+    let info = machine(state, account, id).await?;
+    let status = match state.sandboxes.clock(id) {
+        Some(clock) => {
+            let wanted = timeout.unwrap_or(Duration::ZERO);
+            let left = (clock.end_at - Utc::now()).to_std().unwrap_or_default();
+            if wanted > left {
+                state.sandboxes.start(account, id, wanted);
+            }
+            StatusCode::OK
+        }
+        None => {
+            state
+                .sandboxes
+                .start(account, id, timeout.unwrap_or(DEFAULT_TIMEOUT));
+            StatusCode::CREATED
+        }
+    };
+    Ok((status, Json(view(&info, &key_of(headers)))).into_response())
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct SandboxMetric {
+    timestamp: DateTime<Utc>,
+    timestamp_unix: i64,
+    cpu_count: usize,
+    /// Not measured by evervm: always 0.
+    cpu_used_pct: f64,
+    mem_used: u64,
+    mem_total: u64,
+    mem_cache: u64,
+    disk_used: u64,
+    disk_total: u64,
+}
+
+/// `GET /sandboxes/{id}/metrics`: one sample, now: the memory the machine's sandbox holds and
+/// the disk its files and snapshot take. CPU use is not measured (0).
+pub(super) async fn metrics(
+    State(state): State<E2bState>,
+    ApiCaller(account): ApiCaller,
+    Path(id): Path<String>,
+) -> Result<Json<Vec<SandboxMetric>>, E2bFailure> {
+    let info = machine(&state, &account, &id).await?;
+    let now = Utc::now();
+    Ok(Json(vec![SandboxMetric {
+        timestamp: now,
+        timestamp_unix: now.timestamp(),
+        cpu_count: std::thread::available_parallelism().map_or(1, usize::from),
+        cpu_used_pct: 0.0,
+        mem_used: info.resident_bytes,
+        mem_total: u64::from(info.memory_mb) * 1024 * 1024,
+        mem_cache: 0,
+        disk_used: info.disk_bytes,
+        disk_total: state.engine.limits().max_disk_mb_per_account * 1024 * 1024,
+    }]))
+}
+
+#[derive(Debug, Deserialize)]
+struct ForkRequest {
+    #[serde(default)]
+    timeout: Option<i64>,
+    #[serde(default)]
+    count: Option<u32>,
+}
+
+/// `POST /sandboxes/{id}/fork`: new sandboxes from the sandbox's current state (evervm's fork:
+/// memory and files), each running for the timeout given.
+pub(super) async fn fork(
+    State(state): State<E2bState>,
+    ApiCaller(account): ApiCaller,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, E2bFailure> {
+    let request: ForkRequest = parse_body(&body)?;
+    let timeout = match request.timeout {
+        Some(seconds) => timeout_from_seconds(seconds)?,
+        None => DEFAULT_TIMEOUT,
+    };
+    let count = request.count.unwrap_or(1);
+    if !(1..=MAX_FORKS).contains(&count) {
+        return Err(E2bFailure::bad_request(format!(
+            "count {count}: a fork makes 1 to {MAX_FORKS} sandboxes"
+        )));
+    }
+    machine(&state, &account, &id).await?;
+    let key = key_of(&headers);
+    let mut forks = Vec::new();
+    for _ in 0..count {
+        let item = match state
+            .engine
+            .fork_machine(&account, &id, ForkMachine::default())
+            .await
+        {
+            Ok(info) => {
+                state.sandboxes.start(&account, info.name.as_str(), timeout);
+                serde_json::json!({ "sandbox": view(&info, &key) })
+            }
+            Err(e) => {
+                let failure = not_found_as_sandbox(&e, &id);
+                serde_json::json!({
+                    "error": { "code": failure.status.as_u16(), "message": failure.message }
+                })
+            }
+        };
+        forks.push(item);
+    }
+    Ok(created(&forks))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_filters_in_both_sdks_encodings() {
+        // Python: urlencode({quote(k): quote(v)}), then the query encoding; JS the same with
+        // encodeURIComponent. After the query string's own decoding:
+        let decoded_query = "user%2520id=a%2520b%2526c%253Dd&k=v";
+        let tags = parse_metadata(decoded_query).unwrap();
+        assert_eq!(tags.get("user id").map(String::as_str), Some("a b&c=d"));
+        assert_eq!(tags.get("k").map(String::as_str), Some("v"));
+
+        let query = parse_list_query(Some(
+            "metadata=user%252520id%3Da%252520b%252526c%25253Dd%26k%3Dv&state=running%2Cpaused&limit=5",
+        ))
+        .unwrap();
+        assert_eq!(query.metadata, tags);
+        assert_eq!(query.states, ["running", "paused"]);
+        assert_eq!(query.limit, Some(5));
+
+        assert_eq!(percent_decode("a%zz%4%41").unwrap(), "a%zz%4A");
+        assert!(percent_decode("%ff").is_err(), "not UTF-8");
+        assert!(parse_metadata("novalue").is_err());
+        assert!(parse_list_query(Some("state=dead")).is_err());
+        assert!(parse_list_query(Some("limit=0")).is_err());
+        assert!(parse_list_query(Some("limit=101")).is_err());
+    }
+}

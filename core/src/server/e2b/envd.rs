@@ -1,0 +1,863 @@
+//! E2B's envd, the daemon inside a sandbox (port 49983), over the machine: `/health`, files in
+//! and out (`/files`), the `filesystem.Filesystem` calls (Stat, ListDir, MakeDir, Remove, Move)
+//! and `process.Process/Start` (a shell command, run by the machine's interpreter in its
+//! sandbox, its output streamed), with SendSignal and List for the commands running.
+//!
+//! Paths: E2B's home, `/home/user`, is the machine's home (`/home/machine` on gVisor), both ways.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{FromRequest, Multipart, Path, Query, Request, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use evervm_engine::{
+    Account, ExecEvent, FileInfo, FileKind, MAX_TIMEOUT, Outcome, WriteFileOptions,
+};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+
+use super::connect::{self, Code, RpcError};
+use super::interpreter::E2B_HOME;
+use super::run::{self, Run};
+use super::{E2bFailure, E2bState, EnvdCaller, SandboxCaller};
+
+/// The most entries a recursive listing returns.
+const MAX_LISTED: usize = evervm_engine::files::MAX_LIST_ENTRIES;
+/// The deepest listing (E2B's SDKs ask for 1 unless told).
+const MAX_DEPTH: u32 = 16;
+/// The most keepalive interval a client may ask for, and the one used when it asks for none.
+const MAX_KEEPALIVE: Duration = Duration::from_secs(300);
+const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(50);
+
+/// A path as E2B names it, as the engine takes it: `/home/user/...` is `~/...`.
+fn to_machine(path: &str) -> String {
+    if path == E2B_HOME {
+        "~".to_owned()
+    } else if let Some(rest) = path.strip_prefix(E2B_HOME).filter(|r| r.starts_with('/')) {
+        format!("~{rest}")
+    } else if path.is_empty() {
+        "~".to_owned()
+    } else {
+        path.to_owned()
+    }
+}
+
+/// A path as the engine reports it, as E2B names it.
+fn to_e2b(path: &str) -> String {
+    let home = evervm_engine::guest::image::MACHINE_HOME;
+    if path == home {
+        E2B_HOME.to_owned()
+    } else if let Some(rest) = path.strip_prefix(home).filter(|r| r.starts_with('/')) {
+        format!("{E2B_HOME}{rest}")
+    } else {
+        path.to_owned()
+    }
+}
+
+/// The running commands' pids (an instruction's seq + 1), by machine: what SendSignal and List
+/// act on. Entries live as long as their command's stream.
+#[derive(Debug, Default)]
+pub(crate) struct Commands {
+    running: Mutex<HashMap<(String, u32), ProcessConfig>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Removes a command from [`Commands`] when its stream ends.
+struct Registered {
+    commands: Arc<Commands>,
+    key: (String, u32),
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        lock(&self.commands.running).remove(&self.key);
+    }
+}
+
+/// `GET /health`: 204 while the sandbox runs, 502 when it is paused or gone.
+pub(super) async fn health(
+    State(state): State<E2bState>,
+    EnvdCaller(caller): EnvdCaller,
+) -> Result<StatusCode, E2bFailure> {
+    match state.sandboxes.clock(&caller.sandbox) {
+        Some(clock) if clock.account.id == caller.account.id => Ok(StatusCode::NO_CONTENT),
+        _ => Err(E2bFailure::new(
+            StatusCode::BAD_GATEWAY,
+            format!(
+                "The sandbox {} was not found (or is paused)",
+                caller.sandbox
+            ),
+        )),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct FileQuery {
+    #[serde(default)]
+    path: Option<String>,
+}
+
+/// The envd form of a file failure: `{"code", "message"}` with its status; a missing machine
+/// is 502 ("was not found").
+fn file_failure(error: &evervm_engine::Error, sandbox: &str) -> E2bFailure {
+    super::sandbox_failure(error, sandbox)
+}
+
+/// `GET /files?path=`: the file's bytes, streamed.
+pub(super) async fn read_file(
+    State(state): State<E2bState>,
+    EnvdCaller(caller): EnvdCaller,
+    Query(query): Query<FileQuery>,
+) -> Result<Response, E2bFailure> {
+    let SandboxCaller { account, sandbox } = caller;
+    let path = query
+        .path
+        .ok_or_else(|| E2bFailure::bad_request("GET /files needs ?path="))?;
+    let read = state
+        .engine
+        .read_file(&account, &sandbox, &to_machine(&path))
+        .await
+        .map_err(|e| file_failure(&e, &sandbox))?;
+    state.sandboxes.touch(&account, &sandbox);
+    let body = Body::from_stream(
+        read.data
+            .map(|piece| piece.map_err(|e| std::io::Error::other(e.to_string()))),
+    );
+    Ok(([(CONTENT_TYPE, "application/octet-stream")], body).into_response())
+}
+
+/// What a write answers per file (exactly these fields: older SDKs refuse others).
+#[derive(Debug, Serialize)]
+struct WrittenEntry {
+    name: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    path: String,
+}
+
+fn written(info: &FileInfo) -> WrittenEntry {
+    WrittenEntry {
+        name: info.name().to_owned(),
+        kind: if info.kind == FileKind::Directory {
+            "dir"
+        } else {
+            "file"
+        },
+        path: to_e2b(&info.path),
+    }
+}
+
+/// `POST /files`: multipart (a part `file` per file, its filename the destination unless
+/// `?path=` names it) or the raw bytes of one file (`application/octet-stream`, `?path=`).
+/// Parent directories are made; existing files are replaced.
+pub(super) async fn write_files(
+    State(state): State<E2bState>,
+    EnvdCaller(caller): EnvdCaller,
+    Query(query): Query<FileQuery>,
+    headers: HeaderMap,
+    request: Request,
+) -> Result<Response, E2bFailure> {
+    let SandboxCaller { account, sandbox } = caller;
+    if headers
+        .get(axum::http::header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|e| !e.eq_ignore_ascii_case("identity"))
+    {
+        return Err(E2bFailure::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "compressed uploads are not accepted: send the file uncompressed",
+        ));
+    }
+    let content_type = headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    let options = WriteFileOptions {
+        mode: None,
+        make_parents: true,
+    };
+    let mut entries = Vec::new();
+    if content_type.starts_with("multipart/form-data") {
+        let mut multipart = Multipart::from_request(request, &state)
+            .await
+            .map_err(|e| E2bFailure::bad_request(format!("the upload is not multipart: {e}")))?;
+        let mut parts = 0usize;
+        while let Some(field) = multipart
+            .next_field()
+            .await
+            .map_err(|e| E2bFailure::bad_request(format!("the upload broke off: {e}")))?
+        {
+            parts += 1;
+            let destination = match (&query.path, field.file_name()) {
+                (Some(path), _) if parts == 1 => path.clone(),
+                (_, Some(name)) => name.to_owned(),
+                (_, None) => {
+                    return Err(E2bFailure::bad_request(
+                        "a part of the upload has no filename and ?path= names none",
+                    ));
+                }
+            };
+            // The part borrows the upload: its pieces go to the write through a channel.
+            let (tx, rx) = tokio::sync::mpsc::channel::<evervm_engine::Result<Bytes>>(4);
+            let pump = async move {
+                let mut field = field;
+                loop {
+                    let piece = match field.chunk().await {
+                        Ok(Some(piece)) => Ok(piece),
+                        Ok(None) => return,
+                        Err(e) => Err(evervm_engine::Error::invalid(format!(
+                            "the upload broke off: {e}"
+                        ))),
+                    };
+                    let failed = piece.is_err();
+                    if tx.send(piece).await.is_err() || failed {
+                        return;
+                    }
+                }
+            };
+            let data = futures::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|piece| (piece, rx))
+            })
+            .boxed();
+            let target = to_machine(&destination);
+            let write = state
+                .engine
+                .write_file(&account, &sandbox, &target, data, options);
+            let ((), written_info) = tokio::join!(pump, write);
+            let info = written_info.map_err(|e| file_failure(&e, &sandbox))?;
+            entries.push(written(&info));
+        }
+    } else {
+        let path = query.path.ok_or_else(|| {
+            E2bFailure::bad_request("an upload of raw bytes needs ?path= (where to write them)")
+        })?;
+        let data = request
+            .into_body()
+            .into_data_stream()
+            .map(|piece| {
+                piece.map_err(|e| {
+                    evervm_engine::Error::invalid(format!("the upload broke off: {e}"))
+                })
+            })
+            .boxed();
+        let info = state
+            .engine
+            .write_file(&account, &sandbox, &to_machine(&path), data, options)
+            .await
+            .map_err(|e| file_failure(&e, &sandbox))?;
+        entries.push(written(&info));
+    }
+    if entries.is_empty() {
+        return Err(E2bFailure::bad_request("the upload holds no file"));
+    }
+    state.sandboxes.touch(&account, &sandbox);
+    Ok(axum::Json(entries).into_response())
+}
+
+// --- filesystem.Filesystem -----------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+struct PathRequest {
+    #[serde(default)]
+    path: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct ListDirRequest {
+    #[serde(default)]
+    path: String,
+    #[serde(default)]
+    depth: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+struct MoveRequest {
+    #[serde(default)]
+    source: String,
+    #[serde(default)]
+    destination: String,
+}
+
+/// envd's `EntryInfo`, as protobuf's JSON writes it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct EntryInfo {
+    name: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    path: String,
+    /// int64: a string.
+    size: String,
+    mode: u32,
+    permissions: String,
+    owner: &'static str,
+    group: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    modified_time: Option<String>,
+}
+
+fn entry(info: &FileInfo) -> EntryInfo {
+    let kind = match info.kind {
+        FileKind::File | FileKind::Other => "FILE_TYPE_FILE",
+        FileKind::Directory => "FILE_TYPE_DIRECTORY",
+        FileKind::Symlink => "FILE_TYPE_SYMLINK",
+    };
+    EntryInfo {
+        name: info.name().to_owned(),
+        kind,
+        path: to_e2b(&info.path),
+        size: info.size.to_string(),
+        mode: info.mode,
+        permissions: permissions(info),
+        owner: "user",
+        group: "user",
+        modified_time: info
+            .modified
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)),
+    }
+}
+
+/// `ls -l`'s permissions: `drwxr-xr-x`.
+fn permissions(info: &FileInfo) -> String {
+    let mut text = String::with_capacity(10);
+    text.push(match info.kind {
+        FileKind::Directory => 'd',
+        FileKind::Symlink => 'l',
+        FileKind::File | FileKind::Other => '-',
+    });
+    for shift in [6u32, 3, 0] {
+        let bits = (info.mode >> shift) & 0o7;
+        text.push(if bits & 4 != 0 { 'r' } else { '-' });
+        text.push(if bits & 2 != 0 { 'w' } else { '-' });
+        text.push(if bits & 1 != 0 { 'x' } else { '-' });
+    }
+    text
+}
+
+/// The Connect error of an engine failure on a sandbox's files.
+fn rpc_failure(error: &evervm_engine::Error, sandbox: &str) -> RpcError {
+    use evervm_engine::ErrorKind;
+    if error.kind() == ErrorKind::NotFound && error.resource() == Some("machine") {
+        return RpcError::new(
+            Code::Unavailable,
+            format!("The sandbox {sandbox} was not found"),
+        );
+    }
+    RpcError::from(error)
+}
+
+/// `POST /filesystem.Filesystem/{method}`.
+pub(super) async fn filesystem(
+    State(state): State<E2bState>,
+    EnvdCaller(caller): EnvdCaller,
+    Path(method): Path<String>,
+    body: Bytes,
+) -> Response {
+    let SandboxCaller { account, sandbox } = caller;
+    let answer = match method.as_str() {
+        "Stat" => stat(&state, &account, &sandbox, &body).await,
+        "ListDir" => list_dir(&state, &account, &sandbox, &body).await,
+        "MakeDir" => make_dir(&state, &account, &sandbox, &body).await,
+        "Remove" => remove(&state, &account, &sandbox, &body).await,
+        "Move" => move_entry(&state, &account, &sandbox, &body).await,
+        other => Err(RpcError::unimplemented(&format!(
+            "filesystem.Filesystem/{other}"
+        ))),
+    };
+    match answer {
+        Ok(message) => {
+            state.sandboxes.touch(&account, &sandbox);
+            connect::unary(&message)
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn stat(
+    state: &E2bState,
+    account: &Account,
+    sandbox: &str,
+    body: &[u8],
+) -> Result<serde_json::Value, RpcError> {
+    let request: PathRequest = connect::parse_unary(body)?;
+    let info = state
+        .engine
+        .stat_file(account, sandbox, &to_machine(&request.path))
+        .await
+        .map_err(|e| rpc_failure(&e, sandbox))?;
+    Ok(serde_json::json!({ "entry": entry(&info) }))
+}
+
+async fn list_dir(
+    state: &E2bState,
+    account: &Account,
+    sandbox: &str,
+    body: &[u8],
+) -> Result<serde_json::Value, RpcError> {
+    let request: ListDirRequest = connect::parse_unary(body)?;
+    let depth = request.depth.unwrap_or(1).max(1);
+    if depth > MAX_DEPTH {
+        return Err(RpcError::invalid(format!(
+            "depth {depth}: at most {MAX_DEPTH}"
+        )));
+    }
+    let mut entries = Vec::new();
+    let mut directories = vec![(to_machine(&request.path), 1u32)];
+    while let Some((directory, level)) = directories.pop() {
+        let listing = state
+            .engine
+            .list_files(account, sandbox, &directory)
+            .await
+            .map_err(|e| rpc_failure(&e, sandbox))?;
+        for info in listing.entries {
+            if entries.len() >= MAX_LISTED {
+                return Ok(serde_json::json!({ "entries": entries }));
+            }
+            if info.kind == FileKind::Directory && level < depth {
+                directories.push((info.path.clone(), level + 1));
+            }
+            entries.push(entry(&info));
+        }
+    }
+    Ok(serde_json::json!({ "entries": entries }))
+}
+
+async fn make_dir(
+    state: &E2bState,
+    account: &Account,
+    sandbox: &str,
+    body: &[u8],
+) -> Result<serde_json::Value, RpcError> {
+    let request: PathRequest = connect::parse_unary(body)?;
+    let path = to_machine(&request.path);
+    match state.engine.stat_file(account, sandbox, &path).await {
+        Ok(_) => {
+            return Err(RpcError::new(
+                Code::AlreadyExists,
+                format!("{} already exists", request.path),
+            ));
+        }
+        Err(e)
+            if e.kind() == evervm_engine::ErrorKind::NotFound && e.resource() == Some("file") => {}
+        Err(e) => return Err(rpc_failure(&e, sandbox)),
+    }
+    let info = state
+        .engine
+        .make_dir(account, sandbox, &path, true)
+        .await
+        .map_err(|e| rpc_failure(&e, sandbox))?;
+    Ok(serde_json::json!({ "entry": entry(&info) }))
+}
+
+async fn remove(
+    state: &E2bState,
+    account: &Account,
+    sandbox: &str,
+    body: &[u8],
+) -> Result<serde_json::Value, RpcError> {
+    let request: PathRequest = connect::parse_unary(body)?;
+    state
+        .engine
+        .remove_file(account, sandbox, &to_machine(&request.path), true)
+        .await
+        .map_err(|e| rpc_failure(&e, sandbox))?;
+    Ok(serde_json::json!({}))
+}
+
+/// Python's literal of a machine path (`~` expanded in the machine).
+fn python_path(path: &str) -> Result<String, RpcError> {
+    evervm_engine::files::validate_path(path).map_err(|e| RpcError::invalid(e.message()))?;
+    let literal = serde_json::to_string(path).map_err(|e| RpcError::invalid(e.to_string()))?;
+    Ok(format!("__import__('os').path.expanduser({literal})"))
+}
+
+/// Move: renamed by the machine's interpreter, inside its sandbox.
+async fn move_entry(
+    state: &E2bState,
+    account: &Account,
+    sandbox: &str,
+    body: &[u8],
+) -> Result<serde_json::Value, RpcError> {
+    let request: MoveRequest = connect::parse_unary(body)?;
+    if request.source.is_empty() || request.destination.is_empty() {
+        return Err(RpcError::invalid("Move needs a source and a destination"));
+    }
+    let destination = to_machine(&request.destination);
+    let code = format!(
+        "__import__('os').rename({}, {})",
+        python_path(&to_machine(&request.source))?,
+        python_path(&destination)?
+    );
+    let (_, events) = run::start(
+        &state.engine,
+        account,
+        sandbox,
+        code,
+        Duration::from_secs(60),
+    )
+    .await
+    .map_err(|e| rpc_failure(&e, sandbox))?;
+    if let Some(Outcome::Error { text, .. }) = final_outcome(events).await {
+        let last = text.lines().last().unwrap_or_default().to_owned();
+        let code = if last.starts_with("FileNotFoundError") {
+            Code::NotFound
+        } else if last.starts_with("PermissionError") {
+            Code::PermissionDenied
+        } else {
+            Code::InvalidArgument
+        };
+        return Err(RpcError::new(code, last));
+    }
+    let info = state
+        .engine
+        .stat_file(account, sandbox, &destination)
+        .await
+        .map_err(|e| rpc_failure(&e, sandbox))?;
+    Ok(serde_json::json!({ "entry": entry(&info) }))
+}
+
+async fn final_outcome(
+    mut events: futures::stream::BoxStream<'static, ExecEvent>,
+) -> Option<Outcome> {
+    while let Some(event) = events.next().await {
+        if let ExecEvent::Result(result) = event {
+            return Some(result.outcome);
+        }
+    }
+    None
+}
+
+// --- process.Process -----------------------------------------------------------------------
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+pub(crate) struct ProcessConfig {
+    #[serde(default)]
+    cmd: String,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    envs: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cwd: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct StartRequest {
+    process: ProcessConfig,
+    #[serde(default)]
+    stdin: Option<bool>,
+    #[serde(default)]
+    pty: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ProcessSelector {
+    #[serde(default)]
+    pid: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+struct SendSignalRequest {
+    process: ProcessSelector,
+}
+
+/// `POST /process.Process/{method}`.
+pub(super) async fn process(
+    State(state): State<E2bState>,
+    EnvdCaller(caller): EnvdCaller,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match method.as_str() {
+        "Start" => start_process(state, caller, &headers, &body).await,
+        "SendSignal" => match send_signal(&state, &caller, &body).await {
+            Ok(()) => connect::unary(&serde_json::json!({})),
+            Err(e) => e.into_response(),
+        },
+        "List" => {
+            let processes: Vec<serde_json::Value> = lock(&state.commands.running)
+                .iter()
+                .filter(|((machine, _), _)| *machine == caller.sandbox)
+                .map(|((_, pid), config)| serde_json::json!({ "config": config, "pid": pid }))
+                .collect();
+            connect::unary(&serde_json::json!({ "processes": processes }))
+        }
+        other => RpcError::unimplemented(&format!("process.Process/{other}")).into_response(),
+    }
+}
+
+async fn send_signal(
+    state: &E2bState,
+    caller: &SandboxCaller,
+    body: &[u8],
+) -> Result<(), RpcError> {
+    let request: SendSignalRequest = connect::parse_unary(body)?;
+    let pid = request
+        .process
+        .pid
+        .ok_or_else(|| RpcError::invalid("SendSignal names a process by pid here"))?;
+    let running = lock(&state.commands.running).contains_key(&(caller.sandbox.clone(), pid));
+    if !running {
+        return Err(RpcError::new(
+            Code::NotFound,
+            format!("no process {pid} is running"),
+        ));
+    }
+    // SIGTERM and SIGKILL both end it: the interrupt kills the command's process group.
+    state
+        .engine
+        .interrupt(&caller.account, &caller.sandbox)
+        .await
+        .map_err(|e| rpc_failure(&e, &caller.sandbox))?;
+    Ok(())
+}
+
+/// The Python that runs a command in the machine's sandbox: its output written to the
+/// interpreter's stdout and stderr as it comes, the exit code as the value; an interrupt (a
+/// timeout, SendSignal, the client leaving) kills its process group. The SDKs run every command
+/// as `/bin/bash -l -c CMD`: evervm's images have busybox's `sh` and no bash, which runs it then
+/// (an image with bash, `evervm image build` with `debian = ["bash"]`, runs bash).
+fn command_code(config: &ProcessConfig) -> Result<String, RpcError> {
+    if config.cmd.is_empty() {
+        return Err(RpcError::invalid("Start needs a process.cmd"));
+    }
+    let argv: Vec<&str> = std::iter::once(config.cmd.as_str())
+        .chain(config.args.iter().map(String::as_str))
+        .collect();
+    let cwd = match config.cwd.as_deref() {
+        None | Some("") => "None".to_owned(),
+        Some(cwd) => python_path(&to_machine(cwd))?,
+    };
+    let source = format!(
+        "import codecs, os, selectors, subprocess, sys\n\
+         env = dict(os.environ)\n\
+         env.update({envs})\n\
+         argv = {argv}\n\
+         if os.path.basename(argv[0]) == 'bash' and not os.path.exists(argv[0]):\n\
+         \x20   argv[0] = '/bin/sh'\n\
+         p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, \
+         stderr=subprocess.PIPE, cwd={cwd}, env=env, start_new_session=True)\n\
+         try:\n\
+         \x20   sel = selectors.DefaultSelector()\n\
+         \x20   for pipe, out in ((p.stdout, sys.stdout), (p.stderr, sys.stderr)):\n\
+         \x20       sel.register(pipe, selectors.EVENT_READ, (out, codecs.getincrementaldecoder('utf-8')('replace')))\n\
+         \x20   while sel.get_map():\n\
+         \x20       for key, _ in sel.select():\n\
+         \x20           data = os.read(key.fd, 65536)\n\
+         \x20           out, decoder = key.data\n\
+         \x20           if not data:\n\
+         \x20               sel.unregister(key.fileobj)\n\
+         \x20               out.write(decoder.decode(b'', True))\n\
+         \x20           else:\n\
+         \x20               out.write(decoder.decode(data))\n\
+         \x20           out.flush()\n\
+         \x20   code = p.wait()\n\
+         finally:\n\
+         \x20   if p.poll() is None:\n\
+         \x20       os.killpg(p.pid, 9)\n\
+         \x20       p.wait()\n",
+        envs = json(&config.envs),
+        argv = json(&argv),
+    );
+    let source = serde_json::to_string(&source).map_err(|e| RpcError::invalid(e.to_string()))?;
+    Ok(format!(
+        "(lambda g: (exec({source}, g), g['code'])[1])({{'__name__': '__evervm_command__'}})"
+    ))
+}
+
+/// JSON of a value, which is a Python literal for strings, lists and dicts of strings.
+fn json<T: Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|_| "None".to_owned())
+}
+
+fn event(value: serde_json::Value) -> Bytes {
+    connect::message(&serde_json::json!({ "event": value }))
+}
+
+/// The command's timeout: `Connect-Timeout-Ms`, at most the engine's longest.
+fn command_timeout(headers: &HeaderMap) -> Duration {
+    super::header_text(headers, "connect-timeout-ms")
+        .and_then(|ms| ms.parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map_or(MAX_TIMEOUT, |ms| {
+            Duration::from_millis(ms.div_ceil(1000) * 1000).min(MAX_TIMEOUT)
+        })
+}
+
+fn keepalive_interval(headers: &HeaderMap) -> Duration {
+    super::header_text(headers, "keepalive-ping-interval")
+        .and_then(|s| s.parse::<u64>().ok())
+        .filter(|s| *s > 0)
+        .map_or(DEFAULT_KEEPALIVE, |s| {
+            Duration::from_secs(s).min(MAX_KEEPALIVE)
+        })
+}
+
+fn stream_response(body: Body) -> Response {
+    (
+        StatusCode::OK,
+        [(CONTENT_TYPE, connect::STREAM_CONTENT_TYPE)],
+        body,
+    )
+        .into_response()
+}
+
+/// `process.Process/Start`: runs the command and streams its start, output and end.
+async fn start_process(
+    state: E2bState,
+    caller: SandboxCaller,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response {
+    let refused = |error: RpcError| stream_response(Body::from(error.end_of_stream()));
+    let request: StartRequest = match connect::parse_enveloped(body) {
+        Ok(request) => request,
+        Err(e) => return refused(e),
+    };
+    if request.pty.is_some() {
+        return refused(RpcError::unimplemented("a pty (sandbox.pty)"));
+    }
+    if request.stdin == Some(true) {
+        return refused(RpcError::unimplemented("stdin for commands"));
+    }
+    let code = match command_code(&request.process) {
+        Ok(code) => code,
+        Err(e) => return refused(e),
+    };
+    let SandboxCaller { account, sandbox } = caller;
+    let timeout = command_timeout(headers);
+    let (seq, events) = match run::start(&state.engine, &account, &sandbox, code, timeout).await {
+        Ok(started) => started,
+        Err(e) => return refused(rpc_failure(&e, &sandbox)),
+    };
+    state.sandboxes.touch(&account, &sandbox);
+    let pid = u32::try_from(seq + 1).unwrap_or(u32::MAX);
+    let key = (sandbox.clone(), pid);
+    lock(&state.commands.running).insert(key.clone(), request.process);
+    let registered = Registered {
+        commands: Arc::clone(&state.commands),
+        key,
+    };
+    let redactor = Arc::clone(&state.redactor);
+    let run = Run {
+        engine: state.engine.clone(),
+        account,
+        machine: sandbox,
+        after_interrupt: None,
+    };
+    let first = vec![event(serde_json::json!({ "start": { "pid": pid } }))];
+    let keepalive = event(serde_json::json!({ "keepalive": {} }));
+    let body = run.body(
+        first,
+        events,
+        keepalive_interval(headers),
+        keepalive,
+        move |happened| {
+            let _registered = &registered;
+            match happened {
+                ExecEvent::Output(chunk) => {
+                    let stream = match chunk.stream {
+                        evervm_engine::OutputStream::Stdout => "stdout",
+                        evervm_engine::OutputStream::Stderr => "stderr",
+                        evervm_engine::OutputStream::Display => return Vec::new(),
+                    };
+                    let data = base64::engine::general_purpose::STANDARD
+                        .encode(format!("{}\n", chunk.data));
+                    vec![event(serde_json::json!({ "data": { stream: data } }))]
+                }
+                ExecEvent::Result(result) => match result.outcome {
+                    Outcome::Value(value) => {
+                        let exit_code = value
+                            .as_deref()
+                            .and_then(|v| v.trim().parse::<i32>().ok())
+                            .unwrap_or(-1);
+                        let status = if exit_code < 0 {
+                            format!("signal: {}", -exit_code)
+                        } else {
+                            format!("exit status {exit_code}")
+                        };
+                        let mut end = serde_json::json!({
+                            "exitCode": exit_code,
+                            "exited": exit_code >= 0,
+                            "status": status,
+                        });
+                        if exit_code != 0 {
+                            end["error"] = status.into();
+                        }
+                        vec![
+                            event(serde_json::json!({ "end": end })),
+                            connect::end_of_stream(None),
+                        ]
+                    }
+                    Outcome::Error { text, cause } => {
+                        let code = match cause {
+                            evervm_engine::FailureCause::Timeout => Code::DeadlineExceeded,
+                            evervm_engine::FailureCause::Interrupted => Code::Canceled,
+                            evervm_engine::FailureCause::MachineCrashed => Code::Unavailable,
+                            evervm_engine::FailureCause::LimitExceeded => Code::ResourceExhausted,
+                            evervm_engine::FailureCause::Exception => Code::InvalidArgument,
+                        };
+                        let last = text.lines().last().unwrap_or_default();
+                        vec![RpcError::new(code, redactor.text(last).into_owned()).end_of_stream()]
+                    }
+                },
+            }
+        },
+    );
+    stream_response(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e2b_home_is_the_machine_home() {
+        assert_eq!(to_machine("/home/user"), "~");
+        assert_eq!(to_machine("/home/user/a.csv"), "~/a.csv");
+        assert_eq!(to_machine("/home/username"), "/home/username");
+        assert_eq!(to_machine("/tmp/x"), "/tmp/x");
+        assert_eq!(to_machine("a.csv"), "a.csv");
+        assert_eq!(to_e2b("/home/machine/a.csv"), "/home/user/a.csv");
+        assert_eq!(to_e2b("/home/machine"), "/home/user");
+        assert_eq!(to_e2b("/home/machinery"), "/home/machinery");
+    }
+
+    #[test]
+    fn permissions_read_like_ls() {
+        let info = FileInfo {
+            path: "/tmp/x".into(),
+            kind: FileKind::Directory,
+            size: 0,
+            mode: 0o755,
+            modified: None,
+        };
+        assert_eq!(permissions(&info), "drwxr-xr-x");
+    }
+
+    #[test]
+    fn commands_are_python_literals() {
+        let config = ProcessConfig {
+            cmd: "/bin/bash".into(),
+            args: vec!["-l".into(), "-c".into(), "echo \"hi\" 'there'\n".into()],
+            envs: BTreeMap::from([("A".into(), "1".into())]),
+            cwd: Some("/home/user/d".into()),
+        };
+        let code = command_code(&config).unwrap();
+        assert!(code.starts_with("(lambda g: (exec(\""), "{code}");
+        assert!(code.contains("expanduser"), "{code}");
+        assert!(command_code(&ProcessConfig::default()).is_err());
+    }
+}

@@ -1,0 +1,419 @@
+//! E2B's code interpreter (port 49999): `POST /execute` runs code on the machine's REPL and
+//! streams NDJSON (`stdout`, `stderr`, `result` with MIME fields, `error`,
+//! `number_of_executions`, `keepalive`, `end_of_execution`); `/contexts` describes the one
+//! context there is, the machine's REPL.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use axum::response::{IntoResponse, Response};
+use evervm_engine::{
+    ExecEvent, ExecResult, FailureCause, MAX_TIMEOUT, Outcome, OutputStream, RichKind, RichResult,
+};
+use serde::{Deserialize, Serialize};
+
+use super::run::{self, Run};
+use super::{E2bFailure, E2bState, InterpreterCaller, SandboxCaller};
+
+/// The id of the one context: the machine's REPL.
+pub(super) const DEFAULT_CONTEXT: &str = "default";
+/// Where E2B's contexts start (evervm's file APIs here take it for the machine's home).
+pub(super) const E2B_HOME: &str = "/home/user";
+/// A keepalive line after this much quiet, which also notices a client that left.
+const KEEPALIVE_EVERY: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Deserialize)]
+pub(super) struct ExecuteRequest {
+    code: String,
+    #[serde(default)]
+    context_id: Option<String>,
+    #[serde(default)]
+    language: Option<String>,
+    #[serde(default)]
+    env_vars: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct Context {
+    id: &'static str,
+    language: &'static str,
+    cwd: &'static str,
+}
+
+const THE_CONTEXT: Context = Context {
+    id: DEFAULT_CONTEXT,
+    language: "python",
+    cwd: E2B_HOME,
+};
+
+fn check_language(language: Option<&str>) -> Result<(), E2bFailure> {
+    match language {
+        None => Ok(()),
+        Some(l) if l.eq_ignore_ascii_case("python") || l.eq_ignore_ascii_case("python3") => Ok(()),
+        Some(other) => Err(E2bFailure::bad_request(format!(
+            "language {other:?}: evervm's machines run Python only"
+        ))),
+    }
+}
+
+fn check_context(id: &str) -> Result<(), E2bFailure> {
+    if id == DEFAULT_CONTEXT {
+        Ok(())
+    } else {
+        Err(E2bFailure::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "context {id:?} not found: evervm has one context per sandbox, {DEFAULT_CONTEXT:?} \
+                 (the machine's REPL)"
+            ),
+        ))
+    }
+}
+
+/// Python that sets environment variables for the next instructions and remembers what they
+/// were, and Python that puts them back. `None` when there are none.
+fn env_code(env: &BTreeMap<String, String>) -> Result<Option<(String, String)>, E2bFailure> {
+    if env.is_empty() {
+        return Ok(None);
+    }
+    let mut vars = evervm_engine::Env::new();
+    for (name, value) in env {
+        vars.insert(
+            name.clone(),
+            evervm_engine::EnvVar {
+                value: value.clone(),
+                secret: false,
+            },
+        );
+    }
+    evervm_engine::validate_env(&vars).map_err(E2bFailure::from)?;
+    // A JSON object of strings is a Python dict literal.
+    let literal = serde_json::to_string(env)
+        .map_err(|e| E2bFailure::bad_request(format!("env_vars: {e}")))?;
+    let set = format!(
+        "(lambda o, e: (setattr(o, '_evervm_e2b_saved', {{k: o.environ.get(k) for k in e}}), \
+         o.environ.update(e)) and None)(__import__('os'), {literal})"
+    );
+    let restore = "(lambda o: [o.environ.pop(k, None) if v is None else \
+                   o.environ.__setitem__(k, v) for k, v in \
+                   o.__dict__.pop('_evervm_e2b_saved', {}).items()] and None)(__import__('os'))"
+        .to_owned();
+    Ok(Some((set, restore)))
+}
+
+/// `POST /execute`: runs the code on the machine's REPL (variables, imports and files persist)
+/// and streams what it does.
+pub(super) async fn execute(
+    State(state): State<E2bState>,
+    InterpreterCaller(caller): InterpreterCaller,
+    body: Bytes,
+) -> Result<Response, E2bFailure> {
+    let request: ExecuteRequest = serde_json::from_slice(&body)
+        .map_err(|e| E2bFailure::bad_request(format!("the request body is not valid: {e}")))?;
+    check_language(request.language.as_deref())?;
+    if let Some(id) = request.context_id.as_deref() {
+        check_context(id)?;
+    }
+    let SandboxCaller { account, sandbox } = caller;
+    let env = env_code(&request.env_vars.unwrap_or_default())?;
+    let engine = &state.engine;
+    let restore = match env {
+        Some((set, restore)) => {
+            run::queue(engine, &account, &sandbox, set)
+                .await
+                .map_err(|e| super::sandbox_failure(&e, &sandbox))?;
+            Some(restore)
+        }
+        None => None,
+    };
+    let started = run::start(engine, &account, &sandbox, request.code, MAX_TIMEOUT).await;
+    if let Some(restore) = &restore {
+        // Queued right behind the code: it runs whether or not the client stays.
+        if let Err(e) = run::queue(engine, &account, &sandbox, restore.clone()).await {
+            tracing::warn!(machine = sandbox, "cannot queue the env restore: {e}");
+        }
+    }
+    let (seq, events) = started.map_err(|e| super::sandbox_failure(&e, &sandbox))?;
+    state.sandboxes.touch(&account, &sandbox);
+    let redactor = state.redactor.clone();
+    let run = Run {
+        engine: state.engine.clone(),
+        account,
+        machine: sandbox,
+        after_interrupt: restore,
+    };
+    let first = vec![line(&serde_json::json!({
+        "type": "number_of_executions",
+        "execution_count": seq + 1,
+    }))];
+    let keepalive = line(&serde_json::json!({ "type": "keepalive" }));
+    let body = run.body(first, events, KEEPALIVE_EVERY, keepalive, move |event| {
+        encode(event, &|text: &str| redactor.text(text).into_owned())
+    });
+    Ok((
+        [
+            (CONTENT_TYPE, "application/x-ndjson"),
+            (CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response())
+}
+
+fn line(value: &serde_json::Value) -> Bytes {
+    let mut bytes = value.to_string().into_bytes();
+    bytes.push(b'\n');
+    Bytes::from(bytes)
+}
+
+fn now_nanos() -> i64 {
+    chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default()
+}
+
+/// The NDJSON lines of one event.
+fn encode(event: ExecEvent, redact: &dyn Fn(&str) -> String) -> Vec<Bytes> {
+    match event {
+        ExecEvent::Output(chunk) => match chunk.stream {
+            OutputStream::Stdout | OutputStream::Stderr => vec![line(&serde_json::json!({
+                "type": chunk.stream.as_str(),
+                "text": format!("{}\n", chunk.data),
+                "timestamp": now_nanos(),
+            }))],
+            OutputStream::Display => chunk
+                .rich()
+                .map(|rich| vec![line(&result_line(&rich, false))])
+                .unwrap_or_default(),
+        },
+        ExecEvent::Result(result) => {
+            let mut lines = result_lines(&result, redact);
+            lines.push(line(&serde_json::json!({ "type": "end_of_execution" })));
+            lines
+        }
+    }
+}
+
+/// The `result` and `error` lines of an instruction's end: the figures left open and the
+/// value (those shown during it were sent as they came).
+fn result_lines(result: &ExecResult, redact: &dyn Fn(&str) -> String) -> Vec<Bytes> {
+    let mut lines: Vec<Bytes> = result
+        .results
+        .iter()
+        .filter(|rich| rich.kind == RichKind::Figure)
+        .map(|rich| line(&result_line(rich, false)))
+        .collect();
+    match &result.outcome {
+        Outcome::Value(value) => {
+            let rich_value = result.results.iter().find(|r| r.kind == RichKind::Value);
+            match (rich_value, value) {
+                (Some(rich), _) => lines.push(line(&result_line(rich, true))),
+                (None, Some(repr)) => lines.push(line(&serde_json::json!({
+                    "type": "result",
+                    "text": repr,
+                    "is_main_result": true,
+                }))),
+                (None, None) => {}
+            }
+        }
+        Outcome::Error { text, cause } => {
+            let (name, value) = error_name_and_value(text, *cause);
+            lines.push(line(&serde_json::json!({
+                "type": "error",
+                "name": name,
+                "value": redact(&value),
+                "traceback": redact(text),
+            })));
+        }
+    }
+    lines
+}
+
+/// E2B's `result`: a MIME bundle under E2B's names (`text`, `html`, `png`, ...), other types
+/// under `extra`.
+fn result_line(rich: &RichResult, main: bool) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    out.insert("type".into(), "result".into());
+    let mut extra = serde_json::Map::new();
+    for (mime, value) in &rich.data {
+        let name = match mime.as_str() {
+            "text/plain" => "text",
+            "text/html" => "html",
+            "text/markdown" => "markdown",
+            "image/svg+xml" => "svg",
+            "image/png" => "png",
+            "image/jpeg" => "jpeg",
+            "application/pdf" => "pdf",
+            "text/latex" => "latex",
+            "application/json" => "json",
+            "application/javascript" => "javascript",
+            other => {
+                extra.insert(other.to_owned(), value.clone());
+                continue;
+            }
+        };
+        out.insert(name.into(), value.clone());
+    }
+    if !extra.is_empty() {
+        out.insert("extra".into(), extra.into());
+    }
+    out.insert("is_main_result".into(), main.into());
+    out.into()
+}
+
+/// An error's exception name and message, from its traceback's last line
+/// (`ZeroDivisionError: division by zero`); for failures that are not exceptions, what they are.
+fn error_name_and_value(text: &str, cause: FailureCause) -> (String, String) {
+    let last = text
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_default()
+        .trim();
+    let named = |name: &str| (name.to_owned(), last.to_owned());
+    match cause {
+        FailureCause::Exception => match last.split_once(':') {
+            Some((name, value))
+                if !name.is_empty()
+                    && name
+                        .chars()
+                        .all(|c| c.is_alphanumeric() || c == '_' || c == '.') =>
+            {
+                (name.to_owned(), value.trim().to_owned())
+            }
+            _ if !last.is_empty()
+                && last
+                    .chars()
+                    .all(|c| c.is_alphanumeric() || c == '_' || c == '.') =>
+            {
+                (last.to_owned(), String::new())
+            }
+            _ => named("Exception"),
+        },
+        FailureCause::Timeout => named("TimeoutError"),
+        FailureCause::Interrupted => named("KeyboardInterrupt"),
+        FailureCause::MachineCrashed => named("MachineCrashed"),
+        FailureCause::LimitExceeded => named("LimitExceeded"),
+    }
+}
+
+/// `GET /contexts`: the one context.
+pub(super) async fn list_contexts() -> Json<Vec<Context>> {
+    Json(vec![THE_CONTEXT])
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct NewContext {
+    #[serde(default)]
+    language: Option<String>,
+    #[serde(default)]
+    cwd: Option<String>,
+}
+
+/// `POST /contexts`: more contexts than the machine's REPL are not offered.
+pub(super) async fn create_context(body: Bytes) -> Result<Json<Context>, E2bFailure> {
+    let request: NewContext = if body.trim_ascii().is_empty() {
+        NewContext {
+            language: None,
+            cwd: None,
+        }
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| E2bFailure::bad_request(format!("the request body is not valid: {e}")))?
+    };
+    check_language(request.language.as_deref())?;
+    Err(E2bFailure::new(
+        StatusCode::NOT_IMPLEMENTED,
+        format!(
+            "evervm does not create code contexts (asked for {} in {}): each sandbox has one, \
+             {DEFAULT_CONTEXT:?}, the machine's REPL, used when run_code names none",
+            request.language.as_deref().unwrap_or("python"),
+            request.cwd.as_deref().unwrap_or(E2B_HOME),
+        ),
+    ))
+}
+
+/// `DELETE /contexts/{id}`: the machine's REPL is not removed (kill the sandbox instead).
+pub(super) async fn remove_context(
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> E2bFailure {
+    match check_context(&id) {
+        Err(e) => e,
+        Ok(()) => E2bFailure::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "the default context is the machine's REPL: it is removed with its sandbox (kill)",
+        ),
+    }
+}
+
+/// `POST /contexts/{id}/restart`: not offered (the REPL lives for ever; kill and create to start
+/// afresh).
+pub(super) async fn restart_context(
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> E2bFailure {
+    match check_context(&id) {
+        Err(e) => e,
+        Ok(()) => E2bFailure::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "evervm does not restart a machine's REPL: create a new sandbox to start afresh",
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_named_from_their_tracebacks() {
+        let text = "Traceback (most recent call last):\n  File \"<stdin>\", line 1\nZeroDivisionError: division by zero\n";
+        assert_eq!(
+            error_name_and_value(text, FailureCause::Exception),
+            ("ZeroDivisionError".into(), "division by zero".into())
+        );
+        assert_eq!(
+            error_name_and_value("Traceback...\nKeyboardInterrupt\n", FailureCause::Exception),
+            ("KeyboardInterrupt".into(), String::new())
+        );
+        assert_eq!(
+            error_name_and_value("ran past 5 s", FailureCause::Timeout).0,
+            "TimeoutError"
+        );
+        assert_eq!(
+            error_name_and_value("it broke: badly", FailureCause::Exception).0,
+            "Exception"
+        );
+    }
+
+    #[test]
+    fn rich_results_use_e2b_names() {
+        let mut data = serde_json::Map::new();
+        data.insert("text/plain".into(), "df".into());
+        data.insert("text/html".into(), "<table/>".into());
+        data.insert("application/vnd.custom".into(), "x".into());
+        let rich = RichResult {
+            kind: RichKind::Value,
+            data,
+        };
+        let line = result_line(&rich, true);
+        assert_eq!(line["type"], "result");
+        assert_eq!(line["text"], "df");
+        assert_eq!(line["html"], "<table/>");
+        assert_eq!(line["extra"]["application/vnd.custom"], "x");
+        assert_eq!(line["is_main_result"], true);
+    }
+
+    #[test]
+    fn env_code_is_python_literals() {
+        assert!(env_code(&BTreeMap::new()).unwrap().is_none());
+        let env = BTreeMap::from([("A_B".to_owned(), "x\"y'z\\".to_owned())]);
+        let (set, restore) = env_code(&env).unwrap().unwrap();
+        assert!(set.contains(r#"{"A_B":"x\"y'z\\"}"#), "{set}");
+        assert!(restore.contains("_evervm_e2b_saved"));
+        let bad = BTreeMap::from([("1A".to_owned(), "x".to_owned())]);
+        assert!(env_code(&bad).is_err());
+    }
+}
