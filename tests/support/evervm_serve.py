@@ -26,37 +26,57 @@ def evervm_binary() -> Path:
 
 
 def start_serve(backend: str, home: Path | str, stderr: int | IO[str] = subprocess.DEVNULL,
-                env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str, str]:
+                env: dict[str, str] | None = None,
+                e2b: bool = False) -> tuple[subprocess.Popen[str], str, str]:
     """Starts `evervm serve` on `home` (new: the server prints a token at its first start);
-    the process, its URL (no trailing slash) and the token. Raises RuntimeError when the server
-    says neither (the process is then stopped)."""
+    the process, its URL (no trailing slash) and the token. With `e2b`, the server also serves
+    E2B's API (`--e2b-listen`): read its URL and key with `e2b_from_banner`. Raises RuntimeError
+    when the server says neither (the process is then stopped)."""
+    args = [str(evervm_binary()), "serve", "--listen", "127.0.0.1:0", "--backend", backend,
+            "--home", str(home)]
+    if e2b:
+        args += ["--e2b-listen", "127.0.0.1:0"]
     process = subprocess.Popen(
-        [str(evervm_binary()), "serve", "--listen", "127.0.0.1:0", "--backend", backend,
-         "--home", str(home)],
-        stdout=subprocess.PIPE, stderr=stderr, text=True,
+        args, stdout=subprocess.PIPE, stderr=stderr, text=True,
         env={**os.environ, "EVERVM_POOL_SIZE": "1", **(env or {})},
     )
     url = token = None
     assert process.stdout is not None
+    banner = []
     for line in process.stdout:
+        banner.append(line)
         if m := re.search(r"listening on (\S+)", line):
             url = m.group(1)
         if m := re.search(r"export EVERVM_TOKEN=(\S+)", line):
             token = m.group(1)
-        if url and token:
+        if url and token and (not e2b or "E2B-compatible API on" in line):
+            process.banner = "".join(banner)  # type: ignore[attr-defined]
             return process, url.rstrip("/"), token
     process.kill()
     process.wait()
     raise RuntimeError("the server printed no URL and token")
 
 
+def e2b_from_banner(banner: str) -> tuple[str, str]:
+    """The E2B API's URL and the first token's E2B key, from the banner of a server started with
+    `e2b=True`."""
+    url = re.search(r"E2B-compatible API on (\S+?):? ", banner)
+    key = re.search(r"E2B_API_KEY=(e2b_[0-9a-f]+)", banner)
+    if not (url and key):
+        raise RuntimeError(f"the banner names no E2B URL and key:\n{banner}")
+    return url.group(1).rstrip(":"), key.group(1)
+
+
 class Server:
     """`evervm serve` on `backend`, a free loopback port and a fresh home (`prefix` names it),
     stopped (and its home removed) by `stop`."""
 
-    def __init__(self, backend: str, prefix: str = "evervm-", env: dict[str, str] | None = None) -> None:
+    def __init__(self, backend: str, prefix: str = "evervm-", env: dict[str, str] | None = None,
+                 e2b: bool = False) -> None:
         self.home = tempfile.mkdtemp(prefix=prefix)
-        self.process, self.url, self.token = start_serve(backend, self.home, env=env)
+        self.process, self.url, self.token = start_serve(backend, self.home, env=env, e2b=e2b)
+        if e2b:
+            self.e2b_url, self.e2b_key = e2b_from_banner(self.process.banner)  # type: ignore[attr-defined]
 
     def stop(self) -> None:
         self.process.terminate()

@@ -152,8 +152,11 @@ pub(super) async fn execute(
         "execution_count": seq + 1,
     }))];
     let keepalive = line(&serde_json::json!({ "type": "keepalive" }));
+    let mut shown = 0;
     let body = run.body(first, events, KEEPALIVE_EVERY, keepalive, move |event| {
-        encode(event, &|text: &str| redactor.text(text).into_owned())
+        encode(event, &mut shown, &|text: &str| {
+            redactor.text(text).into_owned()
+        })
     });
     Ok((
         [
@@ -175,8 +178,8 @@ fn now_nanos() -> i64 {
     chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default()
 }
 
-/// The NDJSON lines of one event.
-fn encode(event: ExecEvent, redact: &dyn Fn(&str) -> String) -> Vec<Bytes> {
+/// The NDJSON lines of one event; `shown` counts the rich results sent as they were shown.
+fn encode(event: ExecEvent, shown: &mut usize, redact: &dyn Fn(&str) -> String) -> Vec<Bytes> {
     match event {
         ExecEvent::Output(chunk) => match chunk.stream {
             OutputStream::Stdout | OutputStream::Stderr => vec![line(&serde_json::json!({
@@ -184,13 +187,16 @@ fn encode(event: ExecEvent, redact: &dyn Fn(&str) -> String) -> Vec<Bytes> {
                 "text": format!("{}\n", chunk.data),
                 "timestamp": now_nanos(),
             }))],
-            OutputStream::Display => chunk
-                .rich()
-                .map(|rich| vec![line(&result_line(&rich, false))])
-                .unwrap_or_default(),
+            OutputStream::Display => match chunk.rich() {
+                Some(rich) => {
+                    *shown += 1;
+                    vec![line(&result_line(&rich, false))]
+                }
+                None => Vec::new(),
+            },
         },
         ExecEvent::Result(result) => {
-            let mut lines = result_lines(&result, redact);
+            let mut lines = result_lines(&result, *shown, redact);
             lines.push(line(&serde_json::json!({ "type": "end_of_execution" })));
             lines
         }
@@ -198,17 +204,17 @@ fn encode(event: ExecEvent, redact: &dyn Fn(&str) -> String) -> Vec<Bytes> {
 }
 
 /// The `result` and `error` lines of an instruction's end: the figures left open and the
-/// value (those shown during it were sent as they came).
-fn result_lines(result: &ExecResult, redact: &dyn Fn(&str) -> String) -> Vec<Bytes> {
-    let mut lines: Vec<Bytes> = result
-        .results
+/// value (the first `shown` results were sent as they were shown).
+fn result_lines(result: &ExecResult, shown: usize, redact: &dyn Fn(&str) -> String) -> Vec<Bytes> {
+    let left = result.results.get(shown..).unwrap_or_default();
+    let mut lines: Vec<Bytes> = left
         .iter()
-        .filter(|rich| rich.kind == RichKind::Figure)
+        .filter(|rich| rich.kind != RichKind::Value)
         .map(|rich| line(&result_line(rich, false)))
         .collect();
     match &result.outcome {
         Outcome::Value(value) => {
-            let rich_value = result.results.iter().find(|r| r.kind == RichKind::Value);
+            let rich_value = left.iter().find(|r| r.kind == RichKind::Value);
             match (rich_value, value) {
                 (Some(rich), _) => lines.push(line(&result_line(rich, true))),
                 (None, Some(repr)) => lines.push(line(&serde_json::json!({

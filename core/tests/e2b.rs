@@ -1,0 +1,264 @@
+//! The E2B-compatible listener over real HTTP, with a real engine on the `process` backend: what
+//! callers who are not E2B's SDKs may send (no key, someone else's sandbox, broken envelopes).
+//! The SDKs themselves drive it in `tests/e2b/` (gVisor).
+
+#![cfg(feature = "server")]
+// Test code: a failed step should stop the test at once, helpers included.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use evervm::server::e2b::{ENVD_PORT, INTERPRETER_PORT, api_key_for_token};
+use evervm_engine::{BackendChoice, Engine, EngineConfig};
+use reqwest::{Method, RequestBuilder, StatusCode};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+struct Server {
+    base: String,
+    alice: String,
+    bob: String,
+    http: reqwest::Client,
+    engine: Engine,
+    _home: tempfile::TempDir,
+}
+
+impl Server {
+    async fn start() -> Self {
+        let home = tempfile::tempdir().unwrap();
+        let mut config = EngineConfig::new(home.path());
+        config.backend = BackendChoice::parse("process");
+        let engine = Engine::open(config).await.unwrap();
+        let alice = api_key_for_token(&engine.create_token("alice").await.unwrap());
+        let bob = api_key_for_token(&engine.create_token("bob").await.unwrap());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let app = evervm::server::e2b::router(engine.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self {
+            base: format!("http://{address}"),
+            alice,
+            bob,
+            http: reqwest::Client::builder().timeout(WAIT).build().unwrap(),
+            engine,
+            _home: home,
+        }
+    }
+
+    fn api(&self, method: Method, path: &str, key: Option<&str>) -> RequestBuilder {
+        let request = self.http.request(method, format!("{}{path}", self.base));
+        match key {
+            Some(key) => request.header("X-API-Key", key),
+            None => request,
+        }
+    }
+
+    fn sandbox(&self, path: &str, id: &str, port: u16, key: &str) -> RequestBuilder {
+        self.http
+            .post(format!("{}{path}", self.base))
+            .header("E2b-Sandbox-Id", id)
+            .header("E2b-Sandbox-Port", port.to_string())
+            .header("X-Access-Token", key)
+    }
+}
+
+async fn send(request: RequestBuilder) -> (StatusCode, Value) {
+    let response = request.send().await.unwrap();
+    let status = response.status();
+    let text = response.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// The frames of a Connect stream: (flags, JSON).
+fn frames(mut body: &[u8]) -> Vec<(u8, Value)> {
+    let mut out = Vec::new();
+    while body.len() >= 5 {
+        let length = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+        let message = &body[5..5 + length];
+        out.push((body[0], serde_json::from_slice(message).unwrap()));
+        body = &body[5 + length..];
+    }
+    assert!(body.is_empty(), "a frame was cut: {body:?}");
+    out
+}
+
+fn envelope(message: &Value) -> Vec<u8> {
+    let json = message.to_string().into_bytes();
+    let mut out = vec![0u8];
+    out.extend_from_slice(&u32::try_from(json.len()).unwrap().to_be_bytes());
+    out.extend_from_slice(&json);
+    out
+}
+
+#[tokio::test]
+async fn keys_tenants_and_hostile_requests() {
+    let s = Server::start().await;
+
+    // No key, a key that is not one, a key of no token: 401 with E2B's body.
+    let (status, body) = send(s.api(Method::GET, "/v2/sandboxes", None)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(body["code"], 401, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("X-API-Key"),
+        "{body}"
+    );
+    for bad in ["e2b_zz", "sk-123", "e2b_", &api_key_for_token("nope.nope")] {
+        let (status, body) = send(s.api(Method::GET, "/v2/sandboxes", Some(bad))).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{bad}: {body}");
+    }
+
+    // Alice's sandbox.
+    let (status, created) = send(
+        s.api(Method::POST, "/v2/sandboxes", Some(&s.alice))
+            .json(&json!({"templateID": "base", "metadata": {"who": "alice"}, "timeout": 60})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let id = created["sandboxID"].as_str().unwrap().to_owned();
+    assert!(
+        id.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()),
+        "{id}"
+    );
+    assert_eq!(created["templateID"], "base");
+    assert_eq!(created["envdAccessToken"], s.alice.as_str());
+
+    // Bob sees none of it: not in his list, not by id, not through envd or the interpreter.
+    let (_, listed) = send(s.api(Method::GET, "/v2/sandboxes", Some(&s.bob))).await;
+    assert_eq!(listed, json!([]));
+    let (status, body) = send(s.api(Method::GET, &format!("/sandboxes/{id}"), Some(&s.bob))).await;
+    assert_eq!(
+        (status, body["code"].clone()),
+        (StatusCode::NOT_FOUND, json!(404))
+    );
+    let (status, _) = send(s.api(Method::DELETE, &format!("/sandboxes/{id}"), Some(&s.bob))).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, body) = send(
+        s.sandbox("/execute", &id, INTERPRETER_PORT, &s.bob)
+            .json(&json!({"code": "1+1"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert!(body["message"].as_str().unwrap().contains("was not found"));
+    let (status, body) = send(
+        s.sandbox("/filesystem.Filesystem/Stat", &id, ENVD_PORT, &s.bob)
+            .header("content-type", "application/json")
+            .json(&json!({"path": "/tmp"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["code"], "unavailable");
+
+    // The wrong port for a path, and no sandbox at all.
+    let (status, _) = send(
+        s.sandbox("/execute", &id, ENVD_PORT, &s.alice)
+            .json(&json!({"code": "1"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    let (status, body) = send(
+        s.http
+            .post(format!("{}/execute", s.base))
+            .header("X-Access-Token", &s.alice)
+            .json(&json!({"code": "1"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+
+    // Bad bodies are named, not guessed at.
+    let (status, body) = send(
+        s.api(Method::POST, "/v2/sandboxes", Some(&s.alice))
+            .body("{not json"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, _) = send(
+        s.api(
+            Method::POST,
+            &format!("/sandboxes/{id}/timeout"),
+            Some(&s.alice),
+        )
+        .json(&json!({"timeout": -5})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, body) = send(
+        s.api(Method::POST, "/v2/sandboxes", Some(&s.alice))
+            .json(&json!({"metadata": {"e2b:template": "x"}})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+
+    // A streaming call whose envelope lies about its length ends with a Connect error.
+    let mut lying = envelope(&json!({"process": {"cmd": "/bin/sh", "args": ["-c", "echo hi"]}}));
+    lying[4] = lying[4].wrapping_add(10);
+    let response = s
+        .sandbox("/process.Process/Start", &id, ENVD_PORT, &s.alice)
+        .header("content-type", "application/connect+json")
+        .body(lying)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/connect+json"
+    );
+    let got = frames(&response.bytes().await.unwrap());
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0, 2, "an end-of-stream frame");
+    assert_eq!(got[0].1["error"]["code"], "invalid_argument", "{got:?}");
+
+    // Alice's command runs, its output streamed between a start and an end.
+    let response = s
+        .sandbox("/process.Process/Start", &id, ENVD_PORT, &s.alice)
+        .header("content-type", "application/connect+json")
+        .body(envelope(
+            &json!({"process": {"cmd": "/bin/sh", "args": ["-c", "echo hi; exit 4"]}}),
+        ))
+        .send()
+        .await
+        .unwrap();
+    let got = frames(&response.bytes().await.unwrap());
+    assert!(
+        got[0].1["event"]["start"]["pid"].as_u64().unwrap() > 0,
+        "{got:?}"
+    );
+    let data: Vec<&Value> = got
+        .iter()
+        .filter_map(|(_, f)| f["event"]["data"]["stdout"].as_str().map(|_| f))
+        .collect();
+    assert_eq!(data.len(), 1, "{got:?}");
+    assert_eq!(
+        data[0]["event"]["data"]["stdout"], "aGkK",
+        "base64 of hi\\n"
+    );
+    let end = &got[got.len() - 2].1["event"]["end"];
+    assert_eq!(end["exitCode"], 4, "{got:?}");
+    assert_eq!(got.last().unwrap(), &(2, json!({})));
+
+    // Unknown Connect methods say so.
+    let (status, body) = send(
+        s.sandbox("/filesystem.Filesystem/WatchDir", &id, ENVD_PORT, &s.alice)
+            .header("content-type", "application/json")
+            .body("{}"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_IMPLEMENTED);
+    assert_eq!(body["code"], "unimplemented");
+
+    // Kill: gone for alice too, and a second kill is E2B's 404.
+    let (status, _) =
+        send(s.api(Method::DELETE, &format!("/sandboxes/{id}"), Some(&s.alice))).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, body) =
+        send(s.api(Method::DELETE, &format!("/sandboxes/{id}"), Some(&s.alice))).await;
+    assert_eq!(
+        (status, body["code"].clone()),
+        (StatusCode::NOT_FOUND, json!(404))
+    );
+    s.engine.shutdown().await;
+}

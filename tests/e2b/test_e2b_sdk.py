@@ -1,0 +1,181 @@
+"""E2B's unmodified Python SDK (`e2b-code-interpreter`, sync and async) against evervm's
+E2B-compatible listener: what an agent written for E2B does, on machines that never die.
+
+CI runs this file twice: with the newest SDK releases and with the oldest that honour
+E2B_SANDBOX_URL (scripts/test.sh says which)."""
+
+import asyncio
+import base64
+import uuid
+from importlib.metadata import version
+
+import pytest
+from e2b import CommandExitException, SandboxQuery
+from e2b_code_interpreter import AsyncSandbox, Sandbox
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def test_versions_loaded(e2b_server) -> None:
+    # Says which matrix entry this is, in the log of a failing run too.
+    print(f"e2b {version('e2b')}, e2b-code-interpreter {version('e2b-code-interpreter')}")
+    assert version("e2b").startswith("2.")
+
+
+def state_of(info) -> str:
+    return getattr(info.state, "value", info.state)
+
+
+def pause(sandbox) -> None:
+    (getattr(sandbox, "pause", None) or sandbox.beta_pause)()
+
+
+@pytest.fixture
+def sandbox(e2b_server):
+    suite = uuid.uuid4().hex
+    sandbox = Sandbox.create(timeout=300, metadata={"suite": suite}, envs={"GREETING": "hi"})
+    sandbox.suite = suite
+    yield sandbox
+    sandbox.kill()
+
+
+def test_code_keeps_state_and_streams_output(sandbox) -> None:
+    assert sandbox.run_code("x = 41").error is None
+    seen_out, seen_err = [], []
+    execution = sandbox.run_code(
+        "import sys\nprint('out')\nprint('err', file=sys.stderr)\nx + 1",
+        on_stdout=lambda m: seen_out.append(m.line),
+        on_stderr=lambda m: seen_err.append(m.line),
+    )
+    assert execution.error is None, execution.error
+    assert execution.text == "42"
+    assert execution.logs.stdout == ["out\n"]
+    assert execution.logs.stderr == ["err\n"]
+    assert seen_out == ["out\n"] and seen_err == ["err\n"]
+    # The sandbox's environment, and one call's own.
+    assert sandbox.run_code("import os; os.environ['GREETING']").text == "'hi'"
+    assert sandbox.run_code("os.environ['PER_CALL']", envs={"PER_CALL": "yes"}).text == "'yes'"
+    assert sandbox.run_code("os.environ.get('PER_CALL')").text is None
+
+
+def test_rich_results(sandbox) -> None:
+    frame = sandbox.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': [3, 4]})")
+    assert frame.error is None, frame.error
+    main = [r for r in frame.results if r.is_main_result]
+    assert len(main) == 1 and "<table" in (main[0].html or ""), frame.results
+    plot = sandbox.run_code(
+        "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()")
+    assert plot.error is None, plot.error
+    pngs = [r.png for r in plot.results if r.png]
+    assert len(pngs) == 1, plot.results
+    assert base64.b64decode(pngs[0]).startswith(PNG_SIGNATURE)
+
+
+def test_errors_carry_their_traceback(sandbox) -> None:
+    errors = []
+    execution = sandbox.run_code("def f():\n    return 1 / 0\nf()", on_error=errors.append)
+    assert execution.error is not None
+    assert execution.error.name == "ZeroDivisionError"
+    assert "division by zero" in execution.error.value
+    assert "return 1 / 0" in execution.error.traceback
+    assert errors and errors[0].name == "ZeroDivisionError"
+    # The machine is fine afterwards.
+    assert sandbox.run_code("2 + 2").text == "4"
+
+
+def test_files(sandbox) -> None:
+    info = sandbox.files.write("/home/user/a.txt", "content")
+    assert info.path == "/home/user/a.txt" and info.name == "a.txt"
+    assert sandbox.files.read("/home/user/a.txt") == "content"
+    # The machine's REPL starts in its home, which E2B calls /home/user.
+    assert sandbox.run_code("open('a.txt').read()").text == "'content'"
+    names = [entry.name for entry in sandbox.files.list("/home/user")]
+    assert "a.txt" in names
+    assert sandbox.files.exists("/home/user/a.txt")
+    assert not sandbox.files.exists("/home/user/missing.txt")
+    assert sandbox.files.make_dir("/home/user/d")
+    assert not sandbox.files.make_dir("/home/user/d"), "it exists already"
+    moved = sandbox.files.rename("/home/user/a.txt", "/home/user/d/b.txt")
+    assert moved.path == "/home/user/d/b.txt"
+    assert sandbox.files.read("/home/user/d/b.txt", format="bytes") == b"content"
+    deep = [entry.path for entry in sandbox.files.list("/home/user", depth=2)]
+    assert "/home/user/d/b.txt" in deep, deep
+    sandbox.files.remove("/home/user/d")
+    assert not sandbox.files.exists("/home/user/d/b.txt")
+
+
+def test_commands(sandbox) -> None:
+    lines = []
+    result = sandbox.commands.run("echo out; echo err >&2; echo $GREETING",
+                                  on_stdout=lines.append)
+    assert result.exit_code == 0
+    assert result.stdout == "out\nhi\n"
+    assert result.stderr == "err\n"
+    assert "".join(lines) == "out\nhi\n"
+    result = sandbox.commands.run("pwd; echo $MINE", cwd="/tmp", envs={"MINE": "mine"})
+    assert result.stdout == "/tmp\nmine\n"
+    with pytest.raises(CommandExitException) as failed:
+        sandbox.commands.run("echo bye; exit 3")
+    assert failed.value.exit_code == 3
+    assert failed.value.stdout == "bye\n"
+
+
+def test_timeout_pause_and_connect_keep_state(sandbox) -> None:
+    assert sandbox.run_code("kept = [1, 2, 3]").error is None
+    sandbox.set_timeout(120)
+    assert state_of(sandbox.get_info()) == "running"
+    pause(sandbox)
+    assert state_of(sandbox.get_info()) == "paused"
+    assert not sandbox.is_running()
+    again = Sandbox.connect(sandbox.sandbox_id, timeout=60)
+    assert state_of(again.get_info()) == "running"
+    assert again.run_code("sum(kept)").text == "6"
+
+
+def test_list_by_metadata_and_kill(e2b_server) -> None:
+    suite = uuid.uuid4().hex
+    mine = [Sandbox.create(metadata={"suite": suite, "n": str(n)}) for n in range(2)]
+    other = Sandbox.create(metadata={"suite": "someone-else"})
+    try:
+        listed = Sandbox.list(query=SandboxQuery(metadata={"suite": suite})).next_items()
+        assert sorted(s.sandbox_id for s in listed) == sorted(s.sandbox_id for s in mine)
+        assert all(s.metadata["suite"] == suite for s in listed)
+        one = Sandbox.list(query=SandboxQuery(metadata={"suite": suite, "n": "1"})).next_items()
+        assert [s.sandbox_id for s in one] == [mine[1].sandbox_id]
+        assert mine[0].kill()
+        listed = Sandbox.list(query=SandboxQuery(metadata={"suite": suite})).next_items()
+        assert [s.sandbox_id for s in listed] == [mine[1].sandbox_id]
+        assert not Sandbox.kill(mine[0].sandbox_id), "a killed sandbox is gone"
+    finally:
+        for sandbox in (mine[1], other):
+            sandbox.kill()
+
+
+def test_async_sdk(e2b_server) -> None:
+    async def scenario() -> None:
+        sandbox = await AsyncSandbox.create(metadata={"suite": "async"})
+        try:
+            assert (await sandbox.run_code("y = 6 * 7")).error is None
+            out = []
+            execution = await sandbox.run_code("print(y)\ny", on_stdout=out.append)
+            assert execution.text == "42" and [m.line for m in out] == ["42\n"]
+            await sandbox.files.write("/home/user/async.txt", "from async")
+            assert await sandbox.files.read("/home/user/async.txt") == "from async"
+            result = await sandbox.commands.run("cat async.txt")
+            assert result.stdout == "from async\n"
+            assert (await sandbox.run_code("1/0")).error.name == "ZeroDivisionError"
+        finally:
+            assert await sandbox.kill()
+
+    asyncio.run(scenario())
+
+
+def test_a_client_leaving_interrupts_the_run(sandbox) -> None:
+    # The SDK's timeout is the client's: it closes the connection, and the run is interrupted
+    # (the machine's state is kept).
+    code = ("import time\ntry:\n    time.sleep(120)\nexcept KeyboardInterrupt:\n"
+            "    interrupted = True\n    raise")
+    with pytest.raises(Exception) as gone:
+        sandbox.run_code(code, timeout=3)
+    assert "timed out" in str(gone.value).lower() or "timeout" in type(gone.value).__name__.lower()
+    assert sandbox.run_code("interrupted").text == "True"
