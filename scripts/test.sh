@@ -80,6 +80,15 @@ rm -rf "$ffi_dir"
 echo "==> MCP server: the official MCP Python SDK over stdio and streamable HTTP (gVisor)"
 "$pyenv_dir/bin/pip" install -q --disable-pip-version-check "mcp==2.3.0"
 EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" -m pytest -q -p no:cacheprovider tests/mcp/test_mcp.py
+echo "==> E2B's Python SDK, unmodified, against --e2b-listen (gVisor): sync and async, the newest releases and the oldest that honour E2B_SANDBOX_URL"
+for sdk in "newest:e2b-code-interpreter==2.11.5 e2b==2.63.0" "oldest:e2b-code-interpreter==2.9.0 e2b==2.26.0"; do
+    e2b_env="$HOME/.cache/evervm/e2b-${sdk%%:*}"
+    [ -x "$e2b_env/bin/python" ] || python3 -m venv "$e2b_env"
+    # shellcheck disable=SC2086 # the pins are words
+    "$e2b_env/bin/pip" install -q --disable-pip-version-check ${sdk#*:} "pytest==8.4.2"
+    EVERVM_BIN="$evervm_bin" "$e2b_env/bin/python" -m pytest -q -p no:cacheprovider \
+        tests/e2b/test_e2b_sdk.py
+done
 echo "==> API fuzzing: schemathesis against /openapi.json (process backend, bounded)"
 # tests/api/README.md: a short run of every phase against `evervm serve --backend process`.
 "$pyenv_dir/bin/pip" install -q --disable-pip-version-check "schemathesis==4.32.5"
@@ -95,6 +104,11 @@ fi
 echo "==> MCP server: the official TypeScript SDK over stdio and streamable HTTP (gVisor)"
 (cd tests/mcp/ts && npm ci --no-audit --no-fund --loglevel=error &&
     EVERVM_BIN="$evervm_bin" node --test)
+echo "==> E2B's JS SDK, unmodified, against --e2b-listen (gVisor): the newest release and the oldest that honours E2B_SANDBOX_URL"
+for sdk in newest oldest; do
+    (cd "tests/e2b/js-$sdk" && npm ci --no-audit --no-fund --loglevel=error &&
+        EVERVM_BIN="$evervm_bin" node --test ../js/sdk.test.mjs)
+done
 echo "==> Node package on Node 22 (from the npm registry; the AI SDK needs it): tool helpers in their SDKs' loops, examples/node"
 node22_dir="$HOME/.cache/evervm/node22"
 node22="$node22_dir/node_modules/node/bin/node"

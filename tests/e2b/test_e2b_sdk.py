@@ -179,3 +179,20 @@ def test_a_client_leaving_interrupts_the_run(sandbox) -> None:
         sandbox.run_code(code, timeout=3)
     assert "timed out" in str(gone.value).lower() or "timeout" in type(gone.value).__name__.lower()
     assert sandbox.run_code("interrupted").text == "True"
+
+
+@pytest.mark.skipif(not hasattr(Sandbox, "fork"), reason="this SDK release has no fork")
+def test_fork(sandbox) -> None:
+    assert sandbox.run_code("base = 'parent'").error is None
+    forks = sandbox.fork(count=2, timeout=120)
+    try:
+        assert len(forks) == 2 and all(isinstance(f, Sandbox) for f in forks), forks
+        assert len({f.sandbox_id for f in forks} | {sandbox.sandbox_id}) == 3
+        for n, fork in enumerate(forks):
+            assert fork.run_code("base").text == "'parent'"
+            fork.run_code(f"base = 'fork {n}'")
+        assert sandbox.run_code("base").text == "'parent'", "forks have their own state"
+    finally:
+        for fork in forks:
+            if isinstance(fork, Sandbox):
+                fork.kill()
