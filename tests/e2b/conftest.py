@@ -2,7 +2,6 @@
 and matplotlib), and the environment that points E2B's unmodified SDKs at it."""
 
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -14,19 +13,9 @@ sys.path.insert(0, str(REPO / "tests" / "support"))
 import evervm_serve  # noqa: E402
 
 
-def gvisor_reason() -> str | None:
-    """Why gVisor cannot run these tests here, or None when it can."""
-    if os.geteuid() != 0:
-        return "gVisor sandboxes need root"
-    if not (shutil.which("runsc") or Path("/usr/bin/runsc").exists()
-            or (Path.home() / ".cache/evervm/runsc").exists()):
-        return "runsc is not installed (scripts/setup.sh installs it)"
-    return None
-
-
 @pytest.fixture(scope="session", autouse=True)
 def needs_gvisor() -> None:
-    reason = gvisor_reason()
+    reason = evervm_serve.gvisor_reason()
     if reason and os.environ.get("CI"):
         pytest.fail(f"the E2B SDK tests must run in CI, but {reason}")
     if reason:

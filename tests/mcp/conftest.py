@@ -3,7 +3,6 @@ on gVisor with the data image (fork, checkpoints and plots need them), driven by
 MCP Python SDK."""
 
 import os
-import shutil
 import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,19 +19,9 @@ sys.path.insert(0, str(REPO / "tests" / "support"))
 import evervm_serve  # noqa: E402
 
 
-def gvisor_reason() -> str | None:
-    """Why gVisor cannot run these tests here, or None when it can."""
-    if os.geteuid() != 0:
-        return "gVisor sandboxes need root"
-    if not (shutil.which("runsc") or Path("/usr/bin/runsc").exists()
-            or (Path.home() / ".cache/evervm/runsc").exists()):
-        return "runsc is not installed (scripts/setup.sh installs it)"
-    return None
-
-
 @pytest.fixture(scope="session", autouse=True)
 def needs_gvisor() -> None:
-    reason = gvisor_reason()
+    reason = evervm_serve.gvisor_reason()
     if reason and os.environ.get("CI"):
         pytest.fail(f"the MCP tests must run in CI, but {reason}")
     if reason:

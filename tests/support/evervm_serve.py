@@ -25,6 +25,16 @@ def evervm_binary() -> Path:
     return path
 
 
+def gvisor_reason() -> str | None:
+    """Why gVisor cannot run tests here, or None when it can."""
+    if os.geteuid() != 0:
+        return "gVisor sandboxes need root"
+    if not (shutil.which("runsc") or Path("/usr/bin/runsc").exists()
+            or (Path.home() / ".cache/evervm/runsc").exists()):
+        return "runsc is not installed (scripts/setup.sh installs it)"
+    return None
+
+
 def start_serve(backend: str, home: Path | str, stderr: int | IO[str] = subprocess.DEVNULL,
                 env: dict[str, str] | None = None,
                 e2b: bool = False) -> tuple[subprocess.Popen[str], str, str]:

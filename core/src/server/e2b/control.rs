@@ -181,10 +181,7 @@ pub(super) async fn create(
     body: Bytes,
 ) -> Result<Response, E2bFailure> {
     let request: NewSandbox = parse_body(&body)?;
-    let timeout = match request.timeout {
-        Some(seconds) => timeout_from_seconds(seconds)?,
-        None => DEFAULT_TIMEOUT,
-    };
+    let timeout = timeout_or_default(request.timeout)?;
     let template = request
         .template_id
         .filter(|t| !t.trim().is_empty())
@@ -441,10 +438,30 @@ pub(super) async fn set_timeout(
     body: Bytes,
 ) -> Result<StatusCode, E2bFailure> {
     let request: TimeoutRequest = parse_body(&body)?;
-    let timeout = timeout_from_seconds(request.timeout)?;
-    machine(&state, &account, &id).await?;
-    state.sandboxes.start(&account, &id, timeout);
+    restart_clock(
+        &state,
+        &account,
+        &id,
+        timeout_from_seconds(request.timeout)?,
+    )
+    .await
+}
+
+/// The sandbox runs for `timeout` from now.
+async fn restart_clock(
+    state: &E2bState,
+    account: &Account,
+    id: &str,
+    timeout: Duration,
+) -> Result<StatusCode, E2bFailure> {
+    machine(state, account, id).await?;
+    state.sandboxes.start(account, id, timeout);
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// A timeout in seconds given by a caller, or the default.
+fn timeout_or_default(seconds: Option<i64>) -> Result<Duration, E2bFailure> {
+    seconds.map_or(Ok(DEFAULT_TIMEOUT), timeout_from_seconds)
 }
 
 #[derive(Debug, Deserialize)]
@@ -461,13 +478,7 @@ pub(super) async fn refresh(
     body: Bytes,
 ) -> Result<StatusCode, E2bFailure> {
     let request: RefreshRequest = parse_body(&body)?;
-    let timeout = match request.duration {
-        Some(seconds) => timeout_from_seconds(seconds)?,
-        None => DEFAULT_TIMEOUT,
-    };
-    machine(&state, &account, &id).await?;
-    state.sandboxes.start(&account, &id, timeout);
-    Ok(StatusCode::NO_CONTENT)
+    restart_clock(&state, &account, &id, timeout_or_default(request.duration)?).await
 }
 
 /// `POST /sandboxes/{id}/pause`: the machine is swapped out; 409 when it already was paused.
@@ -497,22 +508,11 @@ struct ConnectRequest {
     timeout: Option<i64>,
 }
 
-/// `POST /sandboxes/{id}/connect`, `/v2/sandboxes/{id}/connect`: a paused sandbox runs again
+/// `POST /sandboxes/{id}/connect`, `/v2/sandboxes/{id}/connect`, and the first generation's
+/// `/sandboxes/{id}/resume`: a paused sandbox runs again
 /// (its machine is restored by its next instruction) for the timeout given; a running one's
 /// timeout is only ever extended. 201 when it was paused, 200 when it was running.
 pub(super) async fn connect(
-    State(state): State<E2bState>,
-    ApiCaller(account): ApiCaller,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Result<Response, E2bFailure> {
-    let request: ConnectRequest = parse_body(&body)?;
-    resume_or_connect(&state, &account, &headers, &id, request.timeout).await
-}
-
-/// `POST /sandboxes/{id}/resume` (the first generation's connect): as connect.
-pub(super) async fn resume(
     State(state): State<E2bState>,
     ApiCaller(account): ApiCaller,
     headers: HeaderMap,
@@ -606,10 +606,7 @@ pub(super) async fn fork(
     body: Bytes,
 ) -> Result<Response, E2bFailure> {
     let request: ForkRequest = parse_body(&body)?;
-    let timeout = match request.timeout {
-        Some(seconds) => timeout_from_seconds(seconds)?,
-        None => DEFAULT_TIMEOUT,
-    };
+    let timeout = timeout_or_default(request.timeout)?;
     let count = request.count.unwrap_or(1);
     if !(1..=MAX_FORKS).contains(&count) {
         return Err(E2bFailure::bad_request(format!(

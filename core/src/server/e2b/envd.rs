@@ -357,6 +357,14 @@ fn rpc_failure(error: &evervm_engine::Error, sandbox: &str) -> RpcError {
     RpcError::from(error)
 }
 
+/// Who calls a filesystem method, on which sandbox.
+#[derive(Clone, Copy)]
+struct Call<'a> {
+    state: &'a E2bState,
+    account: &'a Account,
+    sandbox: &'a str,
+}
+
 /// `POST /filesystem.Filesystem/{method}`.
 pub(super) async fn filesystem(
     State(state): State<E2bState>,
@@ -365,12 +373,17 @@ pub(super) async fn filesystem(
     body: Bytes,
 ) -> Response {
     let SandboxCaller { account, sandbox } = caller;
+    let call = Call {
+        state: &state,
+        account: &account,
+        sandbox: &sandbox,
+    };
     let answer = match method.as_str() {
-        "Stat" => stat(&state, &account, &sandbox, &body).await,
-        "ListDir" => list_dir(&state, &account, &sandbox, &body).await,
-        "MakeDir" => make_dir(&state, &account, &sandbox, &body).await,
-        "Remove" => remove(&state, &account, &sandbox, &body).await,
-        "Move" => move_entry(&state, &account, &sandbox, &body).await,
+        "Stat" => stat(&call, &body).await,
+        "ListDir" => list_dir(&call, &body).await,
+        "MakeDir" => make_dir(&call, &body).await,
+        "Remove" => remove(&call, &body).await,
+        "Move" => move_entry(&call, &body).await,
         other => Err(RpcError::unimplemented(&format!(
             "filesystem.Filesystem/{other}"
         ))),
@@ -384,12 +397,12 @@ pub(super) async fn filesystem(
     }
 }
 
-async fn stat(
-    state: &E2bState,
-    account: &Account,
-    sandbox: &str,
-    body: &[u8],
-) -> Result<serde_json::Value, RpcError> {
+async fn stat(call: &Call<'_>, body: &[u8]) -> Result<serde_json::Value, RpcError> {
+    let Call {
+        state,
+        account,
+        sandbox,
+    } = *call;
     let request: PathRequest = connect::parse_unary(body)?;
     let info = state
         .engine
@@ -399,12 +412,12 @@ async fn stat(
     Ok(serde_json::json!({ "entry": entry(&info) }))
 }
 
-async fn list_dir(
-    state: &E2bState,
-    account: &Account,
-    sandbox: &str,
-    body: &[u8],
-) -> Result<serde_json::Value, RpcError> {
+async fn list_dir(call: &Call<'_>, body: &[u8]) -> Result<serde_json::Value, RpcError> {
+    let Call {
+        state,
+        account,
+        sandbox,
+    } = *call;
     let request: ListDirRequest = connect::parse_unary(body)?;
     let depth = request.depth.unwrap_or(1).max(1);
     if depth > MAX_DEPTH {
@@ -433,12 +446,12 @@ async fn list_dir(
     Ok(serde_json::json!({ "entries": entries }))
 }
 
-async fn make_dir(
-    state: &E2bState,
-    account: &Account,
-    sandbox: &str,
-    body: &[u8],
-) -> Result<serde_json::Value, RpcError> {
+async fn make_dir(call: &Call<'_>, body: &[u8]) -> Result<serde_json::Value, RpcError> {
+    let Call {
+        state,
+        account,
+        sandbox,
+    } = *call;
     let request: PathRequest = connect::parse_unary(body)?;
     let path = to_machine(&request.path);
     match state.engine.stat_file(account, sandbox, &path).await {
@@ -460,12 +473,12 @@ async fn make_dir(
     Ok(serde_json::json!({ "entry": entry(&info) }))
 }
 
-async fn remove(
-    state: &E2bState,
-    account: &Account,
-    sandbox: &str,
-    body: &[u8],
-) -> Result<serde_json::Value, RpcError> {
+async fn remove(call: &Call<'_>, body: &[u8]) -> Result<serde_json::Value, RpcError> {
+    let Call {
+        state,
+        account,
+        sandbox,
+    } = *call;
     let request: PathRequest = connect::parse_unary(body)?;
     state
         .engine
@@ -483,12 +496,12 @@ fn python_path(path: &str) -> Result<String, RpcError> {
 }
 
 /// Move: renamed by the machine's interpreter, inside its sandbox.
-async fn move_entry(
-    state: &E2bState,
-    account: &Account,
-    sandbox: &str,
-    body: &[u8],
-) -> Result<serde_json::Value, RpcError> {
+async fn move_entry(call: &Call<'_>, body: &[u8]) -> Result<serde_json::Value, RpcError> {
+    let Call {
+        state,
+        account,
+        sandbox,
+    } = *call;
     let request: MoveRequest = connect::parse_unary(body)?;
     if request.source.is_empty() || request.destination.is_empty() {
         return Err(RpcError::invalid("Move needs a source and a destination"));

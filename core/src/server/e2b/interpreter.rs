@@ -346,13 +346,10 @@ pub(super) async fn create_context(body: Bytes) -> Result<Json<Context>, E2bFail
 pub(super) async fn remove_context(
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> E2bFailure {
-    match check_context(&id) {
-        Err(e) => e,
-        Ok(()) => E2bFailure::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "the default context is the machine's REPL: it is removed with its sandbox (kill)",
-        ),
-    }
+    refuse_context(
+        &id,
+        "the default context is the machine's REPL: it is removed with its sandbox (kill)",
+    )
 }
 
 /// `POST /contexts/{id}/restart`: not offered (the REPL lives for ever; kill and create to start
@@ -360,12 +357,17 @@ pub(super) async fn remove_context(
 pub(super) async fn restart_context(
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> E2bFailure {
-    match check_context(&id) {
+    refuse_context(
+        &id,
+        "evervm does not restart a machine's REPL: create a new sandbox to start afresh",
+    )
+}
+
+/// 404 for a context that is not the default one, else 501 with `why`.
+fn refuse_context(id: &str, why: &str) -> E2bFailure {
+    match check_context(id) {
         Err(e) => e,
-        Ok(()) => E2bFailure::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "evervm does not restart a machine's REPL: create a new sandbox to start afresh",
-        ),
+        Ok(()) => E2bFailure::new(StatusCode::NOT_IMPLEMENTED, why),
     }
 }
 

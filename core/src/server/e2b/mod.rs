@@ -118,7 +118,7 @@ pub fn router(engine: Engine) -> Router {
         )
         .route("/sandboxes/{sandbox_id}/refreshes", post(control::refresh))
         .route("/sandboxes/{sandbox_id}/pause", post(control::pause))
-        .route("/sandboxes/{sandbox_id}/resume", post(control::resume))
+        .route("/sandboxes/{sandbox_id}/resume", post(control::connect))
         .route("/sandboxes/{sandbox_id}/connect", post(control::connect))
         .route("/v2/sandboxes/{sandbox_id}/connect", post(control::connect))
         .route("/sandboxes/{sandbox_id}/metrics", get(control::metrics))
