@@ -80,14 +80,22 @@ rm -rf "$ffi_dir"
 echo "==> MCP server: the official MCP Python SDK over stdio and streamable HTTP (gVisor)"
 "$pyenv_dir/bin/pip" install -q --disable-pip-version-check "mcp==2.3.0"
 EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" -m pytest -q -p no:cacheprovider tests/mcp/test_mcp.py
-echo "==> E2B's Python SDK, unmodified, against --e2b-listen (gVisor): sync and async, the newest releases and the oldest that honour E2B_SANDBOX_URL"
+echo "==> E2B's Python SDK, unmodified, against --e2b-listen (gVisor): sync and async, the newest releases and the oldest that honour E2B_SANDBOX_URL; LangChain's E2B backend on the newest"
 for sdk in "newest:e2b-code-interpreter==2.11.5 e2b==2.63.0" "oldest:e2b-code-interpreter==2.9.0 e2b==2.26.0"; do
     e2b_env="$HOME/.cache/evervm/e2b-${sdk%%:*}"
     [ -x "$e2b_env/bin/python" ] || python3 -m venv "$e2b_env"
     # shellcheck disable=SC2086 # the pins are words
     "$e2b_env/bin/pip" install -q --disable-pip-version-check ${sdk#*:} "pytest==8.4.2"
+    e2b_tests=(tests/e2b/test_e2b_sdk.py)
+    if [ "${sdk%%:*}" = newest ]; then
+        # An agent framework's E2B tool, unchanged, on the newest SDK: LangChain's Deep Agents
+        # with E2B's langchain-e2b backend, one agent step with a scripted model.
+        "$e2b_env/bin/pip" install -q --disable-pip-version-check \
+            -r tests/e2b/requirements-framework.txt
+        e2b_tests+=(tests/e2b/test_framework_e2b.py)
+    fi
     EVERVM_BIN="$evervm_bin" "$e2b_env/bin/python" -m pytest -q -p no:cacheprovider \
-        tests/e2b/test_e2b_sdk.py
+        "${e2b_tests[@]}"
 done
 echo "==> API fuzzing: schemathesis against /openapi.json (process backend, bounded)"
 # tests/api/README.md: a short run of every phase against `evervm serve --backend process`.

@@ -10,17 +10,15 @@ pointed at evervm only by E2B's environment variables (E2B_API_URL, E2B_SANDBOX_
 E2B_API_KEY). As `langchain-e2b` intends, the test creates and kills the sandbox with the E2B
 SDK and hands it to the backend.
 
-Requirements: tests/e2b/requirements-framework.txt. gVisor and root are needed (skipped locally
-without them, a failure when CI is set)."""
+Requirements: tests/e2b/requirements-framework.txt. The server and the SDK's environment are
+conftest.py's `e2b_server` (gVisor and root: skipped locally without them, a failure in CI)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import sys
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,40 +33,6 @@ from langchain_e2b import AsyncE2BSandbox, E2BSandbox
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "support"))
 import evervm_serve  # noqa: E402
-
-
-def gvisor_reason() -> str | None:
-    """Why gVisor cannot run these tests here, or None when it can."""
-    if os.geteuid() != 0:
-        return "gVisor sandboxes need root"
-    if not (shutil.which("runsc") or Path("/usr/bin/runsc").exists()
-            or (Path.home() / ".cache/evervm/runsc").exists()):
-        return "runsc is not installed (scripts/setup.sh installs it)"
-    return None
-
-
-@pytest.fixture(scope="session")
-def e2b_server() -> Iterator[evervm_serve.Server]:
-    """`evervm serve` on gVisor with its E2B listener, and E2B's SDK pointed at it."""
-    reason = gvisor_reason()
-    if reason and os.environ.get("CI"):
-        pytest.fail(f"the E2B framework test must run in CI, but {reason}")
-    if reason:
-        pytest.skip(reason)
-    server = evervm_serve.Server("gvisor", "evervm-e2b-fw-", e2b=True)
-    try:
-        with pytest.MonkeyPatch.context() as env:
-            env.setenv("E2B_API_URL", server.e2b_url)
-            env.setenv("E2B_SANDBOX_URL", server.e2b_url)
-            env.setenv("E2B_API_KEY", server.e2b_key)
-            env.delenv("E2B_ACCESS_TOKEN", raising=False)
-            env.delenv("E2B_DOMAIN", raising=False)
-            no_proxy = ",".join(filter(None, [os.environ.get("NO_PROXY"), "127.0.0.1,localhost"]))
-            env.setenv("NO_PROXY", no_proxy)
-            env.setenv("no_proxy", no_proxy)
-            yield server
-    finally:
-        server.stop()
 
 
 Turn = Callable[[list[BaseMessage]], AIMessage]
@@ -195,11 +159,6 @@ def test_async_agent_writes_and_runs_a_file_in_evervm(e2b_server: evervm_serve.S
     assert listed(tag) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "evervm maps E2B's home /home/user to the machine's home only in envd's file API and in "
-    "commands' cwd; inside the sandbox /home/user does not exist (HOME is /home/machine), so "
-    "Deep Agents' file tools, whose commands name the path, fail there. Remove this marker "
-    "when the guest has /home/user."))
 def test_file_tools_in_e2b_home(e2b_server: evervm_serve.Server) -> None:
     """Deep Agents' file tools on a path in E2B's home, the backend's default working directory,
     as an agent on E2B would use them: write the script, read it back, run it by its path."""

@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 use crate::fsutil::{fsync_dir, write_durably};
 
 /// Bumped whenever the builder changes what it puts in an image.
-const BUILDER_VERSION: u32 = 3;
+const BUILDER_VERSION: u32 = 4;
 /// Where the agent lives inside an image.
 pub const AGENT_PATH: &str = "/opt/evervm/agent.py";
 /// The unprivileged user machines run as inside the sandbox.

@@ -132,6 +132,8 @@ pub(super) fn configure_root(root: &Path, profile: &Profile) -> Result<()> {
         Some(MACHINE_UID),
         Some(MACHINE_UID),
     )?;
+    // E2B's home, for code written for E2B's sandboxes (`open("/home/user/data.csv")`).
+    symlink("machine", &root.join("home/user"))?;
     write_file(root, AGENT_PATH, AGENT_SOURCE)?;
     if *profile == Profile::Data {
         write_file(
