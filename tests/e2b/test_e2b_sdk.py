@@ -89,6 +89,7 @@ def test_files(sandbox) -> None:
     assert sandbox.files.read("/home/user/a.txt") == "content"
     # The machine's REPL starts in its home, which E2B calls /home/user.
     assert sandbox.run_code("open('a.txt').read()").text == "'content'"
+    assert sandbox.run_code("open('/home/user/a.txt').read()").text == "'content'"
     names = [entry.name for entry in sandbox.files.list("/home/user")]
     assert "a.txt" in names
     assert sandbox.files.exists("/home/user/a.txt")
