@@ -73,17 +73,31 @@ async fn send(request: RequestBuilder) -> (StatusCode, Value) {
     )
 }
 
-/// The frames of a Connect stream: (flags, JSON).
-fn frames(mut body: &[u8]) -> Vec<(u8, Value)> {
-    let mut out = Vec::new();
-    while body.len() >= 5 {
-        let length = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
-        let message = &body[5..5 + length];
-        out.push((body[0], serde_json::from_slice(message).unwrap()));
-        body = &body[5 + length..];
-    }
-    assert!(body.is_empty(), "a frame was cut: {body:?}");
+/// The frames of a whole Connect stream: (flags, JSON).
+fn frames(body: &[u8]) -> Vec<(u8, Value)> {
+    let (out, used) = frames_and_length(body);
+    assert_eq!(used, body.len(), "a frame was cut: {body:?}");
     out
+}
+
+/// The whole frames at the start of what arrived so far.
+fn frames_so_far(body: &[u8]) -> Vec<(u8, Value)> {
+    frames_and_length(body).0
+}
+
+/// The whole frames at the start of `body`, and how many bytes they take.
+fn frames_and_length(body: &[u8]) -> (Vec<(u8, Value)>, usize) {
+    let mut out = Vec::new();
+    let mut used = 0;
+    while let Some(header) = body.get(used..used + 5) {
+        let length = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+        let Some(message) = body.get(used + 5..used + 5 + length) else {
+            break;
+        };
+        out.push((header[0], serde_json::from_slice(message).unwrap()));
+        used += 5 + length;
+    }
+    (out, used)
 }
 
 fn envelope(message: &Value) -> Vec<u8> {
@@ -239,6 +253,54 @@ async fn keys_tenants_and_hostile_requests() {
     let end = &got[got.len() - 2].1["event"]["end"];
     assert_eq!(end["exitCode"], 4, "{got:?}");
     assert_eq!(got.last().unwrap(), &(2, json!({})));
+
+    // A running command is Alice's alone: Bob neither lists nor signals it; Alice's signal ends
+    // it.
+    let mut running = s
+        .sandbox("/process.Process/Start", &id, ENVD_PORT, &s.alice)
+        .header("content-type", "application/connect+json")
+        .body(envelope(
+            &json!({"process": {"cmd": "/bin/sh", "args": ["-c", "echo started; sleep 60"]}}),
+        ))
+        .send()
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    while !frames_so_far(&seen)
+        .iter()
+        .any(|(_, f)| f["event"]["data"]["stdout"].is_string())
+    {
+        seen.extend_from_slice(&running.chunk().await.unwrap().expect("the stream ended"));
+    }
+    let pid = frames_so_far(&seen)[0].1["event"]["start"]["pid"].clone();
+    let list = |key: &str| {
+        s.sandbox("/process.Process/List", &id, ENVD_PORT, key)
+            .header("content-type", "application/json")
+            .body("{}")
+    };
+    let (_, listed) = send(list(&s.bob)).await;
+    assert_eq!(listed, json!({"processes": []}));
+    let (_, listed) = send(list(&s.alice)).await;
+    assert_eq!(listed["processes"][0]["pid"], pid, "{listed}");
+    assert_eq!(listed["processes"][0]["config"]["cmd"], "/bin/sh");
+    let signal = |key: &str| {
+        s.sandbox("/process.Process/SendSignal", &id, ENVD_PORT, key)
+            .header("content-type", "application/json")
+            .json(&json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"}))
+    };
+    let (status, body) = send(signal(&s.bob)).await;
+    assert_eq!(
+        (status, body["code"].clone()),
+        (StatusCode::NOT_FOUND, json!("not_found"))
+    );
+    let (status, _) = send(signal(&s.alice)).await;
+    assert_eq!(status, StatusCode::OK);
+    while let Some(chunk) = running.chunk().await.unwrap() {
+        seen.extend_from_slice(&chunk);
+    }
+    let last = frames(&seen).pop().unwrap();
+    assert_eq!(last.0, 2, "{last:?}");
+    assert_eq!(last.1["error"]["code"], "canceled", "{last:?}");
 
     // Unknown Connect methods say so.
     let (status, body) = send(

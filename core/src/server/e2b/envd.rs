@@ -59,11 +59,12 @@ fn to_e2b(path: &str) -> String {
     }
 }
 
-/// The running commands' pids (an instruction's seq + 1), by machine: what SendSignal and List
-/// act on. Entries live as long as their command's stream.
+/// The running commands' pids (an instruction's seq + 1), by account and machine: what
+/// SendSignal and List act on (a caller sees only its own account's). Entries live as long as
+/// their command's stream.
 #[derive(Debug, Default)]
 pub(crate) struct Commands {
-    running: Mutex<HashMap<(String, u32), ProcessConfig>>,
+    running: Mutex<HashMap<CommandKey, ProcessConfig>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -73,9 +74,12 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Removes a command from [`Commands`] when its stream ends.
+/// A running command: its account's id, its machine, its pid.
+type CommandKey = (i64, String, u32);
+
 struct Registered {
     commands: Arc<Commands>,
-    key: (String, u32),
+    key: CommandKey,
 }
 
 impl Drop for Registered {
@@ -602,8 +606,10 @@ pub(super) async fn process(
         "List" => {
             let processes: Vec<serde_json::Value> = lock(&state.commands.running)
                 .iter()
-                .filter(|((machine, _), _)| *machine == caller.sandbox)
-                .map(|((_, pid), config)| serde_json::json!({ "config": config, "pid": pid }))
+                .filter(|((account, machine, _), _)| {
+                    *account == caller.account.id && *machine == caller.sandbox
+                })
+                .map(|((_, _, pid), config)| serde_json::json!({ "config": config, "pid": pid }))
                 .collect();
             connect::unary(&serde_json::json!({ "processes": processes }))
         }
@@ -621,7 +627,8 @@ async fn send_signal(
         .process
         .pid
         .ok_or_else(|| RpcError::invalid("SendSignal names a process by pid here"))?;
-    let running = lock(&state.commands.running).contains_key(&(caller.sandbox.clone(), pid));
+    let key = (caller.account.id, caller.sandbox.clone(), pid);
+    let running = lock(&state.commands.running).contains_key(&key);
     if !running {
         return Err(RpcError::new(
             Code::NotFound,
@@ -757,7 +764,7 @@ async fn start_process(
     };
     state.sandboxes.touch(&account, &sandbox);
     let pid = u32::try_from(seq + 1).unwrap_or(u32::MAX);
-    let key = (sandbox.clone(), pid);
+    let key = (account.id, sandbox.clone(), pid);
     lock(&state.commands.running).insert(key.clone(), request.process);
     let registered = Registered {
         commands: Arc::clone(&state.commands),
