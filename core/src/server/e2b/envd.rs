@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use super::connect::{self, Code, RpcError};
 use super::interpreter::E2B_HOME;
 use super::run::{self, Run};
-use super::{E2bFailure, E2bState, EnvdCaller, SandboxCaller};
+use super::{E2bFailure, E2bState, EnvdCaller, SandboxCaller, lock};
 
 /// The most entries a recursive listing returns.
 const MAX_LISTED: usize = evervm_engine::files::MAX_LIST_ENTRIES;
@@ -65,12 +65,6 @@ fn to_e2b(path: &str) -> String {
 #[derive(Debug, Default)]
 pub(crate) struct Commands {
     running: Mutex<HashMap<CommandKey, ProcessConfig>>,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Removes a command from [`Commands`] when its stream ends.
@@ -383,11 +377,11 @@ pub(super) async fn filesystem(
         sandbox: &sandbox,
     };
     let answer = match method.as_str() {
-        "Stat" => stat(&call, &body).await,
-        "ListDir" => list_dir(&call, &body).await,
-        "MakeDir" => make_dir(&call, &body).await,
-        "Remove" => remove(&call, &body).await,
-        "Move" => move_entry(&call, &body).await,
+        "Stat" => stat(call, &body).await,
+        "ListDir" => list_dir(call, &body).await,
+        "MakeDir" => make_dir(call, &body).await,
+        "Remove" => remove(call, &body).await,
+        "Move" => move_entry(call, &body).await,
         other => Err(RpcError::unimplemented(&format!(
             "filesystem.Filesystem/{other}"
         ))),
@@ -401,12 +395,14 @@ pub(super) async fn filesystem(
     }
 }
 
-async fn stat(call: &Call<'_>, body: &[u8]) -> Result<serde_json::Value, RpcError> {
-    let Call {
+async fn stat(
+    Call {
         state,
         account,
         sandbox,
-    } = *call;
+    }: Call<'_>,
+    body: &[u8],
+) -> Result<serde_json::Value, RpcError> {
     let request: PathRequest = connect::parse_unary(body)?;
     let info = state
         .engine
@@ -416,12 +412,14 @@ async fn stat(call: &Call<'_>, body: &[u8]) -> Result<serde_json::Value, RpcErro
     Ok(serde_json::json!({ "entry": entry(&info) }))
 }
 
-async fn list_dir(call: &Call<'_>, body: &[u8]) -> Result<serde_json::Value, RpcError> {
-    let Call {
+async fn list_dir(
+    Call {
         state,
         account,
         sandbox,
-    } = *call;
+    }: Call<'_>,
+    body: &[u8],
+) -> Result<serde_json::Value, RpcError> {
     let request: ListDirRequest = connect::parse_unary(body)?;
     let depth = request.depth.unwrap_or(1).max(1);
     if depth > MAX_DEPTH {
@@ -450,12 +448,14 @@ async fn list_dir(call: &Call<'_>, body: &[u8]) -> Result<serde_json::Value, Rpc
     Ok(serde_json::json!({ "entries": entries }))
 }
 
-async fn make_dir(call: &Call<'_>, body: &[u8]) -> Result<serde_json::Value, RpcError> {
-    let Call {
+async fn make_dir(
+    Call {
         state,
         account,
         sandbox,
-    } = *call;
+    }: Call<'_>,
+    body: &[u8],
+) -> Result<serde_json::Value, RpcError> {
     let request: PathRequest = connect::parse_unary(body)?;
     let path = to_machine(&request.path);
     match state.engine.stat_file(account, sandbox, &path).await {
@@ -477,12 +477,14 @@ async fn make_dir(call: &Call<'_>, body: &[u8]) -> Result<serde_json::Value, Rpc
     Ok(serde_json::json!({ "entry": entry(&info) }))
 }
 
-async fn remove(call: &Call<'_>, body: &[u8]) -> Result<serde_json::Value, RpcError> {
-    let Call {
+async fn remove(
+    Call {
         state,
         account,
         sandbox,
-    } = *call;
+    }: Call<'_>,
+    body: &[u8],
+) -> Result<serde_json::Value, RpcError> {
     let request: PathRequest = connect::parse_unary(body)?;
     state
         .engine
@@ -500,12 +502,14 @@ fn python_path(path: &str) -> Result<String, RpcError> {
 }
 
 /// Move: renamed by the machine's interpreter, inside its sandbox.
-async fn move_entry(call: &Call<'_>, body: &[u8]) -> Result<serde_json::Value, RpcError> {
-    let Call {
+async fn move_entry(
+    Call {
         state,
         account,
         sandbox,
-    } = *call;
+    }: Call<'_>,
+    body: &[u8],
+) -> Result<serde_json::Value, RpcError> {
     let request: MoveRequest = connect::parse_unary(body)?;
     if request.source.is_empty() || request.destination.is_empty() {
         return Err(RpcError::invalid("Move needs a source and a destination"));

@@ -379,6 +379,13 @@ async fn authenticate(state: &E2bState, key: &str) -> Result<Account, E2bFailure
         .map_err(E2bFailure::from)
 }
 
+/// A mutex's data, even after a panic elsewhere (what the maps here hold stays consistent).
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
         .get(name)

@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use evervm_engine::{Account, Engine};
+
+use super::lock;
 use tokio::time::Instant;
 
 /// The timeout of a sandbox created or connected without one (E2B's default).
@@ -37,12 +39,6 @@ pub(super) struct Clock {
 #[derive(Debug, Default)]
 pub(crate) struct Sandboxes {
     clocks: Mutex<HashMap<String, Clock>>,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Checks a timeout in seconds given by a caller.
