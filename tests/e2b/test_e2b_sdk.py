@@ -6,6 +6,7 @@ E2B_SANDBOX_URL (scripts/test.sh says which)."""
 
 import asyncio
 import base64
+import time
 import uuid
 from importlib.metadata import version
 
@@ -197,3 +198,16 @@ def test_fork(sandbox) -> None:
         for fork in forks:
             if isinstance(fork, Sandbox):
                 fork.kill()
+
+
+def test_a_sandbox_past_its_timeout_is_paused_not_killed(sandbox) -> None:
+    assert sandbox.run_code("survivor = 'still here'").error is None
+    sandbox.set_timeout(1)
+    # The server's clock runs out and it swaps the machine out: wait for that state.
+    deadline = time.monotonic() + 60
+    while state_of(sandbox.get_info()) != "paused":
+        assert time.monotonic() < deadline, "the sandbox was not paused after its timeout"
+        time.sleep(0.2)
+    assert not sandbox.is_running()
+    again = Sandbox.connect(sandbox.sandbox_id, timeout=120)
+    assert again.run_code("survivor").text == "'still here'"
