@@ -61,5 +61,8 @@ if [ "$rust_minor" -lt 89 ]; then
 fi
 
 # The pinned current gVisor runsc (the engine's first choice; Debian's runsc above stays the
-# fallback and restores snapshots it wrote): built once into ~/.cache/evervm/runsc/.
-"$(dirname "${BASH_SOURCE[0]}")/runsc.sh" >/dev/null
+# fallback and restores snapshots it wrote): built once into ~/.cache/evervm/runsc/. The tests
+# (scripts/test.sh) set EVERVM_SETUP_RUNSC=background and build it beside their Rust build.
+if [ "${EVERVM_SETUP_RUNSC:-}" != background ]; then
+    "$(dirname "${BASH_SOURCE[0]}")/runsc.sh" >/dev/null
+fi

@@ -1,64 +1,109 @@
 #!/usr/bin/env bash
 # Runs every check and test of evervm: formatting, clippy, and the whole test suite.
 # This is the command the README gives and the one CI runs.
+#
+# Where the time goes: each stage prints its wall time as it ends ("<== stage: N s") and the run
+# ends with a table of them all. The engine is compiled once per profile: one `cargo build` makes
+# the test binaries and the Python and Node extension modules with the same features, and the
+# packages are made from those builds. What comes from outside (Python and npm packages, the Go
+# programs, the images' Debian packages) is fetched and built in the background while the CPU
+# compiles, and awaited where it is first needed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/stages.sh
+trap 'stage_report; scripts/postgres.sh stop "$pg_dir" >/dev/null 2>&1 || true; scripts/seaweedfs.sh stop "$s3_dir" >/dev/null 2>&1 || true' EXIT
+pg_dir="${TMPDIR:-/tmp}/evervm-test-postgres"
+s3_dir="${TMPDIR:-/tmp}/evervm-test-s3"
+
+stage setup "Debian packages and Rust (scripts/setup.sh)"
+EVERVM_SETUP_RUNSC=background
 . scripts/setup.sh
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
-
+cache="${XDG_CACHE_HOME:-$HOME/.cache}"
+# npm's downloads are kept under ~/.cache like the others'.
+export npm_config_cache="${npm_config_cache:-$cache/npm}"
 # The end-to-end tests keep machines' snapshots on disk: say how much room there is, so that a
 # test refused for want of disk reads as that.
-echo "==> free disk: $(df -h --output=avail "${TMPDIR:-/tmp}" | tail -1 | tr -d ' ') in ${TMPDIR:-/tmp}, $(df -h --output=avail . | tail -1 | tr -d ' ') here"
+echo "free disk: $(df -h --output=avail "${TMPDIR:-/tmp}" | tail -1 | tr -d ' ') in ${TMPDIR:-/tmp}, $(df -h --output=avail . | tail -1 | tr -d ' ') here"
+
+# Everything from outside, fetched while the Rust build below keeps the CPU busy.
+pyenv_dir="${EVERVM_PYENV:-$cache/evervm/pyenv}"
+python_test_env() {
+    [ -x "$pyenv_dir/bin/python" ] || python3 -m venv "$pyenv_dir"
+    # The package's own test and extra requirements, read from its pyproject.toml; maturin makes
+    # the wheel from the build below; the Swift, MCP and fuzzing suites' tools.
+    mapfile -t package_requirements < <(python3 -c '
+import tomllib
+extras = tomllib.load(open("bindings-python/pyproject.toml", "rb"))["project"]["optional-dependencies"]
+print("\n".join(extras["test"] + extras["langchain"]))')
+    "$pyenv_dir/bin/pip" install -q --disable-pip-version-check "${package_requirements[@]}" \
+        "maturin==1.16.0" "tree-sitter==0.26.1" "tree-sitter-swift==0.7.4" "mcp==2.3.0" \
+        "schemathesis==4.32.5"
+}
+# E2B's Python SDK, the newest releases and the oldest that honour E2B_SANDBOX_URL; LangChain's
+# Deep Agents with E2B's langchain-e2b backend on the newest.
+e2b_python_env() {
+    local name="$1" env="$cache/evervm/e2b-$1"
+    shift
+    [ -x "$env/bin/python" ] || python3 -m venv "$env"
+    "$env/bin/pip" install -q --disable-pip-version-check "$@" "pytest==8.4.2"
+}
+npm_packages() {
+    local dir
+    for dir in bindings-node tests/mcp/ts tests/e2b/js-newest tests/e2b/js-oldest examples/node; do
+        (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+    done
+    # Node 22 (the AI SDK needs it) from the npm registry.
+    node22_dir="$cache/evervm/node22"
+    [ -x "$node22_dir/node_modules/node/bin/node" ] ||
+        npm install --no-audit --no-fund --loglevel=error --prefix "$node22_dir" node@22.23.3
+}
+go_programs() {
+    # The pinned current runsc, then SeaweedFS (the bucket tests' S3 server), each once.
+    scripts/runsc.sh
+    scripts/seaweedfs.sh build
+}
+background go go_programs
+background python python_test_env
+background e2b-newest e2b_python_env newest "e2b-code-interpreter==2.11.5" "e2b==2.63.0" \
+    -r tests/e2b/requirements-framework.txt
+background e2b-oldest e2b_python_env oldest "e2b-code-interpreter==2.9.0" "e2b==2.26.0"
+background npm npm_packages
+
 # One build from scratch: incremental state would only double what the build keeps on disk.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
-echo "==> cargo fmt --check"
+stage fmt "cargo fmt --check"
 cargo fmt --all -- --check
-echo "==> cargo clippy"
+stage clippy "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+# The one build of the engine for the tests: every test binary, the CLI, the examples and the
+# Python and Node extension modules (their libraries have no Rust tests), in one invocation so
+# that features are unified once. Every later cargo command selects the same packages, so it
+# finds this build fresh. The Swift package is built on its own below: it is the remote-only
+# client, without the engine's runtime, by design.
+# The host's triple is named, because napi build always names one (and a build for a named
+# triple has a directory of its own).
+host="$(rustc -vV | sed -n 's/^host: //p')"
+workspace=(--workspace --locked --exclude evervm-swift --target "$host")
+target_dir="$(realpath "${CARGO_TARGET_DIR:-target}")"
+evervm_bin="$target_dir/$host/debug/evervm"
+stage build "cargo build of the tests, the CLI and the Python and Node modules (debug)"
+python3 scripts/features_unified.py evervm-python evervm-node
+cargo build "${workspace[@]}" --all-targets
+echo "the build takes $(du -sh "$target_dir" | cut -f1) on disk; $(df -h --output=avail . | tail -1 | tr -d ' ') free"
+
 # Root filesystem images are shared by every test engine (and kept between runs); one ready
 # sandbox per engine is enough for the tests.
-export EVERVM_IMAGES="${EVERVM_IMAGES:-$HOME/.cache/evervm/images}"
+export EVERVM_IMAGES="${EVERVM_IMAGES:-$cache/evervm/images}"
 export EVERVM_POOL_SIZE="${EVERVM_POOL_SIZE:-1}"
-echo "==> building the root filesystem images"
-cargo build --locked -p evervm-cli
-evervm_bin="$(realpath "${CARGO_TARGET_DIR:-target}")/debug/evervm"
-"$evervm_bin" image build --profile minimal
-"$evervm_bin" image build --profile data
-echo "==> a PostgreSQL server for the PostgreSQL store's tests (Debian's, on loopback)"
-pg_dir="${TMPDIR:-/tmp}/evervm-test-postgres"
-EVERVM_TEST_POSTGRES="$(scripts/postgres.sh start "$pg_dir" "${EVERVM_TEST_POSTGRES_PORT:-55432}")"
-export EVERVM_TEST_POSTGRES
-s3_dir="${TMPDIR:-/tmp}/evervm-test-s3"
-trap 'scripts/postgres.sh stop "$pg_dir" || true; scripts/seaweedfs.sh stop "$s3_dir" || true' EXIT
-echo "==> an S3-compatible server for the snapshot bucket's tests (SeaweedFS, on loopback)"
-# The standard AWS environment reaches it, as it would reach any bucket.
-AWS_ENDPOINT_URL="$(scripts/seaweedfs.sh start "$s3_dir" "${EVERVM_TEST_S3_PORT:-58333}" evervm-test)"
-export AWS_ENDPOINT_URL AWS_ALLOW_HTTP=true AWS_ACCESS_KEY_ID=evervm-test
-export AWS_SECRET_ACCESS_KEY=evervm-test-secret EVERVM_TEST_S3=s3://evervm-test
-echo "==> cargo test"
-# The Python and Node extension modules link against the runtime that loads them: they are
-# tested from Python and Node below.
-cargo test --workspace --locked --exclude evervm-python --exclude evervm-node --exclude evervm-swift
-echo "==> the build takes $(du -sh "${CARGO_TARGET_DIR:-target}" | cut -f1) on disk; $(df -h --output=avail . | tail -1 | tr -d ' ') free"
-echo "==> the end-to-end suites on gVisor again, on Debian's runsc (older hosts and old snapshots use it)"
-if [ -x /usr/bin/runsc ]; then
-    EVERVM_RUNSC=/usr/bin/runsc EVERVM_TEST_BACKENDS=gvisor \
-        cargo test --locked -p evervm-tests --test e2e
-else
-    echo "skipping: Debian's runsc is not installed"
-fi
-echo "==> load program, small: fails on any error or order violation, never on timing"
-# gVisor where it works (swaps included), else the process backend; --max-seconds only stops a
-# hang (the run takes about a minute on gVisor, seconds on the process backend).
-cargo run --locked -q -p evervm-examples --bin load -- --backend auto --clients 8 \
-    --instructions 50 --machines 4 --swap-every-ms 250 --max-seconds 300
-echo "==> Python package: pip install ./bindings-python, then its tests"
-pyenv_dir="${EVERVM_PYENV:-$HOME/.cache/evervm/pyenv}"
-[ -x "$pyenv_dir/bin/python" ] || python3 -m venv "$pyenv_dir"
-"$pyenv_dir/bin/pip" install -q --disable-pip-version-check "./bindings-python[test,langchain]"
-EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" -m pytest -q -p no:cacheprovider \
-    bindings-python/tests
-echo "==> Swift package: its Swift sources as generated from the library (the committed ones must match), its FFI surface through uniffi's Python bindings, every Swift file parsed"
+images() {
+    "$evervm_bin" image build --profile minimal
+    "$evervm_bin" image build --profile data
+}
+background images images
+
+stage swift-build "Swift package: build the remote-only library and generate its sources"
 # Remote only: the engine itself (sandboxes, the store, SQLite) must stay out of its build.
 swift_deps="$(cargo tree --locked -p evervm-swift -e normal --prefix none)"
 if grep -E '^(rusqlite|zstd|prometheus-client|libsqlite3-sys) ' <<<"$swift_deps"; then
@@ -71,57 +116,116 @@ if ! git diff --exit-code -- bindings-swift/Sources; then
     echo "bindings-swift/Sources differ from what scripts/generate.sh writes: commit them" >&2
     exit 1
 fi
-# No Swift compiler here: the Swift files are parsed (tree-sitter's Swift grammar) instead.
-"$pyenv_dir/bin/pip" install -q --disable-pip-version-check "tree-sitter==0.26.1" \
-    "tree-sitter-swift==0.7.4"
-EVERVM_FFI_DIR="$ffi_dir" EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" -m pytest -q \
-    -p no:cacheprovider bindings-swift/tests
-rm -rf "$ffi_dir"
-echo "==> MCP server: the official MCP Python SDK over stdio and streamable HTTP (gVisor)"
-"$pyenv_dir/bin/pip" install -q --disable-pip-version-check "mcp==2.3.0"
-EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" -m pytest -q -p no:cacheprovider tests/mcp/test_mcp.py
-echo "==> E2B's Python SDK, unmodified, against --e2b-listen (gVisor): sync and async, the newest releases and the oldest that honour E2B_SANDBOX_URL; LangChain's E2B backend on the newest"
-for sdk in "newest:e2b-code-interpreter==2.11.5 e2b==2.63.0" "oldest:e2b-code-interpreter==2.9.0 e2b==2.26.0"; do
-    e2b_env="$HOME/.cache/evervm/e2b-${sdk%%:*}"
-    [ -x "$e2b_env/bin/python" ] || python3 -m venv "$e2b_env"
-    # shellcheck disable=SC2086 # the pins are words
-    "$e2b_env/bin/pip" install -q --disable-pip-version-check ${sdk#*:} "pytest==8.4.2"
-    e2b_tests=(tests/e2b/test_e2b_sdk.py)
-    if [ "${sdk%%:*}" = newest ]; then
-        # An agent framework's E2B tool, unchanged, on the newest SDK: LangChain's Deep Agents
-        # with E2B's langchain-e2b backend, one agent step with a scripted model.
-        "$e2b_env/bin/pip" install -q --disable-pip-version-check \
-            -r tests/e2b/requirements-framework.txt
-        e2b_tests+=(tests/e2b/test_framework_e2b.py)
-    fi
-    EVERVM_BIN="$evervm_bin" "$e2b_env/bin/python" -m pytest -q -p no:cacheprovider \
-        "${e2b_tests[@]}"
-done
-echo "==> API fuzzing: schemathesis against /openapi.json (process backend, bounded)"
-# tests/api/README.md: a short run of every phase against `evervm serve --backend process`.
-"$pyenv_dir/bin/pip" install -q --disable-pip-version-check "schemathesis==4.32.5"
-EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" tests/api/run.py --mode ci
-echo "==> Node package: build the native module (the committed loader and types must match), then its tests"
-(cd bindings-node && npm ci --no-audit --no-fund --loglevel=error &&
-    npx napi build --platform --js binding.cjs --dts binding.d.cts)
+
+stage python-build "Python package: its wheel from the build above (maturin, debug profile)"
+await python
+wheel_dir="$(mktemp -d)"
+# maturin builds the package alone: workspace-hack makes its features the workspace's, so it
+# compiles only pyo3 (for the interpreter maturin found) and the module itself.
+"$pyenv_dir/bin/maturin" build --quiet --profile dev --target "$host" \
+    --manifest-path bindings-python/Cargo.toml --out "$wheel_dir"
+"$pyenv_dir/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps \
+    "$wheel_dir"/evervm-*.whl
+rm -rf "$wheel_dir"
+
+stage node-build "Node package: the native module from the build above (the committed loader and types must match)"
+await npm
+(cd bindings-node && npx napi build --platform --js binding.cjs --dts binding.d.cts)
 if ! git diff --exit-code -- bindings-node/binding.cjs bindings-node/binding.d.cts; then
     echo "bindings-node/binding.cjs or binding.d.cts differ from what napi build generates: commit them" >&2
     exit 1
 fi
-(cd bindings-node && EVERVM_BIN="$evervm_bin" node --test test/*.test.mjs)
-echo "==> MCP server: the official TypeScript SDK over stdio and streamable HTTP (gVisor)"
-(cd tests/mcp/ts && npm ci --no-audit --no-fund --loglevel=error &&
-    EVERVM_BIN="$evervm_bin" node --test)
-echo "==> E2B's JS SDK, unmodified, against --e2b-listen (gVisor): the newest release and the oldest that honours E2B_SANDBOX_URL"
-for sdk in newest oldest; do
-    (cd "tests/e2b/js-$sdk" && npm ci --no-audit --no-fund --loglevel=error &&
-        EVERVM_BIN="$evervm_bin" node --test ../js/sdk.test.mjs)
-done
-echo "==> Node package on Node 22 (from the npm registry; the AI SDK needs it): tool helpers in their SDKs' loops, examples/node"
-node22_dir="$HOME/.cache/evervm/node22"
-node22="$node22_dir/node_modules/node/bin/node"
-if [ ! -x "$node22" ]; then
-    npm install --no-audit --no-fund --loglevel=error --prefix "$node22_dir" node@22.23.3
+
+stage services "PostgreSQL (Debian's) and SeaweedFS (S3), on loopback, for the store's and bucket's tests"
+await go
+EVERVM_TEST_POSTGRES="$(scripts/postgres.sh start "$pg_dir" "${EVERVM_TEST_POSTGRES_PORT:-55432}")"
+export EVERVM_TEST_POSTGRES
+# The standard AWS environment reaches it, as it would reach any bucket.
+AWS_ENDPOINT_URL="$(scripts/seaweedfs.sh start "$s3_dir" "${EVERVM_TEST_S3_PORT:-58333}" evervm-test)"
+export AWS_ENDPOINT_URL AWS_ALLOW_HTTP=true AWS_ACCESS_KEY_ID=evervm-test
+export AWS_SECRET_ACCESS_KEY=evervm-test-secret EVERVM_TEST_S3=s3://evervm-test
+await images
+
+stage cargo-test "cargo test: every Rust suite, the end-to-end ones on the current runsc"
+cargo test "${workspace[@]}"
+
+stage e2e-debian-runsc "the end-to-end tests whose outcome depends on the runsc, on Debian's (2022, ptrace)"
+# Older hosts and old snapshots use Debian's runsc. The rest of the suite exercises the engine,
+# not the runsc, and ran above. Each kept because:
+debian_runsc_tests=(
+    # its checkpoint and restore, the heart of swap
+    gvisor::state_survives_swap_out_and_restore
+    # its snapshots restored by a new engine, and idle swap on its timing
+    gvisor::idle_machines_swap_out_and_everything_survives_an_engine_restart
+    # the engine's version check of snapshots against this runsc's binary
+    gvisor::snapshots_survive_an_upgrade_of_runsc
+    # compressed snapshots restored and forked by it
+    gvisor::swapped_snapshots_are_compressed_in_the_background_and_still_restore_and_fork
+    # forks (restores of a live checkpoint) and checkpoints with rollback
+    forever::forks_are_independent_and_draw_different_numbers
+    forever::checkpoints_roll_a_machine_back
+    # base snapshots of the images made and restored by it
+    forever::new_machines_start_from_the_image_base_snapshot
+    # isolation under its ptrace platform: the host's files, processes and network stay hidden
+    gvisor::the_host_file_system_is_invisible
+    isolation::host_processes_are_invisible
+    isolation::no_network_even_to_a_loopback_port_the_host_opened
+    # memory limits as its ptrace platform enforces them (RLIMIT_AS, then the cgroup backstop)
+    isolation::memory_limit_gives_memory_error_and_hurts_no_one_else
+    gvisor::memory_the_address_space_limit_misses_is_stopped_by_the_backstop
+    # a machine with a network is refused as unsupported (this runsc cannot give one), not broken
+    network::machines_reach_what_their_policy_allows_across_swap_and_fork
+)
+if [ -x /usr/bin/runsc ]; then
+    EVERVM_RUNSC=/usr/bin/runsc EVERVM_TEST_BACKENDS=gvisor \
+        cargo test "${workspace[@]}" --test e2e -- --exact "${debian_runsc_tests[@]}"
+else
+    echo "skipping: Debian's runsc is not installed"
 fi
-(cd examples/node && npm ci --no-audit --no-fund --loglevel=error && npx tsc --noEmit)
+
+stage load "load program, small: fails on any error or order violation, never on timing"
+# gVisor where it works (swaps included), else the process backend; --max-seconds only stops a
+# hang (the run takes about a minute on gVisor, seconds on the process backend).
+"$target_dir/$host/debug/load" --backend auto --clients 8 --instructions 50 --machines 4 \
+    --swap-every-ms 250 --max-seconds 300
+
+stage python "Python package's tests"
+EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" -m pytest -q -p no:cacheprovider \
+    bindings-python/tests
+
+stage swift "Swift package: its FFI surface through uniffi's Python bindings, every Swift file parsed"
+# No Swift compiler here: the Swift files are parsed (tree-sitter's Swift grammar) instead.
+EVERVM_FFI_DIR="$ffi_dir" EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" -m pytest -q \
+    -p no:cacheprovider bindings-swift/tests
+rm -rf "$ffi_dir"
+
+stage mcp-python "MCP server: the official MCP Python SDK over stdio and streamable HTTP (gVisor)"
+EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" -m pytest -q -p no:cacheprovider tests/mcp/test_mcp.py
+
+stage e2b-python "E2B's Python SDK, unmodified, against --e2b-listen (gVisor): newest and oldest, sync and async; LangChain's E2B backend on the newest"
+await e2b-newest
+EVERVM_BIN="$evervm_bin" "$cache/evervm/e2b-newest/bin/python" -m pytest -q -p no:cacheprovider \
+    tests/e2b/test_e2b_sdk.py tests/e2b/test_framework_e2b.py
+await e2b-oldest
+EVERVM_BIN="$evervm_bin" "$cache/evervm/e2b-oldest/bin/python" -m pytest -q -p no:cacheprovider \
+    tests/e2b/test_e2b_sdk.py
+
+stage fuzz "API fuzzing: schemathesis against /openapi.json (process backend, bounded)"
+# tests/api/README.md: a short run of every phase against `evervm serve --backend process`.
+EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" tests/api/run.py --mode ci
+
+stage node "Node package's tests"
+(cd bindings-node && EVERVM_BIN="$evervm_bin" node --test test/*.test.mjs)
+
+stage mcp-ts "MCP server: the official TypeScript SDK over stdio and streamable HTTP (gVisor)"
+(cd tests/mcp/ts && EVERVM_BIN="$evervm_bin" node --test)
+
+stage e2b-js "E2B's JS SDK, unmodified, against --e2b-listen (gVisor): the newest release and the oldest that honours E2B_SANDBOX_URL"
+for sdk in newest oldest; do
+    (cd "tests/e2b/js-$sdk" && EVERVM_BIN="$evervm_bin" node --test ../js/sdk.test.mjs)
+done
+
+stage node22 "Node package on Node 22 (the AI SDK needs it): tool helpers in their SDKs' loops, examples/node"
+node22="$cache/evervm/node22/node_modules/node/bin/node"
+(cd examples/node && npx tsc --noEmit)
 (cd bindings-node && EVERVM_BIN="$evervm_bin" "$node22" --test test/frameworks/*.test.mjs)
