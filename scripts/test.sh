@@ -74,9 +74,6 @@ background npm npm_packages
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 stage fmt "cargo fmt --check"
 cargo fmt --all -- --check
-stage clippy "cargo clippy"
-cargo clippy --workspace --all-targets --locked -- -D warnings
-
 # The one build of the engine for the tests: every test binary, the CLI, the examples and the
 # Python and Node extension modules (their libraries have no Rust tests), in one invocation so
 # that features are unified once. Every later cargo command selects the same packages, so it
@@ -88,7 +85,12 @@ host="$(rustc -vV | sed -n 's/^host: //p')"
 workspace=(--workspace --locked --exclude evervm-swift --target "$host")
 target_dir="$(realpath "${CARGO_TARGET_DIR:-target}")"
 evervm_bin="$target_dir/$host/debug/evervm"
-stage build "cargo build of the tests, the CLI and the Python and Node modules (debug)"
+# Clippy lints the workspace's crates as this build compiles them (scripts/clippy-rustc), as
+# `cargo clippy --workspace --all-targets -- -D warnings` would, without a second compile of
+# everything in its check mode. Every cargo command below (maturin's and napi's too) keeps the
+# wrapper, so each finds the crates it shares with this build fresh.
+export RUSTC_WORKSPACE_WRAPPER="$PWD/scripts/clippy-rustc"
+stage build "cargo build, linted by clippy: the tests, the CLI, the Python and Node modules (debug)"
 python3 scripts/features_unified.py evervm-python evervm-node
 cargo build "${workspace[@]}" --all-targets
 echo "the build takes $(du -sh "$target_dir" | cut -f1) on disk; $(df -h --output=avail . | tail -1 | tr -d ' ') free"
