@@ -1,5 +1,5 @@
 //! uniffi's bindings generator, at the version this crate is built with.
 
 fn main() {
-    uniffi::uniffi_bindgen_main()
+    uniffi::uniffi_bindgen_main();
 }
