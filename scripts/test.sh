@@ -48,13 +48,13 @@ e2b_python_env() {
     [ -x "$env/bin/python" ] || python3 -m venv "$env"
     "$env/bin/pip" install -q --disable-pip-version-check "$@" "pytest==8.4.2"
 }
+# Node 22 (the AI SDK needs it), from the npm registry.
+node22_dir="$cache/evervm/node22"
 npm_packages() {
     local dir
     for dir in bindings-node tests/mcp/ts tests/e2b/js-newest tests/e2b/js-oldest examples/node; do
         (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
     done
-    # Node 22 (the AI SDK needs it) from the npm registry.
-    node22_dir="$cache/evervm/node22"
     [ -x "$node22_dir/node_modules/node/bin/node" ] ||
         npm install --no-audit --no-fund --loglevel=error --prefix "$node22_dir" node@22.23.3
 }
@@ -228,6 +228,6 @@ for sdk in newest oldest; do
 done
 
 stage node22 "Node package on Node 22 (the AI SDK needs it): tool helpers in their SDKs' loops, examples/node"
-node22="$cache/evervm/node22/node_modules/node/bin/node"
+node22="$node22_dir/node_modules/node/bin/node"
 (cd examples/node && npx tsc --noEmit)
 (cd bindings-node && EVERVM_BIN="$evervm_bin" "$node22" --test test/frameworks/*.test.mjs)
