@@ -131,6 +131,18 @@ export declare function defaultTimeoutSeconds(): number
 /** The names of the error kinds, in the order the engine declares them. */
 export declare function errorKinds(): Array<string>
 
+/** The exception an instruction raised, as data taken from the exception object. */
+export interface ExceptionInfo {
+  /** The class's `__name__`: `ZeroDivisionError`. */
+  name: string
+  /** The class's `__qualname__`: `run.<locals>.FinalAnswer` for a class defined in a function. */
+  qualname: string
+  /** The class's `__module__`: `builtins`, `json.decoder`, `__main__`. */
+  module: string
+  /** `str(exc)`. */
+  value: string
+}
+
 /** ForeverVM's rich output: the last figure. */
 export interface ExecData {
   /** The PNG, decoded. */
@@ -160,6 +172,11 @@ export interface ExecResult {
    * `limit_exceeded`.
    */
   cause?: string
+  /**
+   * The exception the code raised, as data (absent when it raised none); `error` holds its
+   * traceback.
+   */
+  exception?: ExceptionInfo
   /** The last matplotlib figure (ForeverVM's `data`). */
   data?: ExecData
   /**

@@ -3,6 +3,7 @@
 import type {
   Checkpoint,
   CreateMachineOptions,
+  ExceptionInfo,
   ExecOptions as NativeExecOptions,
   ExecResult,
   FileInfo,
@@ -20,6 +21,7 @@ import type {
 export type {
   Checkpoint,
   CreateMachineOptions,
+  ExceptionInfo,
   ExecResult,
   FileInfo,
   FileList,

@@ -136,6 +136,30 @@ pub struct ExecData {
     pub png: Option<Buffer>,
 }
 
+/// The exception an instruction raised, as data taken from the exception object.
+#[napi(object)]
+pub struct ExceptionInfo {
+    /// The class's `__name__`: `ZeroDivisionError`.
+    pub name: String,
+    /// The class's `__qualname__`: `run.<locals>.FinalAnswer` for a class defined in a function.
+    pub qualname: String,
+    /// The class's `__module__`: `builtins`, `json.decoder`, `__main__`.
+    pub module: String,
+    /// `str(exc)`.
+    pub value: String,
+}
+
+impl From<evervm::ExceptionInfo> for ExceptionInfo {
+    fn from(e: evervm::ExceptionInfo) -> Self {
+        Self {
+            name: e.name,
+            qualname: e.qualname,
+            module: e.module,
+            value: e.value,
+        }
+    }
+}
+
 /// How an instruction ended, with everything it printed.
 #[napi(object)]
 pub struct ExecResult {
@@ -151,6 +175,9 @@ pub struct ExecResult {
     /// Why it failed: `exception`, `timeout`, `interrupted`, `machine_crashed`,
     /// `limit_exceeded`.
     pub cause: Option<String>,
+    /// The exception the code raised, as data (absent when it raised none); `error` holds its
+    /// traceback.
+    pub exception: Option<ExceptionInfo>,
     /// The last matplotlib figure (ForeverVM's `data`).
     pub data: Option<ExecData>,
     /// The rich results, in order: those shown during the instruction, the value's when it has
@@ -191,6 +218,7 @@ impl From<evervm::Execution> for ExecResult {
             value: result.value,
             error: result.error,
             cause: result.cause.map(|c| c.as_str().to_owned()),
+            exception: result.exception.map(ExceptionInfo::from),
             data: result.data.map(|_| ExecData {
                 png: png.map(Buffer::from),
             }),

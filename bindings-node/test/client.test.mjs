@@ -35,6 +35,12 @@ test('state, values, output, errors and rich results, in both transports', async
     assert.equal(failed.ok, false)
     assert.equal(failed.cause, 'exception')
     assert.match(failed.error, /ZeroDivisionError/)
+    assert.deepEqual(failed.exception, {
+      name: 'ZeroDivisionError',
+      qualname: 'ZeroDivisionError',
+      module: 'builtins',
+      value: 'division by zero',
+    })
 
     const slow = await machine.exec('import time\ntime.sleep(5)', { timeoutSeconds: 1 })
     assert.equal(slow.timedOut, true, label)

@@ -18,6 +18,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::ExecStream>()?;
     m.add_class::<client::AsyncExecStream>()?;
     m.add_class::<types::ExecResult>()?;
+    m.add_class::<types::ExceptionInfo>()?;
     m.add_class::<types::OutputChunk>()?;
     m.add_class::<types::RichResult>()?;
     m.add_class::<types::MachineInfo>()?;

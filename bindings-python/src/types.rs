@@ -45,6 +45,42 @@ impl From<evervm::OutputChunk> for OutputChunk {
     }
 }
 
+/// The exception an instruction raised, as data taken from the exception object.
+#[pyclass(module = "evervm", frozen, get_all)]
+#[derive(Clone)]
+pub(crate) struct ExceptionInfo {
+    /// The class's `__name__`: `"ZeroDivisionError"`.
+    pub name: String,
+    /// The class's `__qualname__`: `"run.<locals>.FinalAnswer"` for a class defined in a
+    /// function.
+    pub qualname: String,
+    /// The class's `__module__`: `"builtins"`, `"json.decoder"`, `"__main__"`.
+    pub module: String,
+    /// `str(exc)`.
+    pub value: String,
+}
+
+#[pymethods]
+impl ExceptionInfo {
+    fn __repr__(&self) -> String {
+        format!(
+            "ExceptionInfo(name={:?}, module={:?}, value={:?})",
+            self.name, self.module, self.value
+        )
+    }
+}
+
+impl From<evervm::ExceptionInfo> for ExceptionInfo {
+    fn from(e: evervm::ExceptionInfo) -> Self {
+        Self {
+            name: e.name,
+            qualname: e.qualname,
+            module: e.module,
+            value: e.value,
+        }
+    }
+}
+
 /// A rich result (Jupyter's display protocol): a MIME bundle. In a notebook it shows itself.
 #[pyclass(module = "evervm", frozen)]
 #[derive(Clone)]
@@ -154,6 +190,13 @@ impl ExecResult {
     #[getter]
     fn cause(&self) -> Option<&'static str> {
         self.run.result.cause.map(evervm::FailureCause::as_str)
+    }
+
+    /// The exception the code raised, as data (`None` when it raised none, and from servers
+    /// that don't say); `error` holds its traceback.
+    #[getter]
+    fn exception(&self) -> Option<ExceptionInfo> {
+        self.run.result.exception.clone().map(Into::into)
     }
 
     /// ForeverVM's rich output: `{"png": "<base64>"}` for the last matplotlib figure.

@@ -21,6 +21,12 @@ def test_state_values_output_and_errors(client: evervm.Client) -> None:
     assert [c.stream for c in result.output] == ["stdout", "stderr"]
     failed = machine.exec("1 / 0")
     assert not failed.ok and failed.cause == "exception" and "ZeroDivisionError" in (failed.error or "")
+    assert failed.exception is not None
+    assert (failed.exception.name, failed.exception.module, failed.exception.value) == (
+        "ZeroDivisionError",
+        "builtins",
+        "division by zero",
+    )
     slow = machine.exec("import time\ntime.sleep(5)", timeout=1)
     assert slow.timed_out and slow.cause == "timeout"
     assert machine.exec("x").value == "20"

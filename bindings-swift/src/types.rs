@@ -264,6 +264,30 @@ impl From<evervm::RichResult> for RichResult {
     }
 }
 
+/// The exception an instruction raised, as data taken from the exception object.
+#[derive(Debug, Clone, uniffi::Record)]
+pub struct ExceptionInfo {
+    /// The class's `__name__`: `ZeroDivisionError`.
+    pub name: String,
+    /// The class's `__qualname__`: `run.<locals>.FinalAnswer` for a class defined in a function.
+    pub qualname: String,
+    /// The class's `__module__`: `builtins`, `json.decoder`, `__main__`.
+    pub module: String,
+    /// `str(exc)`.
+    pub value: String,
+}
+
+impl From<evervm::ExceptionInfo> for ExceptionInfo {
+    fn from(e: evervm::ExceptionInfo) -> Self {
+        Self {
+            name: e.name,
+            qualname: e.qualname,
+            module: e.module,
+            value: e.value,
+        }
+    }
+}
+
 /// How an instruction ended, with everything it printed.
 #[derive(Debug, Clone, uniffi::Record)]
 pub struct ExecResult {
@@ -273,6 +297,9 @@ pub struct ExecResult {
     pub value: Option<String>,
     /// The traceback or reason, when it failed.
     pub error: Option<String>,
+    /// The exception the code raised, as data (nil when it raised none); `error` holds its
+    /// traceback.
+    pub exception: Option<ExceptionInfo>,
     /// True when it ran out of time (the machine's state is kept).
     pub timed_out: bool,
     /// Every line printed, in order.
@@ -310,6 +337,7 @@ impl From<evervm::Execution> for ExecResult {
             seq: run.seq,
             value: result.value,
             error: result.error,
+            exception: result.exception.map(Into::into),
             timed_out,
             output: run.output.into_iter().map(Into::into).collect(),
             stdout,

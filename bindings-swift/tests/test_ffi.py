@@ -20,6 +20,8 @@ def test_exec_values_output_errors_and_listing(ffi, server) -> None:
         assert second.value == "42" and not second.timed_out
         failed = await machine.start_exec("1 / 0", None).result()
         assert failed.error is not None and "ZeroDivisionError" in failed.error
+        assert failed.exception is not None
+        assert (failed.exception.name, failed.exception.value) == ("ZeroDivisionError", "division by zero")
         listed = await client.list_machines({"app": "swift-ffi"})
         assert [m.name for m in listed] == [machine.name()]
         info = await machine.info()

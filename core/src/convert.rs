@@ -48,13 +48,18 @@ impl From<WireExecResult> for ExecResult {
                 value,
                 error: None,
                 cause: None,
+                exception: None,
                 data,
                 results: r.results.unwrap_or_default(),
                 runtime_ms: r.runtime_ms,
                 output_truncated: r.output_truncated,
                 saved: r.saved,
             },
-            WireOutcome::Error { error, cause } => {
+            WireOutcome::Error {
+                error,
+                cause,
+                exception,
+            } => {
                 let cause = cause.as_deref().and_then(FailureCause::parse).or_else(|| {
                     Some(if error.contains("Timed out") {
                         FailureCause::Timeout
@@ -66,6 +71,7 @@ impl From<WireExecResult> for ExecResult {
                     value: None,
                     error: Some(error),
                     cause,
+                    exception,
                     data: None,
                     results: r.results.unwrap_or_default(),
                     runtime_ms: r.runtime_ms,
@@ -83,6 +89,7 @@ impl From<ExecResult> for WireExecResult {
             Some(error) => WireOutcome::Error {
                 error,
                 cause: r.cause.map(|c| c.as_str().to_owned()),
+                exception: r.exception,
             },
             None => WireOutcome::Value {
                 value: r.value,
@@ -182,6 +189,7 @@ pub(crate) mod engine {
                     value,
                     error: None,
                     cause: None,
+                    exception: None,
                     data: r.data,
                     results: r.results,
                     runtime_ms: r.runtime_ms,
@@ -192,6 +200,7 @@ pub(crate) mod engine {
                     value: None,
                     error: Some(text),
                     cause: Some(cause.into()),
+                    exception: r.exception,
                     data: None,
                     results: r.results,
                     runtime_ms: r.runtime_ms,
@@ -443,6 +452,9 @@ pub(crate) mod server {
     ) -> WireExecResult {
         if let Some(error) = result.error.as_mut() {
             redactor.string(error);
+        }
+        if let Some(exception) = result.exception.as_mut() {
+            redactor.string(&mut exception.value);
         }
         let mut wire = WireExecResult::from(result);
         if !rich {
@@ -807,6 +819,7 @@ pub(crate) mod server {
                 WireOutcome::Error {
                     error: "cannot restore <evervm home>/machines/m/snapshot: truncated".into(),
                     cause: Some("machine_crashed".into()),
+                    exception: None,
                 }
             );
             match event_to_wire(

@@ -319,6 +319,9 @@ impl FailureCause {
 /// Rich results: the engine's types, the one definition.
 pub use evervm_engine::{RichKind, RichResult};
 
+/// The exception an instruction raised, as data: the engine's type, the one definition.
+pub use evervm_engine::ExceptionInfo;
+
 /// How an instruction ended: a value (the `repr` of the last expression, `None` for statements)
 /// or an error text.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -328,6 +331,10 @@ pub struct ExecResult {
     /// Set with `error`. Servers other than evervm don't say, and then it is guessed from the
     /// text (`Timed out`) or taken as an exception.
     pub cause: Option<FailureCause>,
+    /// Set with `error` when the code raised an exception (from evervm; other servers don't
+    /// say): its class's name, qualified name and module, and its message, taken from the
+    /// exception object. `error` holds the traceback.
+    pub exception: Option<ExceptionInfo>,
     /// ForeverVM's rich output: `{"png": "<base64>"}` for the last matplotlib figure.
     pub data: Option<serde_json::Value>,
     /// The rich results, in order: those shown during the instruction (`display(obj)`,

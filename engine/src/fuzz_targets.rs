@@ -165,6 +165,7 @@ fn event_json(event: &AgentEvent) -> serde_json::Value {
         AgentEvent::Result {
             id,
             outcome,
+            exception,
             data,
             results,
             runtime_ms,
@@ -180,6 +181,9 @@ fn event_json(event: &AgentEvent) -> serde_json::Value {
                 }
                 AgentOutcome::Error { text, cause } => {
                     event["error"] = json!(text);
+                    if let Some(exception) = exception {
+                        event["exception"] = json!(exception);
+                    }
                     event["cause"] = json!(match cause {
                         FailureCause::Exception => "exception",
                         FailureCause::Timeout => "timeout",

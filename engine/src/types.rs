@@ -675,10 +675,30 @@ pub enum Outcome {
     },
 }
 
+/// The exception an instruction raised, as data taken from the exception object in the
+/// machine (never parsed from the traceback's text).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct ExceptionInfo {
+    /// The class's `__name__`: `ZeroDivisionError`, `JSONDecodeError`.
+    pub name: String,
+    /// The class's `__qualname__`: `Agent.run.<locals>.FinalAnswer` for a class defined in a
+    /// function.
+    pub qualname: String,
+    /// The class's `__module__`: `builtins`, `json.decoder`, `__main__`.
+    pub module: String,
+    /// `str(exc)`; `<exception str() failed>` when that raised.
+    pub value: String,
+}
+
 /// The result of one instruction.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecResult {
     pub outcome: Outcome,
+    /// With an error: the exception raised, when one was (none when the sandbox died or a
+    /// limit refused the instruction). The traceback is the error's text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exception: Option<ExceptionInfo>,
     /// ForeverVM's rich output: `{"png": "<base64>"}` for the last matplotlib figure.
     pub data: Option<serde_json::Value>,
     /// The rich results, in order: those shown during the instruction (also in its output, as
@@ -700,6 +720,7 @@ impl Default for ExecResult {
     fn default() -> Self {
         Self {
             outcome: Outcome::Value(None),
+            exception: None,
             data: None,
             results: Vec::new(),
             runtime_ms: 0,

@@ -649,3 +649,123 @@ async fn info_says_how_the_interpreter_began() {
     );
     engine.shutdown().await;
 }
+
+/// What each failure reports as data: (code, name, qualname, module, value; a value ending in
+/// `*` is a prefix).
+const RAISED: &[(&str, &str, &str, &str, &str)] = &[
+    (
+        "1/0",
+        "ZeroDivisionError",
+        "ZeroDivisionError",
+        "builtins",
+        "division by zero",
+    ),
+    (
+        "def f():\n    class FinalAnswer(Exception):\n        pass\n    raise FinalAnswer('done')\nf()",
+        "FinalAnswer",
+        "f.<locals>.FinalAnswer",
+        "__main__",
+        "done",
+    ),
+    (
+        "import json\njson.loads('{')",
+        "JSONDecodeError",
+        "JSONDecodeError",
+        "json.decoder",
+        "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+    ),
+    (
+        "raise ValueError('first\\nsecond')",
+        "ValueError",
+        "ValueError",
+        "builtins",
+        "first\nsecond",
+    ),
+    (
+        "e = KeyError('k')\ne.add_note('a note')\nraise e",
+        "KeyError",
+        "KeyError",
+        "builtins",
+        "'k'",
+    ),
+    (
+        "class Odd(Exception):\n    def __str__(self):\n        raise RuntimeError('no')\nraise Odd()",
+        "Odd",
+        "Odd",
+        "__main__",
+        "<exception str() failed>",
+    ),
+    (
+        "x = (",
+        "SyntaxError",
+        "SyntaxError",
+        "builtins",
+        "'(' was never closed (<instruction *",
+    ),
+    (
+        "raise SystemExit(3)",
+        "SystemExit",
+        "SystemExit",
+        "builtins",
+        "3",
+    ),
+    (
+        "raise ExceptionGroup('two', [ValueError(1), TypeError(2)])",
+        "ExceptionGroup",
+        "ExceptionGroup",
+        "builtins",
+        "two (2 sub-exceptions)",
+    ),
+    (
+        "try:\n    1/0\nexcept Exception as e:\n    raise LookupError('outer') from e",
+        "LookupError",
+        "LookupError",
+        "builtins",
+        "outer",
+    ),
+];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exceptions_are_reported_as_data_from_the_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(&dir).await;
+    let account = engine.ensure_account("test").await.unwrap();
+    let name = machine_after(&engine, &account, "None").await;
+    for (code, name_, qualname, module, message) in RAISED {
+        let seq = engine
+            .exec(&account, &name, ExecRequest::new(*code))
+            .await
+            .unwrap()
+            .seq;
+        let result = engine.result(&account, &name, seq).await.unwrap();
+        let Outcome::Error { text, cause } = &result.outcome else {
+            panic!("{code:?} did not fail: {result:?}");
+        };
+        assert_eq!(*cause, FailureCause::Exception, "{code:?}");
+        let exception = result.exception.as_ref().unwrap();
+        let value = match message.strip_suffix('*') {
+            Some(prefix) if exception.value.starts_with(prefix) => *message,
+            _ => exception.value.as_str(),
+        };
+        assert_eq!(
+            (
+                exception.name.as_str(),
+                exception.qualname.as_str(),
+                exception.module.as_str(),
+                value
+            ),
+            (*name_, *qualname, *module, *message),
+            "{code:?}"
+        );
+        assert!(text.contains(name_), "{code:?}: the traceback {text:?}");
+    }
+    // The machine carried on; and a value has no exception.
+    let seq = engine
+        .exec(&account, &name, ExecRequest::new("2 + 2"))
+        .await
+        .unwrap()
+        .seq;
+    let result = engine.result(&account, &name, seq).await.unwrap();
+    assert_eq!(value(&result).as_deref(), Some("4"));
+    assert!(result.exception.is_none());
+}

@@ -54,8 +54,8 @@ def test_code_keeps_state_and_streams_output(sandbox) -> None:
     assert execution.logs.stderr == ["err\n"]
     assert seen_out == ["out\n"] and seen_err == ["err\n"]
     # The sandbox's environment, and one call's own.
-    assert sandbox.run_code("import os; os.environ['GREETING']").text == "'hi'"
-    assert sandbox.run_code("os.environ['PER_CALL']", envs={"PER_CALL": "yes"}).text == "'yes'"
+    assert sandbox.run_code("import os; os.environ['GREETING']").text == "hi"
+    assert sandbox.run_code("os.environ['PER_CALL']", envs={"PER_CALL": "yes"}).text == "yes"
     assert sandbox.run_code("os.environ.get('PER_CALL')").text is None
 
 
@@ -84,13 +84,27 @@ def test_errors_carry_their_traceback(sandbox) -> None:
     assert sandbox.run_code("2 + 2").text == "4"
 
 
+def test_errors_are_named_from_the_exception_object(sandbox) -> None:
+    # smolagents recognises its final answer by the name of a class defined in a method.
+    raised = sandbox.run_code(
+        "def f():\n    class FinalAnswerException(Exception):\n        pass\n"
+        "    raise FinalAnswerException('the answer')\nf()"
+    ).error
+    assert (raised.name, raised.value) == ("FinalAnswerException", "the answer")
+    decoding = sandbox.run_code("import json\njson.loads('{')").error
+    assert decoding.name == "JSONDecodeError"
+    assert decoding.value.startswith("Expecting property name")
+    two_lines = sandbox.run_code("raise ValueError('first\\nsecond')").error
+    assert (two_lines.name, two_lines.value) == ("ValueError", "first\nsecond")
+
+
 def test_files(sandbox) -> None:
     info = sandbox.files.write("/home/user/a.txt", "content")
     assert info.path == "/home/user/a.txt" and info.name == "a.txt"
     assert sandbox.files.read("/home/user/a.txt") == "content"
     # The machine's REPL starts in its home, which E2B calls /home/user.
-    assert sandbox.run_code("open('a.txt').read()").text == "'content'"
-    assert sandbox.run_code("open('/home/user/a.txt').read()").text == "'content'"
+    assert sandbox.run_code("open('a.txt').read()").text == "content"
+    assert sandbox.run_code("open('/home/user/a.txt').read()").text == "content"
     names = [entry.name for entry in sandbox.files.list("/home/user")]
     assert "a.txt" in names
     assert sandbox.files.exists("/home/user/a.txt")
@@ -191,9 +205,9 @@ def test_fork(sandbox) -> None:
         assert len(forks) == 2 and all(isinstance(f, Sandbox) for f in forks), forks
         assert len({f.sandbox_id for f in forks} | {sandbox.sandbox_id}) == 3
         for n, fork in enumerate(forks):
-            assert fork.run_code("base").text == "'parent'"
+            assert fork.run_code("base").text == "parent"
             fork.run_code(f"base = 'fork {n}'")
-        assert sandbox.run_code("base").text == "'parent'", "forks have their own state"
+        assert sandbox.run_code("base").text == "parent", "forks have their own state"
     finally:
         for fork in forks:
             if isinstance(fork, Sandbox):
@@ -210,4 +224,4 @@ def test_a_sandbox_past_its_timeout_is_paused_not_killed(sandbox) -> None:
         time.sleep(0.2)
     assert not sandbox.is_running()
     again = Sandbox.connect(sandbox.sandbox_id, timeout=120)
-    assert again.run_code("survivor").text == "'still here'"
+    assert again.run_code("survivor").text == "still here"

@@ -1785,6 +1785,95 @@ public func FfiConverterTypeCheckpoint_lower(_ value: Checkpoint) -> RustBuffer 
 
 
 /**
+ * The exception an instruction raised, as data taken from the exception object.
+ */
+public struct ExceptionInfo: Equatable, Hashable {
+    /**
+     * The class's `__name__`: `ZeroDivisionError`.
+     */
+    public var name: String
+    /**
+     * The class's `__qualname__`: `run.<locals>.FinalAnswer` for a class defined in a function.
+     */
+    public var qualname: String
+    /**
+     * The class's `__module__`: `builtins`, `json.decoder`, `__main__`.
+     */
+    public var module: String
+    /**
+     * `str(exc)`.
+     */
+    public var value: String
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(
+        /**
+         * The class's `__name__`: `ZeroDivisionError`.
+         */name: String, 
+        /**
+         * The class's `__qualname__`: `run.<locals>.FinalAnswer` for a class defined in a function.
+         */qualname: String, 
+        /**
+         * The class's `__module__`: `builtins`, `json.decoder`, `__main__`.
+         */module: String, 
+        /**
+         * `str(exc)`.
+         */value: String) {
+        self.name = name
+        self.qualname = qualname
+        self.module = module
+        self.value = value
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension ExceptionInfo: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeExceptionInfo: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> ExceptionInfo {
+        return
+            try ExceptionInfo(
+                name: FfiConverterString.read(from: &buf), 
+                qualname: FfiConverterString.read(from: &buf), 
+                module: FfiConverterString.read(from: &buf), 
+                value: FfiConverterString.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: ExceptionInfo, into buf: inout [UInt8]) {
+        FfiConverterString.write(value.name, into: &buf)
+        FfiConverterString.write(value.qualname, into: &buf)
+        FfiConverterString.write(value.module, into: &buf)
+        FfiConverterString.write(value.value, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeExceptionInfo_lift(_ buf: RustBuffer) throws -> ExceptionInfo {
+    return try FfiConverterTypeExceptionInfo.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeExceptionInfo_lower(_ value: ExceptionInfo) -> RustBuffer {
+    return FfiConverterTypeExceptionInfo.lower(value)
+}
+
+
+/**
  * How an instruction ended, with everything it printed.
  */
 public struct ExecResult: Equatable, Hashable {
@@ -1800,6 +1889,11 @@ public struct ExecResult: Equatable, Hashable {
      * The traceback or reason, when it failed.
      */
     public var error: String?
+    /**
+     * The exception the code raised, as data (nil when it raised none); `error` holds its
+     * traceback.
+     */
+    public var exception: ExceptionInfo?
     /**
      * True when it ran out of time (the machine's state is kept).
      */
@@ -1836,6 +1930,10 @@ public struct ExecResult: Equatable, Hashable {
          * The traceback or reason, when it failed.
          */error: String?, 
         /**
+         * The exception the code raised, as data (nil when it raised none); `error` holds its
+         * traceback.
+         */exception: ExceptionInfo?, 
+        /**
          * True when it ran out of time (the machine's state is kept).
          */timedOut: Bool, 
         /**
@@ -1853,6 +1951,7 @@ public struct ExecResult: Equatable, Hashable {
         self.seq = seq
         self.value = value
         self.error = error
+        self.exception = exception
         self.timedOut = timedOut
         self.output = output
         self.stdout = stdout
@@ -1881,6 +1980,7 @@ public struct FfiConverterTypeExecResult: FfiConverterRustBuffer {
                 seq: FfiConverterInt64.read(from: &buf), 
                 value: FfiConverterOptionString.read(from: &buf), 
                 error: FfiConverterOptionString.read(from: &buf), 
+                exception: FfiConverterOptionTypeExceptionInfo.read(from: &buf), 
                 timedOut: FfiConverterBool.read(from: &buf), 
                 output: FfiConverterSequenceTypeOutputChunk.read(from: &buf), 
                 stdout: FfiConverterString.read(from: &buf), 
@@ -1895,6 +1995,7 @@ public struct FfiConverterTypeExecResult: FfiConverterRustBuffer {
         FfiConverterInt64.write(value.seq, into: &buf)
         FfiConverterOptionString.write(value.value, into: &buf)
         FfiConverterOptionString.write(value.error, into: &buf)
+        FfiConverterOptionTypeExceptionInfo.write(value.exception, into: &buf)
         FfiConverterBool.write(value.timedOut, into: &buf)
         FfiConverterSequenceTypeOutputChunk.write(value.output, into: &buf)
         FfiConverterString.write(value.stdout, into: &buf)
@@ -3329,6 +3430,30 @@ fileprivate struct FfiConverterOptionTimestamp: FfiConverterRustBuffer {
         switch try readInt(&buf) as Int8 {
         case 0: return nil
         case 1: return try FfiConverterTimestamp.read(from: &buf)
+        default: throw UniffiInternalError.unexpectedOptionalTag
+        }
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+fileprivate struct FfiConverterOptionTypeExceptionInfo: FfiConverterRustBuffer {
+    typealias SwiftType = ExceptionInfo?
+
+    public static func write(_ value: SwiftType, into buf: inout [UInt8]) {
+        guard let value = value else {
+            writeInt(&buf, Int8(0))
+            return
+        }
+        writeInt(&buf, Int8(1))
+        FfiConverterTypeExceptionInfo.write(value, into: &buf)
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> SwiftType {
+        switch try readInt(&buf) as Int8 {
+        case 0: return nil
+        case 1: return try FfiConverterTypeExceptionInfo.read(from: &buf)
         default: throw UniffiInternalError.unexpectedOptionalTag
         }
     }

@@ -213,6 +213,10 @@ fn run_result(repl_id: &str, run: &Execution) -> Answer {
             .error
             .as_ref()
             .map(|e| shorten(format!("Error: {e}"), TEXT_LIMIT)),
+        exception: result.exception.clone().map(|mut e| {
+            e.value = shorten(e.value, TEXT_LIMIT);
+            e
+        }),
         stderr: (!stderr.is_empty()).then(|| shorten(stderr, TEXT_LIMIT)),
         displays,
         figures: images.len(),
@@ -533,6 +537,12 @@ mod tests {
                 results,
                 runtime_ms: 12,
                 cause: None,
+                exception: error.map(|name| crate::types::ExceptionInfo {
+                    name: name.to_owned(),
+                    qualname: name.to_owned(),
+                    module: "builtins".to_owned(),
+                    value: "division by zero".to_owned(),
+                }),
                 data: None,
                 output_truncated: false,
                 saved: None,
@@ -576,6 +586,8 @@ mod tests {
         assert_eq!(answer.is_error, Some(true));
         let json = text_of(&answer);
         assert_eq!(json["error"], "Error: ZeroDivisionError");
+        assert_eq!(json["exception"]["name"], "ZeroDivisionError");
+        assert_eq!(json["exception"]["value"], "division by zero");
         assert_eq!(json["result"], "");
         assert_eq!(json["figures"], 1);
         assert_eq!(answer.content.len(), 2);

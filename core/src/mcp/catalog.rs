@@ -394,6 +394,10 @@ pub(crate) struct RunOutput {
     /// "Error: " and the traceback, when it failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) error: Option<String>,
+    /// The exception it raised, as data: its class's name, qualified name and module, and
+    /// its message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) exception: Option<crate::types::ExceptionInfo>,
     /// What it printed on stderr alone, when it printed anything there.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) stderr: Option<String>,

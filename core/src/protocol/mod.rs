@@ -376,6 +376,10 @@ pub enum WireOutcome {
             schemars(with = "Option<crate::types::FailureCause>")
         )]
         cause: Option<String>,
+        /// evervm addition: the exception raised, as data (class name, qualified name,
+        /// module, message), when the code raised one. Other clients ignore it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exception: Option<crate::types::ExceptionInfo>,
     },
     Value {
         /// The `repr` of the final expression; null for statements and `None`.
@@ -628,6 +632,7 @@ mod tests {
             outcome: WireOutcome::Error {
                 error: "boom".into(),
                 cause: None,
+                exception: None,
             },
             runtime_ms: 1,
             output_truncated: false,
@@ -638,6 +643,13 @@ mod tests {
             serde_json::to_string(&error).unwrap(),
             r#"{"error":"boom","runtime_ms":1}"#
         );
+        let raised = r#"{"error":"Traceback...","cause":"exception","exception":{"name":"E","qualname":"f.<locals>.E","module":"__main__","value":"no"},"runtime_ms":1}"#;
+        let decoded: WireExecResult = serde_json::from_str(raised).unwrap();
+        assert!(matches!(
+            &decoded.outcome,
+            WireOutcome::Error { exception: Some(e), .. } if e.qualname == "f.<locals>.E"
+        ));
+        assert_eq!(serde_json::to_string(&decoded).unwrap(), raised);
         let back: WireExecResult =
             serde_json::from_str(r#"{"value":"2","data":null,"runtime_ms":0}"#).unwrap();
         assert_eq!(

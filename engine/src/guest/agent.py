@@ -37,6 +37,7 @@ Agent -> host:
   {"ev": "result", "id": N, "value": "..." | null, "results": [{"kind": "value" | "figure",
    "data": {...}}] (absent: none), "runtime_ms": R}
   {"ev": "result", "id": N, "error": "...", "cause": "exception" | "timeout" | "interrupted",
+   "exception": {"name", "qualname", "module", "value"} (absent when no exception was raised),
    "results": [...] (figures drawn before an exception), "runtime_ms": R}
   {"ev": "file", "info": {...} | null, "entries": [...] | null, "truncated": B}
   {"ev": "file_error", "kind": "not_found" | "denied" | "exists" | ..., "error": "..."}
@@ -547,6 +548,35 @@ def _user_traceback(exc):
     return "".join(summary.format())
 
 
+MAX_NAME = 1024
+
+
+def _exception_info(exc):
+    """The exception as data, from the object itself: its class's name, qualified name and
+    module, and `str(exc)` (what `traceback` prints when that fails)."""
+    cls = type(exc)
+
+    def attribute(name):
+        try:
+            value = getattr(cls, name)
+        except BaseException:
+            return ""
+        return value[:MAX_NAME] if isinstance(value, str) else ""
+
+    try:
+        value = str(exc)
+    except BaseException:
+        value = "<exception str() failed>"
+    if not isinstance(value, str):
+        value = "<exception str() failed>"
+    return {
+        "name": attribute("__name__"),
+        "qualname": attribute("__qualname__"),
+        "module": attribute("__module__"),
+        "value": _truncate(value),
+    }
+
+
 # --- rich results ------------------------------------------------------------------------------
 #
 # Jupyter's display protocol: an object shows itself through `_repr_mimebundle_` or the
@@ -842,6 +872,7 @@ def run_instruction(machine, captures, request):
         if results:
             event["results"] = results
     except KeyboardInterrupt as exc:
+        event["exception"] = _exception_info(exc)
         if STATE.reason == "timeout":
             event["error"] = "Timed out: the instruction ran longer than %g s and was " \
                 "interrupted (the machine's state is kept)\n%s" % (timeout_s, _user_traceback(exc))
@@ -858,6 +889,7 @@ def run_instruction(machine, captures, request):
         except BaseException:
             text = "%s: <traceback unavailable>" % type(exc).__name__
         event["error"] = _truncate(text)
+        event["exception"] = _exception_info(exc)
         event["cause"] = "exception"
     _stop_executing()
     if "error" in event:

@@ -201,6 +201,8 @@ pub enum AgentEvent {
     Result {
         id: i64,
         outcome: AgentOutcome,
+        /// With an error: the exception raised, as the agent read it from the object.
+        exception: Option<crate::ExceptionInfo>,
         /// ForeverVM's `data`, from agents before rich results (now derived from `results`).
         data: Option<serde_json::Value>,
         /// The value's and the figures' rich results.
@@ -307,6 +309,8 @@ struct RawEvent {
     #[serde(default)]
     cause: Option<String>,
     #[serde(default)]
+    exception: Option<RawException>,
+    #[serde(default)]
     runtime_ms: Option<u64>,
     #[serde(default)]
     info: Option<RawFileInfo>,
@@ -328,6 +332,33 @@ struct RawEvent {
     installed: Option<std::collections::BTreeMap<String, String>>,
     #[serde(default)]
     site: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RawException {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    qualname: String,
+    #[serde(default)]
+    module: String,
+    #[serde(default)]
+    value: String,
+}
+
+/// The longest exception class name, qualified name or module kept; and the longest message.
+const MAX_EXCEPTION_NAME_BYTES: usize = 1024;
+const MAX_EXCEPTION_VALUE_BYTES: usize = 1024 * 1024;
+
+impl RawException {
+    fn check(self) -> crate::ExceptionInfo {
+        crate::ExceptionInfo {
+            name: bounded(self.name, MAX_EXCEPTION_NAME_BYTES),
+            qualname: bounded(self.qualname, MAX_EXCEPTION_NAME_BYTES),
+            module: bounded(self.module, MAX_EXCEPTION_NAME_BYTES),
+            value: bounded(self.value, MAX_EXCEPTION_VALUE_BYTES),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -500,6 +531,13 @@ pub fn decode_event(payload: &[u8]) -> Result<AgentEvent, ProtocolError> {
                 (None, value) => AgentOutcome::Value(value),
                 (Some(_), Some(_)) => return Err(malformed("has both a value and an error")),
             };
+            let exception = match (&outcome, raw.exception) {
+                (_, None) => None,
+                (AgentOutcome::Error { .. }, Some(raw)) => Some(raw.check()),
+                (AgentOutcome::Value(_), Some(_)) => {
+                    return Err(malformed("has an exception but no error"));
+                }
+            };
             let data = match raw.data {
                 None | Some(serde_json::Value::Null) => None,
                 Some(object @ serde_json::Value::Object(_)) => Some(object),
@@ -516,6 +554,7 @@ pub fn decode_event(payload: &[u8]) -> Result<AgentEvent, ProtocolError> {
             Ok(AgentEvent::Result {
                 id,
                 outcome,
+                exception,
                 data,
                 results,
                 runtime_ms: raw.runtime_ms.unwrap_or(0),
@@ -652,6 +691,10 @@ mod tests {
         assert!(decode_event(br#"{"ev":"output","stream":"stdin","data":"x"}"#).is_err());
         assert!(decode_event(br#"{"ev":"result","value":"2"}"#).is_err());
         assert!(decode_event(b"not json").is_err());
+        assert!(
+            decode_event(br#"{"ev":"result","id":1,"value":"2","exception":{"name":"E"}}"#)
+                .is_err()
+        );
         assert_eq!(
             decode_event(
                 br#"{"ev":"result","id":3,"error":"boom","cause":"timeout","runtime_ms":5}"#
@@ -663,11 +706,30 @@ mod tests {
                     text: "boom".into(),
                     cause: FailureCause::Timeout
                 },
+                exception: None,
                 data: None,
                 results: Vec::new(),
                 runtime_ms: 5
             }
         );
+    }
+
+    #[test]
+    fn exceptions_are_decoded_and_bounded() {
+        let long = "N".repeat(5000);
+        let event = format!(
+            r#"{{"ev":"result","id":4,"error":"Traceback...","cause":"exception",
+               "exception":{{"name":"{long}","qualname":"f.<locals>.E","module":"__main__",
+               "value":"two\nlines"}}}}"#
+        );
+        let AgentEvent::Result { exception, .. } = decode_event(event.as_bytes()).unwrap() else {
+            panic!("not a result");
+        };
+        let exception = exception.unwrap();
+        assert_eq!(exception.name.len(), MAX_EXCEPTION_NAME_BYTES);
+        assert_eq!(exception.qualname, "f.<locals>.E");
+        assert_eq!(exception.module, "__main__");
+        assert_eq!(exception.value, "two\nlines");
     }
 
     #[test]

@@ -201,13 +201,13 @@ sdkTest('create with metadata and envs; runCode keeps state, streams output, see
   assert.deepEqual(printed.logs, { stdout: ['out\n'], stderr: ['err\n'] })
   assert.equal(printed.text, undefined)
 
-  assert.equal((await run(sandbox, "import os\nos.environ['GREETING']")).text, "'hi'", 'envs given at create')
+  assert.equal((await run(sandbox, "import os\nos.environ['GREETING']")).text, 'hi', 'envs given at create')
 
   const withEnv = await run(sandbox, "os.environ['PER_CALL']", { envs: { PER_CALL: 'only here' } })
-  assert.equal(withEnv.text, "'only here'", "runCode's envs are visible in that call")
+  assert.equal(withEnv.text, 'only here', "runCode's envs are visible in that call")
   const next = await run(sandbox, "'PER_CALL' in os.environ")
   assert.equal(next.text, 'False', "runCode's envs are gone in the next call")
-  assert.equal((await run(sandbox, "os.environ['GREETING']")).text, "'hi'", 'the create envs stay')
+  assert.equal((await run(sandbox, "os.environ['GREETING']")).text, 'hi', 'the create envs stay')
 })
 
 sdkTest('rich results: a DataFrame as HTML, a matplotlib figure as PNG', async () => {
@@ -250,7 +250,7 @@ sdkTest('files: write, read, list, exists, makeDir, rename, remove; runCode read
   assert.equal(written.name, 'a.txt')
   assert.equal(await files.read('/home/user/a.txt'), 'content')
   // The REPL starts in the machine's home, which E2B calls /home/user.
-  assert.equal((await run(sandbox, "open('a.txt').read()")).text, "'content'")
+  assert.equal((await run(sandbox, "open('a.txt').read()")).text, 'content')
 
   const listed = await files.list('/home/user')
   const entry = listed.find((e) => e.name === 'a.txt')
@@ -271,7 +271,7 @@ sdkTest('files: write, read, list, exists, makeDir, rename, remove; runCode read
   assert.equal(moved.path, '/home/user/dir/b.txt')
   assert.equal(await files.exists('/home/user/a.txt'), false, 'renamed away')
   assert.equal(await files.read('/home/user/dir/b.txt'), 'content')
-  assert.equal((await run(sandbox, "open('dir/b.txt').read()")).text, "'content'")
+  assert.equal((await run(sandbox, "open('dir/b.txt').read()")).text, 'content')
 
   await files.remove('/home/user/dir/b.txt')
   assert.equal(await files.exists('/home/user/dir/b.txt'), false, 'removed')

@@ -219,14 +219,18 @@ fn result_lines(result: &ExecResult, shown: usize, redact: &dyn Fn(&str) -> Stri
                 (Some(rich), _) => lines.push(line(&result_line(rich, true))),
                 (None, Some(repr)) => lines.push(line(&serde_json::json!({
                     "type": "result",
-                    "text": repr,
+                    "text": e2b_text(repr),
+                    "extra": {},
                     "is_main_result": true,
                 }))),
                 (None, None) => {}
             }
         }
         Outcome::Error { text, cause } => {
-            let (name, value) = error_name_and_value(text, *cause);
+            let (name, value) = match &result.exception {
+                Some(exception) => (exception.name.clone(), exception.value.clone()),
+                None => failure_name_and_value(text, *cause),
+            };
             lines.push(line(&serde_json::json!({
                 "type": "error",
                 "name": name,
@@ -261,49 +265,43 @@ fn result_line(rich: &RichResult, main: bool) -> serde_json::Value {
                 continue;
             }
         };
-        out.insert(name.into(), value.clone());
+        let value = match (name, value) {
+            ("text", serde_json::Value::String(text)) => e2b_text(text).into(),
+            _ => value.clone(),
+        };
+        out.insert(name.into(), value);
     }
-    if !extra.is_empty() {
-        out.insert("extra".into(), extra.into());
-    }
+    // E2B's server sends `extra` on every result, `{}` when there is nothing else.
+    out.insert("extra".into(), extra.into());
     out.insert("is_main_result".into(), main.into());
     out.into()
 }
 
-/// An error's exception name and message, from its traceback's last line
-/// (`ZeroDivisionError: division by zero`); for failures that are not exceptions, what they are.
-fn error_name_and_value(text: &str, cause: FailureCause) -> (String, String) {
-    let last = text
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or_default()
-        .trim();
-    let named = |name: &str| (name.to_owned(), last.to_owned());
-    match cause {
-        FailureCause::Exception => match last.split_once(':') {
-            Some((name, value))
-                if !name.is_empty()
-                    && name
-                        .chars()
-                        .all(|c| c.is_alphanumeric() || c == '_' || c == '.') =>
-            {
-                (name.to_owned(), value.trim().to_owned())
-            }
-            _ if !last.is_empty()
-                && last
-                    .chars()
-                    .all(|c| c.is_alphanumeric() || c == '_' || c == '.') =>
-            {
-                (last.to_owned(), String::new())
-            }
-            _ => named("Exception"),
-        },
-        FailureCause::Timeout => named("TimeoutError"),
-        FailureCause::Interrupted => named("KeyboardInterrupt"),
-        FailureCause::MachineCrashed => named("MachineCrashed"),
-        FailureCause::LimitExceeded => named("LimitExceeded"),
+/// A result's `text` as E2B's server gives it: a text that starts and ends with the same quote
+/// character (`'` or `"`, any result's, not only a `str`'s) loses one at each end, with no
+/// unescaping (`'it\'s'` stays escaped).
+fn e2b_text(text: &str) -> &str {
+    let quoted = |q: char| text.starts_with(q) && text.ends_with(q);
+    if quoted('\'') || quoted('"') {
+        // One character: the quote, which is one byte; a lone quote becomes "".
+        text.get(1..text.len().saturating_sub(1).max(1))
+            .unwrap_or_default()
+    } else {
+        text
     }
+}
+
+/// A failure that is not an exception the code raised (the sandbox died, a limit refused the
+/// instruction): what it is, and the engine's text.
+fn failure_name_and_value(text: &str, cause: FailureCause) -> (String, String) {
+    let name = match cause {
+        FailureCause::Exception => "Exception",
+        FailureCause::Timeout => "TimeoutError",
+        FailureCause::Interrupted => "KeyboardInterrupt",
+        FailureCause::MachineCrashed => "MachineCrashed",
+        FailureCause::LimitExceeded => "LimitExceeded",
+    };
+    (name.to_owned(), text.trim().to_owned())
 }
 
 /// `GET /contexts`: the one context.
@@ -376,24 +374,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn errors_are_named_from_their_tracebacks() {
-        let text = "Traceback (most recent call last):\n  File \"<stdin>\", line 1\nZeroDivisionError: division by zero\n";
+    fn failures_without_an_exception_say_what_they_are() {
         assert_eq!(
-            error_name_and_value(text, FailureCause::Exception),
-            ("ZeroDivisionError".into(), "division by zero".into())
+            failure_name_and_value("the sandbox died\n", FailureCause::MachineCrashed),
+            ("MachineCrashed".into(), "the sandbox died".into())
         );
         assert_eq!(
-            error_name_and_value("Traceback...\nKeyboardInterrupt\n", FailureCause::Exception),
-            ("KeyboardInterrupt".into(), String::new())
-        );
-        assert_eq!(
-            error_name_and_value("ran past 5 s", FailureCause::Timeout).0,
+            failure_name_and_value("ran past 5 s", FailureCause::Timeout).0,
             "TimeoutError"
         );
-        assert_eq!(
-            error_name_and_value("it broke: badly", FailureCause::Exception).0,
-            "Exception"
-        );
+    }
+
+    #[test]
+    fn text_loses_one_quote_at_each_end_as_e2b_gives_it() {
+        assert_eq!(e2b_text("'supertest'"), "supertest");
+        assert_eq!(e2b_text("\"it's\""), "it's");
+        assert_eq!(e2b_text("'a\\nb'"), "a\\nb");
+        assert_eq!(e2b_text("'"), "");
+        assert_eq!(e2b_text("''"), "");
+        assert_eq!(e2b_text("'x\""), "'x\"");
+        assert_eq!(e2b_text("42"), "42");
+        assert_eq!(e2b_text(""), "");
     }
 
     #[test]
