@@ -48,11 +48,29 @@ e2b_python_env() {
     [ -x "$env/bin/python" ] || python3 -m venv "$env"
     "$env/bin/pip" install -q --disable-pip-version-check "$@" "pytest==8.4.2"
 }
+# Releases of E2B's Python SDK older than those that honour E2B_SANDBOX_URL: the oldest there
+# is, CrewAI's pins, and the last code interpreter that ignores it on an accepted core
+# (tests/e2b/test_sdk_leaks.py checks that each reaches only evervm).
+leak_envs=(v1 crewai ci28)
+e2b_leak_envs() {
+    local name env
+    for name in "${leak_envs[@]}"; do
+        env="$cache/evervm/e2b-leak-$name"
+        [ -x "$env/bin/python" ] || python3 -m venv "$env"
+        case "$name" in
+            v1) set -- "e2b-code-interpreter==1.0.0" "e2b==1.0.0" ;;
+            crewai) set -- "e2b-code-interpreter==2.6.0" "e2b==2.20.0" ;;
+            ci28) set -- "e2b-code-interpreter==2.8.1" "e2b==2.26.0" ;;
+        esac
+        "$env/bin/pip" install -q --disable-pip-version-check "$@"
+    done
+}
 # Node 22 (the AI SDK needs it), from the npm registry.
 node22_dir="$cache/evervm/node22"
 npm_packages() {
     local dir
-    for dir in bindings-node tests/mcp/ts tests/e2b/js-newest tests/e2b/js-oldest examples/node; do
+    for dir in bindings-node tests/mcp/ts tests/e2b/js-newest tests/e2b/js-oldest tests/e2b/js-leaks \
+        examples/node; do
         (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
     done
     [ -x "$node22_dir/node_modules/node/bin/node" ] ||
@@ -68,6 +86,7 @@ background python python_test_env
 background e2b-newest e2b_python_env newest "e2b-code-interpreter==2.11.5" "e2b==2.63.0" \
     -r tests/e2b/requirements-framework.txt
 background e2b-oldest e2b_python_env oldest "e2b-code-interpreter==2.9.0" "e2b==2.26.0"
+background e2b-leaks e2b_leak_envs
 background npm npm_packages
 
 # One build from scratch: incremental state would only double what the build keeps on disk.
@@ -204,13 +223,18 @@ rm -rf "$ffi_dir"
 stage mcp-python "MCP server: the official MCP Python SDK over stdio and streamable HTTP (gVisor)"
 EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" -m pytest -q -p no:cacheprovider tests/mcp/test_mcp.py
 
-stage e2b-python "E2B's Python SDK, unmodified, against --e2b-listen (gVisor): newest and oldest, sync and async; LangChain's E2B backend on the newest"
+stage e2b-python "E2B's Python SDK, unmodified, against --e2b-listen (gVisor): newest and oldest, sync and async; LangChain's E2B backend on the newest; older releases reach only evervm"
 await e2b-newest
 EVERVM_BIN="$evervm_bin" "$cache/evervm/e2b-newest/bin/python" -m pytest -q -p no:cacheprovider \
     tests/e2b/test_e2b_sdk.py tests/e2b/test_framework_e2b.py
 await e2b-oldest
 EVERVM_BIN="$evervm_bin" "$cache/evervm/e2b-oldest/bin/python" -m pytest -q -p no:cacheprovider \
     tests/e2b/test_e2b_sdk.py
+await e2b-leaks
+await npm
+leak_pythons=$(printf "$cache/evervm/e2b-leak-%s/bin/python:" "${leak_envs[@]}")
+EVERVM_BIN="$evervm_bin" EVERVM_E2B_LEAK_PYTHONS="$leak_pythons" \
+    "$cache/evervm/e2b-newest/bin/python" -m pytest -q -p no:cacheprovider tests/e2b/test_sdk_leaks.py
 
 stage fuzz "API fuzzing: schemathesis against /openapi.json (process backend, bounded)"
 # tests/api/README.md: a short run of every phase against `evervm serve --backend process`.

@@ -607,8 +607,10 @@ async fn serve(
         if let Some(e2b) = e2b_listener.as_ref().and_then(|l| l.local_addr().ok()) {
             let _ = writeln!(
                 banner,
-                "  export E2B_API_URL=http://{e2b} E2B_SANDBOX_URL=http://{e2b} E2B_API_KEY={}",
-                evervm::server::e2b::api_key_for_token(&token)
+                "  export E2B_API_URL=http://{e2b} E2B_SANDBOX_URL=http://{e2b} E2B_API_KEY={} \
+                 E2B_DOMAIN={}",
+                evervm::server::e2b::api_key_for_token(&token),
+                evervm::server::e2b::sink_domain_for(&e2b.to_string())
             );
         }
         let _ = writeln!(banner, "(more with `evervm token create`)");
@@ -617,7 +619,8 @@ async fn serve(
         let _ = writeln!(
             banner,
             "E2B-compatible API on http://{e2b}: E2B_API_URL=E2B_SANDBOX_URL=http://{e2b}, \
-             E2B_API_KEY from `evervm token create --e2b`"
+             E2B_API_KEY from `evervm token create --e2b`, E2B_DOMAIN={}",
+            evervm::server::e2b::sink_domain_for(&e2b.to_string())
         );
     }
     if server.backend_name() == "process" {

@@ -225,3 +225,54 @@ def test_a_sandbox_past_its_timeout_is_paused_not_killed(sandbox) -> None:
     assert not sandbox.is_running()
     again = Sandbox.connect(sandbox.sandbox_id, timeout=120)
     assert again.run_code("survivor").text == "still here"
+
+
+def test_no_answer_carries_the_account_key(e2b_server) -> None:
+    import httpx
+
+    key = e2b_server.e2b_key
+    token = bytes.fromhex(key.removeprefix("e2b_")).decode()
+    sdk = {"X-API-Key": key, "lang": "python", "package_version": version("e2b")}
+    with httpx.Client(base_url=e2b_server.e2b_url, headers=sdk, timeout=120) as http:
+        created = http.post("/sandboxes", json={"templateID": "base", "timeout": 120})
+        assert created.status_code == 201, created.text
+        sandbox_id = created.json()["sandboxID"]
+        other = http.post("/sandboxes", json={"templateID": "base", "timeout": 120}).json()
+        try:
+            answers = [
+                created,
+                http.get(f"/sandboxes/{sandbox_id}"),
+                http.get("/v2/sandboxes"),
+                http.post(f"/sandboxes/{sandbox_id}/connect", json={"timeout": 120}),
+            ]
+            for answer in answers:
+                assert answer.is_success, answer.text
+                assert key not in answer.text and token not in answer.text, answer.request.url
+            access = created.json()["envdAccessToken"]
+            assert access.startswith("e2bs_")
+            # The domain leads back here: an SDK that ignores E2B_SANDBOX_URL builds URLs
+            # whose host is this listener.
+            host = httpx.URL(e2b_server.e2b_url).netloc.decode()
+            assert created.json()["domain"] == f"sdk-too-old@{host}"
+
+            def run(sandbox: str, credential: str) -> httpx.Response:
+                return http.post(
+                    "/execute",
+                    json={"code": "6 * 7"},
+                    headers={
+                        "X-Access-Token": credential,
+                        "E2b-Sandbox-Id": sandbox,
+                        "E2b-Sandbox-Port": "49999",
+                        "X-API-Key": "",
+                    },
+                )
+
+            ran = run(sandbox_id, access)
+            assert ran.status_code == 200 and '"text":"42"' in ran.text, ran.text
+            # The sandbox's token opens that sandbox only, and is no API key.
+            assert run(other["sandboxID"], access).status_code == 401
+            refused = http.get("/v2/sandboxes", headers={"X-API-Key": access})
+            assert refused.status_code == 401
+        finally:
+            for sandbox in (sandbox_id, other["sandboxID"]):
+                http.delete(f"/sandboxes/{sandbox}")

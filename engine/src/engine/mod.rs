@@ -214,6 +214,36 @@ impl Engine {
         Ok(account)
     }
 
+    /// A credential that stands for `token` for one purpose only, `scope` (such as
+    /// `e2b-sandbox:<id>`): `<token id>.<MAC>`. It is useless for anything else, never
+    /// reveals the token, and stops working when the token is revoked or expires.
+    pub async fn scoped_credential(&self, token: &str, scope: &str) -> Result<String> {
+        let (id, secret) = crate::store::split_token(token)?;
+        let record = self.token_record(id).await?;
+        record.check(secret)?;
+        Ok(record.scoped_credential(id, scope))
+    }
+
+    /// The account a credential from [`Engine::scoped_credential`] acts for, if it was made
+    /// for `scope`.
+    pub async fn authenticate_scoped(&self, credential: &str, scope: &str) -> Result<Account> {
+        let (id, mac) = crate::store::split_token(credential)?;
+        let record = self.token_record(id).await?;
+        record.check_scoped(scope, mac)?;
+        self.inner
+            .metrics
+            .know_account(record.account.id, &record.account.name);
+        Ok(record.account)
+    }
+
+    async fn token_record(&self, id: &str) -> Result<crate::store::TokenRecord> {
+        self.inner
+            .store
+            .token_record(id)
+            .await?
+            .ok_or_else(|| crate::Error::unauthorized("unknown token"))
+    }
+
     /// Stops the engine: resident machines are swapped out to disk where the backend can, every
     /// sandbox stops, and the home is released for the next engine. Afterwards every operation
     /// on machines is refused.

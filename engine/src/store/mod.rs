@@ -147,8 +147,18 @@ pub trait Metadata: Send + Sync {
     /// Revokes a token by its id (the part before the `.`): it stops working at once.
     async fn revoke_token(&self, id: &str) -> Result<()>;
     async fn count_tokens(&self) -> Result<i64>;
+    /// The token with this id (the part before the `.`), as stored; `None` when there is none.
+    async fn token_record(&self, id: &str) -> Result<Option<TokenRecord>>;
     /// The account a token belongs to.
-    async fn authenticate(&self, token: &str) -> Result<Account>;
+    async fn authenticate(&self, token: &str) -> Result<Account> {
+        let (id, secret) = split_token(token)?;
+        let record = self
+            .token_record(id)
+            .await?
+            .ok_or_else(|| Error::unauthorized("unknown token"))?;
+        record.check(secret)?;
+        Ok(record.account)
+    }
 
     // --- machines -------------------------------------------------------------------------
 
@@ -352,8 +362,75 @@ fn new_token() -> (String, String, String) {
     (random_alnum(12), secret, hash)
 }
 
+/// A token as stored: the hash of its secret (never the secret), its account, its expiry.
+#[derive(Debug, Clone)]
+pub struct TokenRecord {
+    pub secret_sha256: String,
+    pub account: Account,
+    pub expires_at: Option<String>,
+}
+
+impl TokenRecord {
+    /// Whether `secret` is this token's, and the token has not expired.
+    pub fn check(&self, secret: &str) -> Result<()> {
+        check_token(&self.secret_sha256, secret, self.expires_at.as_deref())
+    }
+
+    /// The credential that stands for this token for `scope` alone: `<token id>.<MAC>`, the
+    /// MAC being HMAC-SHA256 of the scope keyed by the token's stored hash, in hex. Anyone
+    /// holding it can do what the scope allows and nothing else; it never reveals the token.
+    pub fn scoped_credential(&self, id: &str, scope: &str) -> String {
+        format!("{id}.{}", self.scoped_mac(scope))
+    }
+
+    /// Whether `mac` is this token's for `scope`, and the token has not expired.
+    pub fn check_scoped(&self, scope: &str, mac: &str) -> Result<()> {
+        if !same_digest(&self.scoped_mac(scope), mac) {
+            return Err(Error::unauthorized(
+                "the credential is not valid here (it belongs to another sandbox, or its token \
+                 was replaced)",
+            ));
+        }
+        check_expiry(self.expires_at.as_deref())
+    }
+
+    fn scoped_mac(&self, scope: &str) -> String {
+        hex::encode(hmac_sha256(self.secret_sha256.as_bytes(), scope.as_bytes()))
+    }
+}
+
+/// HMAC-SHA256 (RFC 2104).
+fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
+    const BLOCK: usize = 64;
+    let mut block = [0u8; BLOCK];
+    if key.len() > BLOCK {
+        block[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        block[..key.len()].copy_from_slice(key);
+    }
+    let pad = |byte: u8| block.map(|b| b ^ byte);
+    let inner = Sha256::new()
+        .chain_update(pad(0x36))
+        .chain_update(message)
+        .finalize();
+    Sha256::new()
+        .chain_update(pad(0x5c))
+        .chain_update(inner)
+        .finalize()
+        .into()
+}
+
+/// Whether two hex digests are equal, in time that does not depend on where they differ.
+fn same_digest(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
 /// A token's id and secret, or why it is not one.
-fn split_token(token: &str) -> Result<(&str, &str)> {
+pub(crate) fn split_token(token: &str) -> Result<(&str, &str)> {
     token
         .split_once('.')
         .ok_or_else(|| Error::unauthorized("the token is malformed: expected <id>.<secret>"))
@@ -361,17 +438,14 @@ fn split_token(token: &str) -> Result<(&str, &str)> {
 
 /// Whether `secret` matches the stored hash of a token that has not expired.
 fn check_token(stored_hash: &str, secret: &str, expires_at: Option<&str>) -> Result<()> {
-    let given = hash_secret(secret);
-    // Constant-time comparison of the two hex digests.
-    let same = stored_hash.len() == given.len()
-        && stored_hash
-            .bytes()
-            .zip(given.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0;
-    if !same {
+    if !same_digest(stored_hash, &hash_secret(secret)) {
         return Err(Error::unauthorized("unknown token"));
     }
+    check_expiry(expires_at)
+}
+
+/// Refuses a token whose expiry has passed.
+fn check_expiry(expires_at: Option<&str>) -> Result<()> {
     if let Some(expires_at) = expires_at.map(parse_time).transpose()?
         && expires_at <= Utc::now()
     {
@@ -506,5 +580,55 @@ impl RawMachine {
             network,
             snapshot_sha256: self.snapshot_sha256,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hmac_sha256_matches_rfc_4231() {
+        // Test cases 1 and 6 (a key longer than a block).
+        assert_eq!(
+            hex::encode(hmac_sha256(&[0x0b; 20], b"Hi There")),
+            "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"
+        );
+        assert_eq!(
+            hex::encode(hmac_sha256(
+                &[0xaa; 131],
+                b"Test Using Larger Than Block-Size Key - Hash Key First"
+            )),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"
+        );
+    }
+
+    #[test]
+    fn scoped_credentials_hold_for_their_scope_only() {
+        let (id, secret, secret_sha256) = new_token();
+        let record = TokenRecord {
+            secret_sha256,
+            account: Account {
+                id: 1,
+                name: "a".into(),
+            },
+            expires_at: None,
+        };
+        record.check(&secret).unwrap();
+        let credential = record.scoped_credential(&id, "e2b-sandbox:one");
+        assert!(!credential.contains(&secret));
+        let (given_id, mac) = split_token(&credential).unwrap();
+        assert_eq!(given_id, id);
+        record.check_scoped("e2b-sandbox:one", mac).unwrap();
+        assert!(record.check_scoped("e2b-sandbox:two", mac).is_err());
+        assert!(
+            record.check(mac).is_err(),
+            "a scoped credential is not the token"
+        );
+        let expired = TokenRecord {
+            expires_at: Some("2000-01-01T00:00:00Z".into()),
+            ..record
+        };
+        assert!(expired.check_scoped("e2b-sandbox:one", mac).is_err());
     }
 }

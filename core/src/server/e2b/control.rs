@@ -15,6 +15,7 @@ use evervm_engine::{
 };
 use serde::{Deserialize, Serialize};
 
+use super::access::{self, Access};
 use super::sandboxes::{Clock, DEFAULT_TIMEOUT, timeout_from_seconds};
 use super::{ApiCaller, E2bFailure, E2bState, ENVD_VERSION};
 
@@ -60,9 +61,11 @@ struct SandboxView {
     client_id: &'static str,
     alias: String,
     envd_version: &'static str,
-    /// The API key: the SDKs send it back on every sandbox request (`X-Access-Token`).
+    /// The sandbox's own access token: the SDKs send it back on every sandbox request
+    /// (`X-Access-Token`).
     envd_access_token: String,
-    domain: Option<String>,
+    /// A domain that leads back here (see [`super::access`]).
+    domain: String,
 }
 
 /// A sandbox as `GET /sandboxes/{id}` and lists describe it.
@@ -89,7 +92,7 @@ pub(super) struct SandboxDetail {
     state: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     envd_access_token: Option<String>,
-    domain: Option<String>,
+    domain: String,
 }
 
 fn template_of(info: &MachineInfo) -> String {
@@ -106,20 +109,31 @@ fn metadata_of(tags: &Tags) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn view(info: &MachineInfo, key: &str) -> SandboxView {
+async fn view(
+    state: &E2bState,
+    info: &MachineInfo,
+    access: &Access,
+) -> Result<SandboxView, E2bFailure> {
     let template_id = template_of(info);
-    SandboxView {
+    Ok(SandboxView {
         alias: template_id.clone(),
         template_id,
         sandbox_id: info.name.to_string(),
         client_id: CLIENT_ID,
         envd_version: ENVD_VERSION,
-        envd_access_token: key.to_owned(),
-        domain: None,
-    }
+        envd_access_token: access
+            .envd_access_token(&state.engine, info.name.as_str())
+            .await?,
+        domain: access.domain(),
+    })
 }
 
-fn detail(state: &E2bState, info: &MachineInfo, key: Option<&str>) -> SandboxDetail {
+fn detail(
+    state: &E2bState,
+    info: &MachineInfo,
+    envd_access_token: Option<String>,
+    domain: String,
+) -> SandboxDetail {
     let clock = state.sandboxes.clock(info.name.as_str());
     let (started_at, end_at, running) = match &clock {
         Some(Clock {
@@ -145,17 +159,9 @@ fn detail(state: &E2bState, info: &MachineInfo, key: Option<&str>) -> SandboxDet
         disk_size_mb: state.engine.limits().max_disk_mb_per_account,
         metadata: metadata_of(&info.tags),
         state: if running { "running" } else { "paused" },
-        envd_access_token: key.map(str::to_owned),
-        domain: None,
+        envd_access_token,
+        domain,
     }
-}
-
-/// The API key the request came with (already checked by [`ApiCaller`]).
-fn key_of(headers: &HeaderMap) -> String {
-    super::header_text(headers, "x-api-key")
-        .or_else(|| super::bearer(headers))
-        .unwrap_or_default()
-        .to_owned()
 }
 
 /// A JSON body, or `{}` when empty; errors name what is wrong.
@@ -186,6 +192,8 @@ pub(super) async fn create(
         .template_id
         .filter(|t| !t.trim().is_empty())
         .unwrap_or_else(|| DEFAULT_TEMPLATE.to_owned());
+    access::check_sdk(&headers, &template)?;
+    let access = Access::of(&headers)?;
     let image = if E2B_TEMPLATES.contains(&template.as_str()) {
         None
     } else {
@@ -226,7 +234,7 @@ pub(super) async fn create(
         .await
         .map_err(|e| template_failure(&e))?;
     state.sandboxes.start(&account, info.name.as_str(), timeout);
-    Ok(created(&view(&info, &key_of(&headers))))
+    Ok(created(&view(&state, &info, &access).await?))
 }
 
 /// A creation that failed on its template says what templates there are.
@@ -266,7 +274,11 @@ pub(super) async fn info(
     Path(id): Path<String>,
 ) -> Result<Json<SandboxDetail>, E2bFailure> {
     let info = machine(&state, &account, &id).await?;
-    Ok(Json(detail(&state, &info, Some(&key_of(&headers)))))
+    let access = Access::of(&headers)?;
+    let token = access
+        .envd_access_token(&state.engine, info.name.as_str())
+        .await?;
+    Ok(Json(detail(&state, &info, Some(token), access.domain())))
 }
 
 /// `GET /v2/sandboxes`'s query (metadata in E2B's encoding, see [`parse_metadata`]).
@@ -359,28 +371,32 @@ fn percent_decode(text: &str) -> Result<String, E2bFailure> {
 pub(super) async fn list(
     State(state): State<E2bState>,
     ApiCaller(account): ApiCaller,
+    headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Result<Response, E2bFailure> {
     let query = parse_list_query(query.as_deref())?;
-    list_page(&state, &account, query).await
+    list_page(&state, &account, &headers, query).await
 }
 
 /// `GET /sandboxes` (the first generation's list): running sandboxes only, one page.
 pub(super) async fn list_running(
     State(state): State<E2bState>,
     ApiCaller(account): ApiCaller,
+    headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Result<Response, E2bFailure> {
     let mut query = parse_list_query(query.as_deref())?;
     query.states = vec!["running".to_owned()];
-    list_page(&state, &account, query).await
+    list_page(&state, &account, &headers, query).await
 }
 
 async fn list_page(
     state: &E2bState,
     account: &Account,
+    headers: &HeaderMap,
     query: ListQuery,
 ) -> Result<Response, E2bFailure> {
+    let domain = Access::of(headers)?.domain();
     let cursor = query
         .next_token
         .as_deref()
@@ -398,7 +414,7 @@ async fn list_page(
     let sandboxes: Vec<SandboxDetail> = page
         .machines
         .iter()
-        .map(|info| detail(state, info, None))
+        .map(|info| detail(state, info, None, domain.clone()))
         .filter(|d| query.states.is_empty() || query.states.iter().any(|s| s == d.state))
         .collect();
     let mut response = Json(sandboxes).into_response();
@@ -548,7 +564,8 @@ async fn resume_or_connect(
             StatusCode::CREATED
         }
     };
-    Ok((status, Json(view(&info, &key_of(headers)))).into_response())
+    let view = view(state, &info, &Access::of(headers)?).await?;
+    Ok((status, Json(view)).into_response())
 }
 
 #[derive(Debug, Serialize)]
@@ -614,7 +631,7 @@ pub(super) async fn fork(
         )));
     }
     machine(&state, &account, &id).await?;
-    let key = key_of(&headers);
+    let access = Access::of(&headers)?;
     let mut forks = Vec::new();
     for _ in 0..count {
         let item = match state
@@ -624,7 +641,7 @@ pub(super) async fn fork(
         {
             Ok(info) => {
                 state.sandboxes.start(&account, info.name.as_str(), timeout);
-                serde_json::json!({ "sandbox": view(&info, &key) })
+                serde_json::json!({ "sandbox": view(&state, &info, &access).await? })
             }
             Err(e) => {
                 let failure = not_found_as_sandbox(&e, &id);

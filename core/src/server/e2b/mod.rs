@@ -15,6 +15,7 @@
 //! here ([`sandboxes`]): when it passes, the machine is swapped out (E2B's "paused"), and the
 //! next `connect` or sandbox request brings it back.
 
+mod access;
 mod connect;
 mod control;
 mod envd;
@@ -32,6 +33,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use evervm_engine::{Account, Engine, ErrorKind};
 
+pub use self::access::sink_domain_for;
 use self::sandboxes::Sandboxes;
 use super::redact::Redactor;
 
@@ -314,7 +316,7 @@ fn sandbox_target(parts: &Parts) -> Result<(String, Option<u16>), E2bFailure> {
 
 impl SandboxCaller {
     /// The caller and its sandbox, for a request to `port`: authenticated by the sandbox's
-    /// access token (`X-Access-Token`, which is the API key), or the API key itself.
+    /// access token (`X-Access-Token`), or the account's API key.
     async fn extract(parts: &Parts, state: &E2bState, port: u16) -> Result<Self, E2bFailure> {
         let (sandbox, asked_port) = sandbox_target(parts)?;
         if let Some(asked) = asked_port
@@ -337,7 +339,7 @@ impl SandboxCaller {
                     "no access token: send the sandbox's envdAccessToken as X-Access-Token",
                 )
             })?;
-        let account = authenticate(state, key).await?;
+        let account = access::authenticate_sandbox(&state.engine, key, &sandbox).await?;
         Ok(Self { account, sandbox })
     }
 }

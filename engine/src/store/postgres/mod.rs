@@ -17,9 +17,9 @@ use super::output::{StoredBatch, decode_output};
 use super::schema::{self, Dialect, VERSION};
 use super::{
     CheckpointRecord, Lease, LeaseOutcome, MACHINE_COLUMNS, MachineRecord, Metadata, NodeRecord,
-    OutputBatches, RawMachine, Unfinished, check_token, checkpoint_exists, decode_result,
-    encode_result, machine_exists, machine_json, new_token, no_such_token, now, parse_time,
-    split_token, stored, token_expiry, too_many_machines,
+    OutputBatches, RawMachine, TokenRecord, Unfinished, checkpoint_exists, decode_result,
+    encode_result, machine_exists, machine_json, new_token, no_such_token, now, parse_time, stored,
+    token_expiry, too_many_machines,
 };
 use crate::error::{Error, Result};
 use crate::types::{Account, ExecResult, FailureCause, OutputChunk, TokenInfo};
@@ -423,8 +423,7 @@ impl Metadata for PostgresStore {
         row.map_or(Ok(0), |row| column(&row, 0))
     }
 
-    async fn authenticate(&self, token: &str) -> Result<Account> {
-        let (id, secret) = split_token(token)?;
+    async fn token_record(&self, id: &str) -> Result<Option<TokenRecord>> {
         let Some(row) = self
             .query_opt(
                 "SELECT t.secret_sha256, a.id, a.name, t.expires_at FROM tokens t
@@ -433,15 +432,16 @@ impl Metadata for PostgresStore {
             )
             .await?
         else {
-            return Err(Error::unauthorized("unknown token"));
+            return Ok(None);
         };
-        let stored_hash: String = column(&row, 0)?;
-        let expires_at: Option<String> = column(&row, 3)?;
-        check_token(&stored_hash, secret, expires_at.as_deref())?;
-        Ok(Account {
-            id: column(&row, 1)?,
-            name: column(&row, 2)?,
-        })
+        Ok(Some(TokenRecord {
+            secret_sha256: column(&row, 0)?,
+            account: Account {
+                id: column(&row, 1)?,
+                name: column(&row, 2)?,
+            },
+            expires_at: column(&row, 3)?,
+        }))
     }
 
     async fn insert_machine(&self, record: &MachineRecord, limit: usize) -> Result<()> {

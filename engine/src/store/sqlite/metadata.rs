@@ -7,7 +7,7 @@ use super::StoreThread;
 use crate::error::Result;
 use crate::store::{
     CheckpointRecord, Lease, LeaseOutcome, MachineRecord, Metadata, NodeRecord, OutputBatches,
-    Unfinished,
+    TokenRecord, Unfinished,
 };
 use crate::types::{Account, ExecResult, OutputChunk, TokenInfo};
 
@@ -48,9 +48,9 @@ impl Metadata for StoreThread {
         self.call(|s| s.count_tokens()).await
     }
 
-    async fn authenticate(&self, token: &str) -> Result<Account> {
-        let token = token.to_owned();
-        self.call(move |s| s.authenticate(&token)).await
+    async fn token_record(&self, id: &str) -> Result<Option<TokenRecord>> {
+        let id = id.to_owned();
+        self.call(move |s| s.token_record(&id)).await
     }
 
     async fn insert_machine(&self, record: &MachineRecord, limit: usize) -> Result<()> {

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{
-    MACHINE_COLUMNS, MachineRecord, RawMachine, check_token, machine_exists, machine_json,
+    MACHINE_COLUMNS, MachineRecord, RawMachine, TokenRecord, machine_exists, machine_json,
     new_token, no_such_token, now, parse_time, split_token, stored, token_expiry,
     too_many_machines,
 };
@@ -159,25 +159,35 @@ impl Store {
     }
 
     /// The account a token belongs to.
-    pub fn authenticate(&self, token: &str) -> Result<Account> {
-        let (id, secret) = split_token(token)?;
-        let row: Option<(String, i64, String, Option<String>)> = self
+    pub fn token_record(&self, id: &str) -> Result<Option<TokenRecord>> {
+        Ok(self
             .conn
             .query_row(
                 "SELECT t.secret_sha256, a.id, a.name, t.expires_at FROM tokens t
                  JOIN accounts a ON a.id = t.account_id WHERE t.id = ?1",
                 params![id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                |r| {
+                    Ok(TokenRecord {
+                        secret_sha256: r.get(0)?,
+                        account: Account {
+                            id: r.get(1)?,
+                            name: r.get(2)?,
+                        },
+                        expires_at: r.get(3)?,
+                    })
+                },
             )
-            .optional()?;
-        let Some((stored_hash, account_id, name, expires_at)) = row else {
-            return Err(Error::unauthorized("unknown token"));
-        };
-        check_token(&stored_hash, secret, expires_at.as_deref())?;
-        Ok(Account {
-            id: account_id,
-            name,
-        })
+            .optional()?)
+    }
+
+    /// The account a token belongs to.
+    pub fn authenticate(&self, token: &str) -> Result<Account> {
+        let (id, secret) = split_token(token)?;
+        let record = self
+            .token_record(id)?
+            .ok_or_else(|| Error::unauthorized("unknown token"))?;
+        record.check(secret)?;
+        Ok(record.account)
     }
 
     // --- machines -------------------------------------------------------------------------
