@@ -155,6 +155,11 @@ export interface ExecOptions {
   timeoutSeconds?: number
   /** Interrupt what runs or waits on the machine first. */
   interrupt?: boolean
+  /**
+   * How the code runs: `'python'` (a REPL line, the default), `'jupyter'` (a Jupyter cell,
+   * IPython's shell) or `'e2b'` (a Jupyter cell with E2B's formatters).
+   */
+  dialect?: 'python' | 'jupyter' | 'e2b'
 }
 
 /** How an instruction ended, with everything it printed. */

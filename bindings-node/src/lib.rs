@@ -104,9 +104,22 @@ fn exec_options(options: Option<ExecOptions>) -> Result<evervm::ExecOptions> {
         Some(secs) => evervm::timeout_from_secs(secs).map_err(to_js)?,
         None => evervm::DEFAULT_TIMEOUT,
     };
+    let dialect = match options.dialect.as_deref() {
+        None => evervm::Dialect::Python,
+        Some(text) => evervm::Dialect::parse(text).ok_or_else(|| {
+            to_js(evervm::Error::new(
+                evervm::ErrorKind::InvalidInput,
+                format!(
+                    "dialect {text:?}: it is 'python' (a REPL line), 'jupyter' (a Jupyter cell) \
+                     or 'e2b' (a Jupyter cell with E2B's formatters)"
+                ),
+            ))
+        })?,
+    };
     Ok(evervm::ExecOptions {
         timeout,
         interrupt: options.interrupt.unwrap_or(false),
+        dialect,
     })
 }
 

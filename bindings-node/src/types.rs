@@ -59,6 +59,10 @@ pub struct ExecOptions {
     pub timeout_seconds: Option<f64>,
     /// Interrupt what runs or waits on the machine first.
     pub interrupt: Option<bool>,
+    /// How the code runs: `'python'` (a REPL line, the default), `'jupyter'` (a Jupyter cell,
+    /// IPython's shell) or `'e2b'` (a Jupyter cell with E2B's formatters).
+    #[napi(ts_type = "'python' | 'jupyter' | 'e2b'")]
+    pub dialect: Option<String>,
 }
 
 /// A file write's options.

@@ -15,13 +15,31 @@ use crate::types::{Checkpoint, ExecResult, InstallReport, MachineInfo, MachinePa
 
 type Tags = BTreeMap<String, String>;
 
-/// An instruction's options; `timeout` in seconds, [`evervm::DEFAULT_TIMEOUT`] when `None`.
-fn exec_options(timeout: Option<f64>, interrupt: bool) -> PyResult<evervm::ExecOptions> {
+/// An instruction's options; `timeout` in seconds, [`evervm::DEFAULT_TIMEOUT`] when `None`;
+/// `dialect` `"python"`, `"jupyter"` or `"e2b"`.
+fn exec_options(
+    timeout: Option<f64>,
+    interrupt: bool,
+    dialect: &str,
+) -> PyResult<evervm::ExecOptions> {
     let timeout = match timeout {
         Some(secs) => evervm::timeout_from_secs(secs).map_err(to_py)?,
         None => evervm::DEFAULT_TIMEOUT,
     };
-    Ok(evervm::ExecOptions { timeout, interrupt })
+    let dialect = evervm::Dialect::parse(dialect).ok_or_else(|| {
+        to_py(evervm::Error::new(
+            evervm::ErrorKind::InvalidInput,
+            format!(
+                "dialect {dialect:?}: it is \"python\" (a REPL line), \"jupyter\" (a Jupyter \
+                 cell) or \"e2b\" (a Jupyter cell with E2B's formatters)"
+            ),
+        ))
+    })?;
+    Ok(evervm::ExecOptions {
+        timeout,
+        interrupt,
+        dialect,
+    })
 }
 
 /// What a client object holds: the Rust client of the process it runs in. After `os.fork()`
@@ -411,16 +429,18 @@ impl Machine {
     }
 
     /// Runs code and returns its result with everything it printed; `timeout` in seconds
-    /// (`DEFAULT_TIMEOUT`, 15 s, when not given). Ctrl-C while waiting interrupts the instruction.
-    #[pyo3(signature = (code, *, timeout=None, interrupt=false))]
+    /// (`DEFAULT_TIMEOUT`, 15 s, when not given); `dialect="jupyter"` runs it as a Jupyter cell
+    /// (IPython's shell). Ctrl-C while waiting interrupts the instruction.
+    #[pyo3(signature = (code, *, timeout=None, interrupt=false, dialect="python"))]
     fn exec(
         &self,
         py: Python<'_>,
         code: String,
         timeout: Option<f64>,
         interrupt: bool,
+        dialect: &str,
     ) -> PyResult<ExecResult> {
-        let options = exec_options(timeout, interrupt)?;
+        let options = exec_options(timeout, interrupt, dialect)?;
         let machine = self.checked()?;
         let on_interrupt = {
             let machine = self.checked()?;
@@ -432,9 +452,15 @@ impl Machine {
     }
 
     /// Runs code and yields its output chunks as they come, then its `ExecResult`.
-    #[pyo3(signature = (code, *, timeout=None))]
-    fn stream(&self, py: Python<'_>, code: String, timeout: Option<f64>) -> PyResult<ExecStream> {
-        let options = exec_options(timeout, false)?;
+    #[pyo3(signature = (code, *, timeout=None, dialect="python"))]
+    fn stream(
+        &self,
+        py: Python<'_>,
+        code: String,
+        timeout: Option<f64>,
+        dialect: &str,
+    ) -> PyResult<ExecStream> {
+        let options = exec_options(timeout, false, dialect)?;
         let machine = self.checked()?;
         let state = wait(py, open_stream(machine, code, options), None)?;
         Ok(ExecStream { state })
@@ -841,23 +867,29 @@ impl AsyncMachine {
         }
     }
 
-    #[pyo3(signature = (code, *, timeout=None, interrupt=false))]
+    #[pyo3(signature = (code, *, timeout=None, interrupt=false, dialect="python"))]
     fn exec<'py>(
         &self,
         py: Python<'py>,
         code: String,
         timeout: Option<f64>,
         interrupt: bool,
+        dialect: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let options = exec_options(timeout, interrupt)?;
+        let options = exec_options(timeout, interrupt, dialect)?;
         awaitable(py, exec(self.checked()?, code, options))
     }
 
     /// `async for event in machine.stream(code)`: output chunks, then the result (the
     /// instruction starts at the first iteration).
-    #[pyo3(signature = (code, *, timeout=None))]
-    fn stream(&self, code: String, timeout: Option<f64>) -> PyResult<AsyncExecStream> {
-        let options = exec_options(timeout, false)?;
+    #[pyo3(signature = (code, *, timeout=None, dialect="python"))]
+    fn stream(
+        &self,
+        code: String,
+        timeout: Option<f64>,
+        dialect: &str,
+    ) -> PyResult<AsyncExecStream> {
+        let options = exec_options(timeout, false, dialect)?;
         Ok(AsyncExecStream {
             state: Arc::new(tokio::sync::Mutex::new(StreamState {
                 start: Some((self.checked()?, code, options)),

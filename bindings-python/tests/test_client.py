@@ -27,12 +27,16 @@ def test_state_values_output_and_errors(client: evervm.Client) -> None:
         "builtins",
         "division by zero",
     )
+    cell = machine.exec("\n    y = x + 1\n    y", dialect="jupyter")
+    assert (cell.value, cell.ok) == ("21", True), "an indented Jupyter cell runs"
+    with pytest.raises(evervm.InvalidInputError):
+        machine.exec("1", dialect="basic")
     slow = machine.exec("import time\ntime.sleep(5)", timeout=1)
     assert slow.timed_out and slow.cause == "timeout"
     assert machine.exec("x").value == "20"
     info = machine.info()
     assert info.name == machine.name and info.tags == {"suite": "python"}
-    assert info.instruction_count == 5
+    assert info.instruction_count == 6
     names = [m.name for m in client.list_machines(tags={"suite": "python"})]
     assert machine.name in names
     assert client.list_machines(tags={"suite": "nothing-like-this"}) == []

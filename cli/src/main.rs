@@ -895,6 +895,7 @@ async fn exec(
     let options = ExecOptions {
         timeout: Duration::from_secs(timeout),
         interrupt: false,
+        ..ExecOptions::default()
     };
     let (seq, mut events) = machine.stream(&code, &options).await?;
     let mut output = Vec::new();

@@ -93,6 +93,7 @@ pub(crate) async fn run(client: Client, machine: Option<String>, timeout: Durati
     let options = ExecOptions {
         timeout,
         interrupt: false,
+        ..ExecOptions::default()
     };
     loop {
         let mut source = String::new();

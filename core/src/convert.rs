@@ -422,9 +422,7 @@ pub(crate) mod server {
         WireInstruction,
     };
     use crate::server::redact::Redactor;
-    use crate::types::{
-        CreateMachineOptions, ExecEvent, ExecOptions, ExecResult, MachineInfo, Tags,
-    };
+    use crate::types::{CreateMachineOptions, ExecEvent, ExecResult, MachineInfo, Tags};
 
     /// A machine's info for a client: `last_error` (engine text) without host paths.
     pub(crate) fn machine_to_wire(info: engine::MachineInfo, redactor: &Redactor) -> ApiMachine {
@@ -561,14 +559,11 @@ pub(crate) mod server {
                     instruction.timeout_seconds
                 ))
             })?;
-        let options = ExecOptions {
-            timeout: Duration::from_secs(seconds),
-            interrupt,
-        };
         Ok(engine::ExecRequest {
             code: instruction.code,
-            timeout: options.timeout,
-            interrupt: options.interrupt,
+            timeout: Duration::from_secs(seconds),
+            interrupt,
+            dialect: instruction.dialect,
         })
     }
 
@@ -583,6 +578,7 @@ pub(crate) mod server {
             let instruction = |timeout_seconds| WireInstruction {
                 code: "1".into(),
                 timeout_seconds,
+                dialect: engine::Dialect::Python,
             };
             for bad in [0, -1, i32::MIN] {
                 let err = exec_from_wire(instruction(bad), false).unwrap_err();

@@ -90,6 +90,8 @@ pub struct ExecOptions {
     pub timeout: Duration,
     /// Interrupt whatever runs or waits on the machine first.
     pub interrupt: bool,
+    /// How the code runs: a REPL line (the default) or a Jupyter cell (IPython's shell).
+    pub dialect: Dialect,
 }
 
 impl Default for ExecOptions {
@@ -97,6 +99,7 @@ impl Default for ExecOptions {
         Self {
             timeout: DEFAULT_TIMEOUT,
             interrupt: false,
+            dialect: Dialect::Python,
         }
     }
 }
@@ -321,6 +324,9 @@ pub use evervm_engine::{RichKind, RichResult};
 
 /// The exception an instruction raised, as data: the engine's type, the one definition.
 pub use evervm_engine::ExceptionInfo;
+
+/// How an instruction's code runs: the engine's type, the one definition.
+pub use evervm_engine::Dialect;
 
 /// How an instruction ended: a value (the `repr` of the last expression, `None` for statements)
 /// or an error text.

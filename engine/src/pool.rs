@@ -224,6 +224,7 @@ async fn make_base(
             id: -1,
             code: DATA_WARM_UP.to_owned(),
             timeout_ms: 300_000,
+            dialect: crate::Dialect::Python,
         };
         let warmed = async {
             fresh.agent.send(&warm_up).await?;

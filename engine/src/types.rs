@@ -447,6 +447,48 @@ pub struct ExecRequest {
     pub timeout: Duration,
     /// Interrupt whatever is queued or running on the machine before this one.
     pub interrupt: bool,
+    /// How the code is run: a REPL line (the default) or a Jupyter cell.
+    pub dialect: Dialect,
+}
+
+/// How an instruction's code is run. Every dialect shares the machine's one namespace.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub enum Dialect {
+    /// A plain Python REPL (ForeverVM's): the value is the last expression's `repr`.
+    #[default]
+    Python,
+    /// A Jupyter cell, run by IPython's own shell as an IPython kernel runs it: magics, shell
+    /// escapes, the cell's common indentation removed, IPython's display formatters and
+    /// tracebacks. Needs IPython in the image (the `data` image has it).
+    Jupyter,
+    /// A Jupyter cell with what E2B's code interpreter adds to the kernel (a DataFrame's
+    /// columns as `e2b/data`, lists and dicts as JSON, charts as `e2b/chart`): the E2B door's.
+    E2b,
+}
+
+impl Dialect {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dialect::Python => "python",
+            Dialect::Jupyter => "jupyter",
+            Dialect::E2b => "e2b",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "python" => Some(Dialect::Python),
+            "jupyter" => Some(Dialect::Jupyter),
+            "e2b" => Some(Dialect::E2b),
+            _ => None,
+        }
+    }
+
+    pub fn is_python(&self) -> bool {
+        *self == Dialect::Python
+    }
 }
 
 impl ExecRequest {
@@ -455,6 +497,7 @@ impl ExecRequest {
             code: code.into(),
             timeout: DEFAULT_TIMEOUT,
             interrupt: false,
+            dialect: Dialect::Python,
         }
     }
 
@@ -563,6 +606,15 @@ pub struct RichResult {
 }
 
 impl RichResult {
+    /// Whether a MIME type's representation is any JSON value (the others are text):
+    /// `application/json`, `*+json`, and E2B's `e2b/data` and `e2b/chart`.
+    pub fn carries_json(mime: &str) -> bool {
+        mime == "application/json"
+            || mime.ends_with("+json")
+            || mime == "e2b/data"
+            || mime == "e2b/chart"
+    }
+
     /// About what it takes to keep: the MIME types and their representations.
     pub fn size(&self) -> usize {
         self.data

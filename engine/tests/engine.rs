@@ -769,3 +769,80 @@ async fn exceptions_are_reported_as_data_from_the_object() {
     assert_eq!(value(&result).as_deref(), Some("4"));
     assert!(result.exception.is_none());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn jupyter_cells_run_as_an_ipython_kernel_runs_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(&dir).await;
+    let account = engine.ensure_account("test").await.unwrap();
+    let name = machine_after(&engine, &account, "shared = 20").await;
+    let cell = |code: &str| {
+        let mut request = ExecRequest::new(code);
+        request.dialect = evervm_engine::Dialect::Jupyter;
+        request
+    };
+    let run_cell = |request: ExecRequest| {
+        let (engine, account, name) = (&engine, &account, &name);
+        async move {
+            let seq = engine.exec(account, name, request).await.unwrap().seq;
+            let events: Vec<ExecEvent> = engine
+                .events(account, name, seq)
+                .await
+                .unwrap()
+                .collect()
+                .await;
+            let mut stdout = String::new();
+            let mut result = None;
+            for event in events {
+                match event {
+                    ExecEvent::Output(chunk)
+                        if chunk.stream == evervm_engine::OutputStream::Stdout =>
+                    {
+                        stdout.push_str(&chunk.data);
+                        stdout.push('\n');
+                    }
+                    ExecEvent::Result(r) => result = Some(r),
+                    ExecEvent::Output(_) => {}
+                }
+            }
+            (stdout, result.unwrap())
+        }
+    };
+    // A cell whose lines all start indented runs; the machine's namespace is shared.
+    let (_, indented) = run_cell(cell("\n    x = shared + 1\n    x * 2")).await;
+    assert_eq!(value(&indented).as_deref(), Some("42"));
+    // Shell escapes and magics.
+    let (printed, _) = run_cell(cell("!echo from-the-shell")).await;
+    // IPython runs it on a pty, as in a kernel: the line ends with CR LF.
+    assert_eq!(printed.trim_end(), "from-the-shell");
+    let (_, moved) = run_cell(cell("%cd /tmp\nimport os\nos.getcwd()")).await;
+    assert_eq!(value(&moved).as_deref(), Some("'/tmp'"));
+    // `_` and `Out` are IPython's.
+    let (_, underscore) = run_cell(cell("_")).await;
+    assert_eq!(value(&underscore).as_deref(), Some("'/tmp'"));
+    // display() is a rich result in order with the output.
+    let (_, shown) = run_cell(cell(
+        "from IPython.display import display, HTML\ndisplay(HTML('<b>hi</b>'))",
+    ))
+    .await;
+    assert_eq!(shown.results.len(), 1);
+    assert_eq!(shown.results[0].get("text/html"), Some("<b>hi</b>"));
+    // Errors: IPython's traceback, the exception as data.
+    let (_, failed) = run_cell(cell("def f():\n    return 1 / 0\nf()")).await;
+    let Outcome::Error { text, cause } = &failed.outcome else {
+        panic!("no error: {failed:?}");
+    };
+    assert_eq!(*cause, FailureCause::Exception);
+    assert!(
+        text.contains("ZeroDivisionError") && text.contains("return 1 / 0"),
+        "{text}"
+    );
+    assert!(!text.contains('\u{1b}'), "no colours: {text:?}");
+    assert_eq!(failed.exception.as_ref().unwrap().name, "ZeroDivisionError");
+    // A syntax error is reported before the cell runs.
+    let (_, syntax) = run_cell(cell("x = (")).await;
+    assert_eq!(syntax.exception.as_ref().unwrap().name, "SyntaxError");
+    // A plain instruction afterwards sees the same namespace.
+    let (_, plain) = run_cell(ExecRequest::new("x")).await;
+    assert_eq!(value(&plain).as_deref(), Some("21"));
+}

@@ -58,6 +58,7 @@ impl LocalTransport {
             code: code.to_owned(),
             timeout: options.timeout,
             interrupt: options.interrupt,
+            dialect: options.dialect,
         }
     }
 }

@@ -379,6 +379,7 @@ impl Transport for RemoteTransport {
             instruction: WireInstruction {
                 code: code.to_owned(),
                 timeout_seconds: seconds(options)?,
+                dialect: options.dialect,
             },
             interrupt: options.interrupt,
         };
@@ -810,6 +811,7 @@ impl SessionTransport for WebSocketSession {
             instruction: WireInstruction {
                 code: code.to_owned(),
                 timeout_seconds: seconds(options)?,
+                dialect: options.dialect,
             },
             request_id,
         };

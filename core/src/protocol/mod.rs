@@ -12,6 +12,7 @@ pub(crate) mod schema;
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
+use evervm_engine::Dialect;
 use serde::{Deserialize, Serialize};
 
 mod errors;
@@ -257,6 +258,11 @@ pub struct WireInstruction {
         schemars(range(min = 1, max = evervm_engine::MAX_TIMEOUT.as_secs()))
     )]
     pub timeout_seconds: i32,
+    /// evervm addition: how the code runs, `python` (a REPL line, the default and ForeverVM's)
+    /// or `jupyter` (a Jupyter cell, run by IPython's own shell: magics, shell escapes,
+    /// IPython's formatters and tracebacks; the image needs IPython). Other clients leave it out.
+    #[serde(default, skip_serializing_if = "Dialect::is_python")]
+    pub dialect: Dialect,
 }
 
 fn default_timeout_seconds() -> i32 {
@@ -712,6 +718,7 @@ mod tests {
         // What the server writes is unchanged.
         let request = ExecRequest {
             instruction: WireInstruction {
+                dialect: Dialect::Python,
                 code: "1".into(),
                 timeout_seconds: 7,
             },
@@ -770,6 +777,7 @@ mod tests {
             exec,
             MessageToServer::Exec {
                 instruction: WireInstruction {
+                    dialect: Dialect::Python,
                     code: "1".into(),
                     timeout_seconds: 15
                 },

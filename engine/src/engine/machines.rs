@@ -300,7 +300,7 @@ impl Engine {
         self.inner.take_instruction_token(account.id)?;
         let interrupted = request.interrupt && handle.interrupt();
         let seq = handle
-            .enqueue(&self.inner, request.code, request.timeout)
+            .enqueue(&self.inner, request.code, request.timeout, request.dialect)
             .await?;
         Ok(ExecAccepted { seq, interrupted })
     }

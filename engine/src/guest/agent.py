@@ -9,7 +9,9 @@ Frames, both directions: a 4-byte big-endian length, then that many bytes: UTF-8
 binary frame whose first byte says what it is ("O" output, "D" file data).
 
 Host -> agent:
-  {"op": "exec", "id": N, "code": "...", "timeout_ms": T}
+  {"op": "exec", "id": N, "code": "...", "timeout_ms": T, "dialect": D}   (D: "python", the
+  default, a plain REPL line; "jupyter", a cell run by IPython's shell; "e2b", a Jupyter cell
+  with E2B's formatters: see jupyter.py)
   {"op": "interrupt", "id": N}
   {"op": "reseed"}   (after a fork: new seeds for random and numpy.random; answered by `ready`)
   {"op": "configure", "env": {...}}   (a fresh interpreter becomes a machine's: its environment
@@ -577,6 +579,11 @@ def _exception_info(exc):
     }
 
 
+def _cell_traceback(cells):
+    """The traceback IPython formatted for the Jupyter cell that just failed, if any."""
+    return None if cells is None else cells.traceback
+
+
 # --- rich results ------------------------------------------------------------------------------
 #
 # Jupyter's display protocol: an object shows itself through `_repr_mimebundle_` or the
@@ -618,7 +625,7 @@ def _real_method(obj, name):
 
 
 def _is_json(mime):
-    return mime == "application/json" or mime.endswith("+json")
+    return mime == "application/json" or mime.endswith("+json") or mime in (E2B_DATA, E2B_CHART)
 
 
 def _representation(mime, value):
@@ -635,7 +642,7 @@ def _representation(mime, value):
             value = bytes(value).decode("utf-8", "replace")
     if _is_json(mime):
         try:
-            size = len(json.dumps(value))
+            size = len(json.dumps(value, allow_nan=False))
         except (TypeError, ValueError):
             return None
     elif isinstance(value, str):
@@ -721,14 +728,12 @@ def _figure_bundles():
     return bundles
 
 
-def _end_results(value, text):
+def _end_results(bundle):
     """The results an instruction ends with: its value's bundle (when it has more than text),
     then its open figures."""
     results = []
-    if value is not None:
-        bundle = _bundle(value, text)
-        if len(bundle) > 1:
-            results.append({"kind": "value", "data": bundle})
+    if bundle is not None and len(bundle) > 1:
+        results.append({"kind": "value", "data": bundle})
     results.extend({"kind": "figure", "data": bundle} for bundle in _figure_bundles())
     return results
 
@@ -807,6 +812,15 @@ class Machine:
     def __init__(self):
         self.globals = {"__name__": "__main__", "__builtins__": __builtins__, "__doc__": None}
         self.loop = None
+        self.jupyter = None
+
+    def cells(self, dialect):
+        """IPython's shell over these globals, for Jupyter cells (made on the first one)."""
+        if self.jupyter is None:
+            self.jupyter = JupyterCells(self.globals)
+        if dialect == "e2b":
+            self.jupyter.add_e2b_formatters()
+        return self.jupyter
 
     def _await(self, value):
         if self.loop is None:
@@ -859,13 +873,21 @@ def run_instruction(machine, captures, request):
     STATE.reason = None
     started = time.monotonic()
     event = {"ev": "result", "id": instruction_id}
+    dialect = request.get("dialect", "python")
+    cells = None
     try:
         try:
             STATE.executing = True
             WATCHER.begin(timeout_s)
-            value = machine.execute(instruction_id, request["code"])
-            text = None if value is None else _truncate(repr(value))
-            results = _end_results(value, text)
+            if dialect == "python":
+                value = machine.execute(instruction_id, request["code"])
+                text = None if value is None else _truncate(repr(value))
+                bundle = None if value is None else _bundle(value, text)
+            else:
+                cells = machine.cells(dialect)
+                bundle = cells.run(request["code"])
+                text = None if bundle is None else _truncate(bundle["text/plain"])
+            results = _end_results(bundle)
         finally:
             _stop_executing()
         event["value"] = text
@@ -873,19 +895,20 @@ def run_instruction(machine, captures, request):
             event["results"] = results
     except KeyboardInterrupt as exc:
         event["exception"] = _exception_info(exc)
+        shown = _cell_traceback(cells) or _user_traceback(exc)
         if STATE.reason == "timeout":
             event["error"] = "Timed out: the instruction ran longer than %g s and was " \
-                "interrupted (the machine's state is kept)\n%s" % (timeout_s, _user_traceback(exc))
+                "interrupted (the machine's state is kept)\n%s" % (timeout_s, shown)
             event["cause"] = "timeout"
         elif STATE.reason == "interrupt":
-            event["error"] = _truncate(_user_traceback(exc))
+            event["error"] = _truncate(shown)
             event["cause"] = "interrupted"
         else:
-            event["error"] = _truncate(_user_traceback(exc))
+            event["error"] = _truncate(shown)
             event["cause"] = "exception"
     except BaseException as exc:  # SystemExit included: the REPL outlives exit()
         try:
-            text = _user_traceback(exc)
+            text = _cell_traceback(cells) or _user_traceback(exc)
         except BaseException:
             text = "%s: <traceback unavailable>" % type(exc).__name__
         event["error"] = _truncate(text)

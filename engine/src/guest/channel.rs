@@ -91,6 +91,8 @@ pub enum AgentRequest {
         id: i64,
         code: String,
         timeout_ms: u64,
+        #[serde(default, skip_serializing_if = "crate::Dialect::is_python")]
+        dialect: crate::Dialect,
     },
     Interrupt {
         id: i64,
@@ -392,8 +394,7 @@ fn check_rich(kind: &str, data: serde_json::Value) -> Result<RichResult, Protoco
         if !named {
             return Err(malformed("has a type that is not a MIME type".into()));
         }
-        let json = mime == "application/json" || mime.ends_with("+json");
-        if !json && !value.is_string() {
+        if !RichResult::carries_json(mime) && !value.is_string() {
             return Err(malformed(format!("has a {mime} that is not text")));
         }
     }

@@ -135,6 +135,7 @@ impl AgentConnection {
             id: PROBE_ID,
             code: "pass".to_owned(),
             timeout_ms: timeout.as_millis() as u64,
+            dialect: crate::Dialect::Python,
         })
         .await?;
         let answered = tokio::time::timeout(timeout, async {

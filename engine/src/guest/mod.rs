@@ -5,5 +5,6 @@ pub mod channel;
 pub mod connection;
 pub mod image;
 
-/// The agent's source. Backends run it with `python3 -I -c`, so it needs no file in the sandbox.
-pub const AGENT_SOURCE: &str = include_str!("agent.py");
+/// The agent's source: its Jupyter cells' part, then the rest (one program). The process
+/// backend runs it with `python3 -I -c`; images carry it as a file.
+pub const AGENT_SOURCE: &str = concat!(include_str!("jupyter.py"), include_str!("agent.py"));

@@ -37,6 +37,7 @@ struct Job {
     seq: i64,
     code: String,
     timeout: Duration,
+    dialect: crate::Dialect,
     live: Arc<LiveInstruction>,
 }
 
@@ -438,6 +439,7 @@ impl MachineHandle {
         engine: &EngineInner,
         code: String,
         timeout: Duration,
+        dialect: crate::Dialect,
     ) -> Result<i64> {
         let _order = self.enqueueing.lock().await;
         if self.deleted.load(Ordering::SeqCst) {
@@ -480,6 +482,7 @@ impl MachineHandle {
             seq,
             code,
             timeout,
+            dialect,
             live,
         };
         if self.jobs.send(Work::Instruction(job)).is_err() {

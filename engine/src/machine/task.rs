@@ -355,6 +355,7 @@ async fn run_instruction(
         id: job.seq,
         code: job.code.clone(),
         timeout_ms: job.timeout.as_millis() as u64,
+        dialect: job.dialect,
     };
     let started = Instant::now();
     if let Err(e) = current.agent.send(&request).await {

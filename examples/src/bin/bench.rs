@@ -149,6 +149,7 @@ async fn throughput(client: &Client) -> Result<Throughput> {
     let options = ExecOptions {
         timeout: Duration::from_secs(300),
         interrupt: false,
+        ..ExecOptions::default()
     };
     let started = Instant::now();
     let run = machine

@@ -247,6 +247,7 @@ impl WsLink {
             instruction: WireInstruction {
                 code: code.to_owned(),
                 timeout_seconds: DEFAULT_TIMEOUT_SECONDS,
+                dialect: evervm::Dialect::Python,
             },
             request_id,
         };

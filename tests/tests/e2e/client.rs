@@ -269,6 +269,7 @@ async fn timeout_recovery_and_interrupt() {
                 &ExecOptions {
                     timeout: Duration::from_secs(1),
                     interrupt: false,
+                    ..ExecOptions::default()
                 },
             )
             .await

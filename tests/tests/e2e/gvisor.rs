@@ -147,6 +147,7 @@ async fn a_fork_bomb_and_a_print_loop_hurt_only_their_machine() {
     let options = ExecOptions {
         timeout: Duration::from_secs(3),
         interrupt: false,
+        ..ExecOptions::default()
     };
     let run = printer
         .exec_with("while True:\n    print('x' * 100)", &options)
@@ -163,6 +164,7 @@ async fn a_fork_bomb_and_a_print_loop_hurt_only_their_machine() {
             &ExecOptions {
                 timeout: Duration::from_secs(5),
                 interrupt: false,
+                ..ExecOptions::default()
             },
         )
         .await
@@ -201,6 +203,7 @@ async fn memory_the_address_space_limit_misses_is_stopped_by_the_backstop() {
             &ExecOptions {
                 timeout: Duration::from_secs(60),
                 interrupt: false,
+                ..ExecOptions::default()
             },
         )
         .await

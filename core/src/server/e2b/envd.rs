@@ -526,6 +526,7 @@ async fn move_entry(
         sandbox,
         code,
         Duration::from_secs(60),
+        evervm_engine::Dialect::Python,
     )
     .await
     .map_err(|e| rpc_failure(&e, sandbox))?;
@@ -762,7 +763,16 @@ async fn start_process(
     };
     let SandboxCaller { account, sandbox } = caller;
     let timeout = command_timeout(headers);
-    let (seq, events) = match run::start(&state.engine, &account, &sandbox, code, timeout).await {
+    let (seq, events) = match run::start(
+        &state.engine,
+        &account,
+        &sandbox,
+        code,
+        timeout,
+        evervm_engine::Dialect::Python,
+    )
+    .await
+    {
         Ok(started) => started,
         Err(e) => return refused(rpc_failure(&e, &sandbox)),
     };

@@ -13,7 +13,8 @@ use axum::http::StatusCode;
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::response::{IntoResponse, Response};
 use evervm_engine::{
-    ExecEvent, ExecResult, FailureCause, MAX_TIMEOUT, Outcome, OutputStream, RichKind, RichResult,
+    Dialect, ExecEvent, ExecResult, FailureCause, MAX_TIMEOUT, Outcome, OutputStream, RichKind,
+    RichResult,
 };
 use serde::{Deserialize, Serialize};
 
@@ -131,7 +132,16 @@ pub(super) async fn execute(
         }
         None => None,
     };
-    let started = run::start(engine, &account, &sandbox, request.code, MAX_TIMEOUT).await;
+    // A cell runs as in E2B's code interpreter: a Jupyter cell, with E2B's formatters.
+    let started = run::start(
+        engine,
+        &account,
+        &sandbox,
+        request.code,
+        MAX_TIMEOUT,
+        Dialect::E2b,
+    )
+    .await;
     if let Some(restore) = &restore {
         // Queued right behind the code: it runs whether or not the client stays.
         if let Err(e) = run::queue(engine, &account, &sandbox, restore.clone()).await {
@@ -260,6 +270,8 @@ fn result_line(rich: &RichResult, main: bool) -> serde_json::Value {
             "text/latex" => "latex",
             "application/json" => "json",
             "application/javascript" => "javascript",
+            "e2b/data" => "data",
+            "e2b/chart" => "chart",
             other => {
                 extra.insert(other.to_owned(), value.clone());
                 continue;

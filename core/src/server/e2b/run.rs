@@ -8,7 +8,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use evervm_engine::{Account, Engine, ExecEvent, ExecRequest};
+use evervm_engine::{Account, Dialect, Engine, ExecEvent, ExecRequest};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::sync::mpsc;
@@ -32,9 +32,11 @@ pub(super) async fn start(
     machine: &str,
     code: String,
     timeout: Duration,
+    dialect: Dialect,
 ) -> evervm_engine::Result<(i64, BoxStream<'static, ExecEvent>)> {
     let mut request = ExecRequest::new(code);
     request.timeout = timeout;
+    request.dialect = dialect;
     let accepted = engine.exec(account, machine, request).await?;
     let events = engine.events(account, machine, accepted.seq).await?;
     Ok((accepted.seq, events))

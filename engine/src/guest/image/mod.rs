@@ -49,7 +49,8 @@ pub enum Profile {
     /// CPython 3.11 and its standard library.
     Minimal,
     /// Minimal plus numpy, pandas, matplotlib (non-interactive `Agg` backend), requests,
-    /// Beautiful Soup and PyYAML: the default.
+    /// Beautiful Soup, PyYAML and IPython (for Jupyter cells): the default. Minimal has no
+    /// IPython: a Jupyter cell there fails saying so.
     Data,
     /// A custom image, by its name.
     Custom(String),
@@ -99,6 +100,8 @@ impl Profile {
                 "python3-requests",
                 "python3-bs4",
                 "python3-yaml",
+                // Jupyter cells (the E2B door's): IPython's own shell runs them.
+                "python3-ipython",
             ]);
         }
         roots

@@ -1,0 +1,177 @@
+# evervm guest agent, Jupyter cells. The engine joins this file and agent.py into the one source
+# the agent runs (this part first: it only defines; it runs when agent.py calls it).
+#
+# An instruction in the Jupyter dialect runs as a cell of an IPython kernel does, by IPython's
+# own InteractiveShell over the machine's globals: magics (`%cd`, `%timeit`, `%%bash`), shell
+# escapes (`!ls`), a cell's common indentation removed, `_`, `Out`, `In`, `display` and the
+# display formatters. Only where a kernel would send messages does the agent step in: the
+# displayhook's bundle becomes the instruction's value, `display()` a rich result sent at once,
+# and a traceback the instruction's error (IPython's text, without colours). The E2B dialect
+# adds what E2B's code interpreter registers on top of the kernel: a DataFrame's columns as
+# `e2b/data`, a list or dict as JSON, and a matplotlib figure's `e2b/chart` when the image has
+# E2B's `e2b_charts`.
+
+import sys as _jupyter_sys
+
+# The MIME types E2B's code interpreter adds, carried as JSON.
+E2B_DATA = "e2b/data"
+E2B_CHART = "e2b/chart"
+
+
+class JupyterCells:
+    """IPython's shell over a machine's namespace (one per interpreter, made on first use)."""
+
+    def __init__(self, namespace):
+        try:
+            from IPython.core.displayhook import DisplayHook
+            from IPython.core.displaypub import DisplayPublisher
+            from IPython.core.interactiveshell import InteractiveShell
+            from traitlets.config import Config
+        except ImportError as exc:
+            raise ModuleNotFoundError(
+                "Jupyter cells need IPython, which this machine's image lacks (%s): use the "
+                "`data` image (the default), or a custom image with python3-ipython" % exc
+            ) from None
+        cells = self
+
+        class Hook(DisplayHook):
+            """The value of the cell's last expression: kept, not printed."""
+
+            def write_output_prompt(self):
+                pass
+
+            def write_format_data(self, format_dict, md_dict=None):
+                cells.value = format_dict
+
+            def finish_displayhook(self):
+                pass
+
+        class Publisher(DisplayPublisher):
+            """`display()`: a rich result now, in order with the output."""
+
+            def publish(self, data, metadata=None, source=None, *, transient=None, update=False,
+                        **_ignored):
+                if isinstance(data, dict):
+                    _send_display("display", _checked_bundle(data))
+
+            def clear_output(self, wait=False):
+                pass
+
+        class Shell(InteractiveShell):
+            displayhook_class = Hook
+            display_pub_class = Publisher
+
+            def _showtraceback(self, etype, evalue, stb):
+                cells.traceback = "\n".join(stb)
+
+            def init_virtualenv(self):
+                pass
+
+        config = Config()
+        config.HistoryManager.hist_file = ":memory:"
+        config.InteractiveShell.colors = "NoColor"
+        config.InteractiveShell.xmode = "Context"
+        # As E2B's kernel: long lists and dicts are not cut short with `...`.
+        config.PlainTextFormatter.max_seq_length = 0
+        self.shell = Shell.instance(config=config, user_ns=namespace)
+        self.value = None
+        self.traceback = None
+        self.e2b = False
+
+    def add_e2b_formatters(self):
+        """What E2B's code interpreter registers on top of the kernel (once)."""
+        if self.e2b:
+            return
+        self.e2b = True
+        from IPython.core.formatters import BaseFormatter, JSONFormatter
+        from traitlets import ObjectName, Unicode
+
+        class DataFormatter(BaseFormatter):
+            format_type = Unicode(E2B_DATA)
+            print_method = ObjectName("_repr_e2b_data_")
+
+            def __call__(self, obj):
+                pandas = _jupyter_sys.modules.get("pandas")
+                if pandas is not None and isinstance(obj, pandas.DataFrame):
+                    columns = obj.to_dict(orient="list")
+                    return {
+                        str(name): [_e2b_json_value(v) for v in values]
+                        for name, values in columns.items()
+                    }
+                return super().__call__(obj)
+
+        class ChartFormatter(BaseFormatter):
+            format_type = Unicode(E2B_CHART)
+            print_method = ObjectName("_repr_e2b_chart_")
+
+            def __call__(self, obj):
+                figure = _jupyter_sys.modules.get("matplotlib.figure")
+                if figure is not None and isinstance(obj, figure.Figure):
+                    try:
+                        from e2b_charts import chart_figure_to_dict
+                    except ImportError:
+                        return None
+                    try:
+                        return chart_figure_to_dict(obj)
+                    except Exception:
+                        return {}
+                return super().__call__(obj)
+
+        class ListDictJSON(JSONFormatter):
+            def __call__(self, obj):
+                if isinstance(obj, (list, dict)):
+                    try:
+                        return json.loads(json.dumps(obj, default=_e2b_json_value))
+                    except (TypeError, ValueError):
+                        pass
+                return super().__call__(obj)
+
+        formatter = self.shell.display_formatter
+        formatter.formatters[E2B_DATA] = DataFormatter(parent=formatter)
+        formatter.formatters[E2B_CHART] = ChartFormatter(parent=formatter)
+        formatter.formatters["application/json"] = ListDictJSON(parent=formatter)
+
+    def run(self, code):
+        """Runs a cell; its value's bundle (None when it shows none), or raises what the cell
+        raised, its traceback then in `traceback`."""
+        self.value = None
+        self.traceback = None
+        result = self.shell.run_cell(code, store_history=True)
+        failure = result.error_before_exec or result.error_in_exec
+        if failure is not None:
+            raise failure
+        value, self.value = self.value, None
+        return _checked_bundle(value) if isinstance(value, dict) else None
+
+
+def _checked_bundle(data):
+    """A bundle from IPython's formatters as it travels (`text/plain` always)."""
+    bundle = {}
+    for mime, value in data.items():
+        if isinstance(mime, str) and "/" in mime and len(mime) <= 128:
+            value = _representation(mime, value)
+            if value is not None:
+                bundle[mime] = value
+    if not isinstance(bundle.get("text/plain"), str):
+        bundle["text/plain"] = ""
+    return bundle
+
+
+def _e2b_json_value(value):
+    """A value of a DataFrame column or a list as JSON: timestamps as ISO 8601, numpy scalars
+    as numbers, NaN as null, anything else as its text."""
+    if hasattr(value, "isoformat"):
+        try:
+            return value.isoformat()
+        except Exception:
+            pass
+    if hasattr(value, "item") and callable(value.item):
+        try:
+            value = value.item()
+        except Exception:
+            pass
+    if isinstance(value, float) and value != value:
+        return None
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
