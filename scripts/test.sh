@@ -84,7 +84,7 @@ go_programs() {
 background go go_programs
 background python python_test_env
 background e2b-newest e2b_python_env newest "e2b-code-interpreter==2.11.5" "e2b==2.63.0" \
-    -r tests/e2b/requirements-framework.txt
+    "jupyter_client==8.6.3" -r tests/e2b/requirements-framework.txt
 background e2b-oldest e2b_python_env oldest "e2b-code-interpreter==2.9.0" "e2b==2.26.0"
 background e2b-leaks e2b_leak_envs
 background npm npm_packages
@@ -223,10 +223,10 @@ rm -rf "$ffi_dir"
 stage mcp-python "MCP server: the official MCP Python SDK over stdio and streamable HTTP (gVisor)"
 EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" -m pytest -q -p no:cacheprovider tests/mcp/test_mcp.py
 
-stage e2b-python "E2B's Python SDK, unmodified, against --e2b-listen (gVisor): newest and oldest, sync and async; LangChain's E2B backend on the newest; older releases reach only evervm"
+stage e2b-python "E2B's Python SDK, unmodified, against --e2b-listen (gVisor): newest and oldest, sync and async; LangChain's E2B backend on the newest; Jupyter cells against a real kernel; older releases reach only evervm"
 await e2b-newest
 EVERVM_BIN="$evervm_bin" "$cache/evervm/e2b-newest/bin/python" -m pytest -q -p no:cacheprovider \
-    tests/e2b/test_e2b_sdk.py tests/e2b/test_framework_e2b.py
+    tests/e2b/test_e2b_sdk.py tests/e2b/test_framework_e2b.py tests/e2b/test_jupyter_differential.py
 await e2b-oldest
 EVERVM_BIN="$evervm_bin" "$cache/evervm/e2b-oldest/bin/python" -m pytest -q -p no:cacheprovider \
     tests/e2b/test_e2b_sdk.py

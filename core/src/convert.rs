@@ -664,6 +664,7 @@ pub(crate) mod server {
                     seq: 1,
                     stream: engine::OutputStream::Stderr,
                     data: "x".into(),
+                    partial: false,
                 }),
                 &Redactor::default(),
                 &mut EventView::new(false),
@@ -722,6 +723,7 @@ pub(crate) mod server {
                     seq: 4,
                     stream: engine::OutputStream::Display,
                     data: serde_json::to_string(&figure).unwrap(),
+                    partial: false,
                 })
             };
             let finished = || {
@@ -769,6 +771,7 @@ pub(crate) mod server {
                     seq,
                     stream: engine::OutputStream::Stdout,
                     data: "x".into(),
+                    partial: false,
                 })
             };
             for (rich, expected) in [(false, [0, 1]), (true, [0, 2])] {
@@ -788,6 +791,7 @@ pub(crate) mod server {
                 seq: 0,
                 stream: engine::OutputStream::Display,
                 data: "{".into(),
+                partial: false,
             });
             assert_eq!(
                 event_to_wire(2, broken, &redactor, &mut EventView::new(true)),
@@ -832,6 +836,7 @@ pub(crate) mod server {
                 stream: engine::OutputStream::Stderr,
                 data: "[evervm] this machine's sandbox stopped (/srv/images/minimal-1 is gone)"
                     .into(),
+                partial: false,
             });
             match event_to_wire(0, note, &redactor, &mut EventView::new(false)) {
                 Some(MessageFromServer::Output { chunk, .. }) => assert_eq!(

@@ -671,10 +671,25 @@ impl RichResult {
 pub struct OutputChunk {
     pub seq: i64,
     pub stream: OutputStream,
+    /// A line of text, without its newline (a rich result's JSON for `Display`).
     pub data: String,
+    /// The text did not end with a newline: the instruction ended (or the line passed the
+    /// longest the engine keeps in one chunk) before one came. `print('x', end='')` is one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub partial: bool,
 }
 
 impl OutputChunk {
+    /// The text exactly as printed: the line with its newline, unless it did not end.
+    pub fn text(&self) -> String {
+        let mut text = String::with_capacity(self.data.len() + 1);
+        text.push_str(&self.data);
+        if !self.partial {
+            text.push('\n');
+        }
+        text
+    }
+
     /// The rich result a [`OutputStream::Display`] chunk carries (`None` for text, or a chunk
     /// that does not decode).
     pub fn rich(&self) -> Option<RichResult> {

@@ -276,3 +276,21 @@ def test_no_answer_carries_the_account_key(e2b_server) -> None:
         finally:
             for sandbox in (sandbox_id, other["sandboxID"]):
                 http.delete(f"/sandboxes/{sandbox}")
+
+
+def test_output_is_passed_through_exactly(sandbox) -> None:
+    assert sandbox.run_code("print('x', end='')").logs.stdout == ["x"]
+    assert "".join(sandbox.run_code("print('a'); print('b', end='!')").logs.stdout) == "a\nb!"
+    assert sandbox.commands.run("printf abc").stdout == "abc"
+
+
+def test_cells_run_as_in_a_jupyter_kernel(sandbox) -> None:
+    # A cell whose lines are all indented, as agents often write them.
+    assert sandbox.run_code("\n    import os\n    value = 40 + 2\n    value").text == "42"
+    assert "".join(sandbox.run_code("!echo from-the-shell").logs.stdout).strip() == "from-the-shell"
+    shown = sandbox.run_code("from IPython.display import display, Markdown\ndisplay(Markdown('**b**'))")
+    assert shown.error is None, shown.error
+    assert [r.markdown for r in shown.results] == ["**b**"]
+    frame = sandbox.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2, 3]})")
+    assert frame.results[0].data == {"a": [1, 2, 3]}
+    assert sandbox.run_code("[1, 2]").results[0].json == [1, 2]

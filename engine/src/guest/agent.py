@@ -885,8 +885,8 @@ def run_instruction(machine, captures, request):
                 bundle = None if value is None else _bundle(value, text)
             else:
                 cells = machine.cells(dialect)
-                bundle = cells.run(request["code"])
-                text = None if bundle is None else _truncate(bundle["text/plain"])
+                bundle = cells.run(request["code"], e2b=dialect == "e2b")
+                text = None if bundle is None else _truncate(bundle.get("text/plain", ""))
             results = _end_results(bundle)
         finally:
             _stop_executing()

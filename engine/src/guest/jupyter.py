@@ -11,6 +11,7 @@
 # `e2b/data`, a list or dict as JSON, and a matplotlib figure's `e2b/chart` when the image has
 # E2B's `e2b_charts`.
 
+import os as _jupyter_os
 import sys as _jupyter_sys
 
 # The MIME types E2B's code interpreter adds, carried as JSON.
@@ -23,6 +24,7 @@ class JupyterCells:
 
     def __init__(self, namespace):
         try:
+            from IPython.core.compilerop import CachingCompiler
             from IPython.core.displayhook import DisplayHook
             from IPython.core.displaypub import DisplayPublisher
             from IPython.core.interactiveshell import InteractiveShell
@@ -57,12 +59,23 @@ class JupyterCells:
             def clear_output(self, wait=False):
                 pass
 
+        class Compiler(CachingCompiler):
+            """Names a cell's code as ipykernel does (a file named by a hash of the code), which
+            shows in a SyntaxError's message."""
+
+            def get_code_name(self, raw_code, transformed_code, number):
+                return "/tmp/ipykernel_%d/%d.py" % (
+                    _jupyter_os.getpid(), _murmur2(raw_code.encode("utf-8"), IPYKERNEL_HASH_SEED)
+                )
+
         class Shell(InteractiveShell):
             displayhook_class = Hook
             display_pub_class = Publisher
 
             def _showtraceback(self, etype, evalue, stb):
-                cells.traceback = "\n".join(stb)
+                # A kernel sends the parts; IPython prints them a line each, E2B's server
+                # joins them as they are.
+                cells.traceback = ("" if cells.e2b_cell else "\n").join(stb)
 
             def init_virtualenv(self):
                 pass
@@ -73,10 +86,14 @@ class JupyterCells:
         config.InteractiveShell.xmode = "Context"
         # As E2B's kernel: long lists and dicts are not cut short with `...`.
         config.PlainTextFormatter.max_seq_length = 0
-        self.shell = Shell.instance(config=config, user_ns=namespace)
+        self.shell = Shell.instance(config=config, user_ns=namespace, compiler_class=Compiler)
+        from IPython.core.error import UsageError
+
+        self.usage_error = UsageError
         self.value = None
         self.traceback = None
         self.e2b = False
+        self.e2b_cell = False
 
     def add_e2b_formatters(self):
         """What E2B's code interpreter registers on top of the kernel (once)."""
@@ -131,30 +148,58 @@ class JupyterCells:
         formatter.formatters[E2B_CHART] = ChartFormatter(parent=formatter)
         formatter.formatters["application/json"] = ListDictJSON(parent=formatter)
 
-    def run(self, code):
-        """Runs a cell; its value's bundle (None when it shows none), or raises what the cell
-        raised, its traceback then in `traceback`."""
+    def run(self, code, e2b=False):
+        """Runs a cell (as E2B's code interpreter does, with `e2b`); its value's bundle (None
+        when it shows none), or raises what the cell raised, its traceback then in
+        `traceback`."""
         self.value = None
         self.traceback = None
+        self.e2b_cell = e2b
         result = self.shell.run_cell(code, store_history=True)
         failure = result.error_before_exec or result.error_in_exec
-        if failure is not None:
+        # A kernel shows a misused magic on stderr only (IPython printed it), not as an error.
+        if failure is not None and not isinstance(failure, self.usage_error):
             raise failure
         value, self.value = self.value, None
         return _checked_bundle(value) if isinstance(value, dict) else None
 
 
 def _checked_bundle(data):
-    """A bundle from IPython's formatters as it travels (`text/plain` always)."""
+    """A bundle from IPython's formatters as it travels (`text/plain` only when there is one,
+    as a kernel sends it: `display(raw=True)` may leave it out)."""
     bundle = {}
     for mime, value in data.items():
         if isinstance(mime, str) and "/" in mime and len(mime) <= 128:
             value = _representation(mime, value)
             if value is not None:
                 bundle[mime] = value
-    if not isinstance(bundle.get("text/plain"), str):
-        bundle["text/plain"] = ""
     return bundle
+
+
+# ipykernel's seed for the hash that names a cell's code.
+IPYKERNEL_HASH_SEED = 0xC70F6907
+
+
+def _murmur2(data, seed):
+    """MurmurHash2, 32-bit (Austin Appleby's), of bytes."""
+    mask = 0xFFFFFFFF
+    multiplier = 0x5BD1E995
+    h = (seed ^ len(data)) & mask
+    whole = len(data) - len(data) % 4
+    for i in range(0, whole, 4):
+        k = int.from_bytes(data[i:i + 4], "little")
+        k = (k * multiplier) & mask
+        k ^= k >> 24
+        k = (k * multiplier) & mask
+        h = ((h * multiplier) & mask) ^ k
+    tail = data[whole:]
+    if tail:
+        h ^= int.from_bytes(tail, "little")
+        h = (h * multiplier) & mask
+    h ^= h >> 13
+    h = (h * multiplier) & mask
+    h ^= h >> 15
+    return h
 
 
 def _e2b_json_value(value):

@@ -52,16 +52,25 @@ impl LiveInstruction {
     /// Appends lines (one lock and one wake-up for many). Past the cap, the first line that
     /// does not fit is replaced by a marker and the rest is dropped.
     pub(crate) fn push_chunks(&self, lines: impl IntoIterator<Item = (OutputStream, String)>) {
+        self.push_lines(
+            lines
+                .into_iter()
+                .map(|(stream, data)| (stream, data, false)),
+        );
+    }
+
+    /// Adds lines of text, each with whether it did not end (see [`OutputChunk::partial`]).
+    fn push_lines(&self, lines: impl IntoIterator<Item = (OutputStream, String, bool)>) {
         let mut live = lock(&self.data);
         let before = live.chunks.len();
-        for (stream, data) in lines {
+        for (stream, data, partial) in lines {
             if live.truncated {
                 break;
             }
             if !self.fits(&mut live, data.len()) {
                 break;
             }
-            push(&mut live, stream, data);
+            push(&mut live, stream, data, partial);
         }
         let added = live.chunks.len() > before;
         drop(live);
@@ -86,7 +95,7 @@ impl LiveInstruction {
              running)",
             human_bytes(self.cap)
         );
-        push(live, OutputStream::Stderr, marker);
+        push(live, OutputStream::Stderr, marker, false);
         false
     }
 
@@ -100,7 +109,7 @@ impl LiveInstruction {
         let mut live = lock(&self.data);
         let before = live.chunks.len();
         if self.fits(&mut live, json.len()) {
-            push(&mut live, OutputStream::Display, json);
+            push(&mut live, OutputStream::Display, json, false);
             live.shown.push(result);
         }
         let added = live.chunks.len() > before;
@@ -239,12 +248,17 @@ impl LiveInstruction {
     }
 }
 
-fn push(live: &mut LiveData, stream: OutputStream, data: String) {
+fn push(live: &mut LiveData, stream: OutputStream, data: String, partial: bool) {
     let cost = data.len() + LINE_OVERHEAD_BYTES;
     live.kept_bytes += cost;
     live.unsaved_bytes += cost;
     let seq = live.chunks.len() as i64;
-    live.chunks.push(OutputChunk { seq, stream, data });
+    live.chunks.push(OutputChunk {
+        seq,
+        stream,
+        data,
+        partial,
+    });
 }
 
 /// `16 MiB`, `512 KiB`, `100 bytes`.
@@ -287,18 +301,18 @@ impl LineSplitter {
         let mut rest = data;
         while let Some(newline) = rest.find('\n') {
             if partial.is_empty() {
-                lines.push((stream, rest[..newline].to_owned()));
+                lines.push((stream, rest[..newline].to_owned(), false));
             } else {
                 partial.push_str(&rest[..newline]);
-                lines.push((stream, std::mem::take(partial)));
+                lines.push((stream, std::mem::take(partial), false));
             }
             rest = &rest[newline + 1..];
         }
         partial.push_str(rest);
         if partial.len() > MAX_LINE_BYTES {
-            lines.push((stream, std::mem::take(partial)));
+            lines.push((stream, std::mem::take(partial), true));
         }
-        live.push_chunks(lines);
+        live.push_lines(lines);
     }
 
     pub(crate) fn flush(&mut self, live: &LiveInstruction) {
@@ -308,10 +322,10 @@ impl LineSplitter {
             .zip(&mut self.partial)
         {
             if !partial.is_empty() {
-                lines.push((stream, std::mem::take(partial)));
+                lines.push((stream, std::mem::take(partial), true));
             }
         }
-        live.push_chunks(lines);
+        live.push_lines(lines);
     }
 }
 
@@ -347,6 +361,28 @@ mod tests {
         live.finish(ExecResult::failure(FailureCause::Exception, "x"));
         let result = lock(&live.data).result.clone().unwrap();
         assert!(result.output_truncated);
+    }
+
+    #[test]
+    fn lines_remember_whether_they_ended() {
+        let live = LiveInstruction::new(1 << 20);
+        let mut splitter = LineSplitter::default();
+        splitter.push(&live, OutputStream::Stdout, "a\nb");
+        splitter.push(&live, OutputStream::Stderr, "e");
+        splitter.push(&live, OutputStream::Stdout, "c\nd");
+        splitter.flush(&live);
+        let chunks = lock(&live.data).chunks.clone();
+        let texts: Vec<(OutputStream, String)> =
+            chunks.iter().map(|c| (c.stream, c.text())).collect();
+        assert_eq!(
+            texts,
+            [
+                (OutputStream::Stdout, "a\n".to_owned()),
+                (OutputStream::Stdout, "bc\n".to_owned()),
+                (OutputStream::Stdout, "d".to_owned()),
+                (OutputStream::Stderr, "e".to_owned()),
+            ]
+        );
     }
 
     #[test]

@@ -56,17 +56,31 @@ fn output_batches(output: &[OutputChunk]) -> impl Iterator<Item = &[OutputChunk]
     })
 }
 
-/// A batch of chunks as stored: per chunk one byte for the stream (0 stdout, 1 stderr, 2 a rich result), the
+/// Added to a chunk's stream byte when its line did not end with a newline.
+const PARTIAL_FLAG: u8 = 4;
+
+/// A batch of chunks as stored: per chunk one byte for the stream (0 stdout, 1 stderr, 2 a rich
+/// result; plus [`PARTIAL_FLAG`] for a line that did not end), the
 /// length of its text (4 bytes, little-endian), and the text. Far cheaper to write and read than
 /// JSON, whose escaping costs more than the disk for large outputs.
 fn encode_output(batch: &[OutputChunk]) -> Result<Vec<u8>> {
+    debug_assert!(
+        batch
+            .iter()
+            .all(|c| !c.partial || c.stream != OutputStream::Display)
+    );
     let size = batch.iter().map(|c| 5 + c.data.len()).sum();
     let mut encoded = Vec::with_capacity(size);
     for chunk in batch {
-        encoded.push(match chunk.stream {
+        let stream = match chunk.stream {
             OutputStream::Stdout => 0,
             OutputStream::Stderr => 1,
             OutputStream::Display => 2,
+        };
+        encoded.push(if chunk.partial {
+            stream | PARTIAL_FLAG
+        } else {
+            stream
         });
         let len = u32::try_from(chunk.data.len()).map_err(|_| {
             Error::internal(format!("an output chunk of {} bytes", chunk.data.len()))
@@ -89,7 +103,8 @@ pub(super) fn decode_output(
             let mut rest = bytes;
             let mut seq = first_seq;
             while let [stream, a, b, c, d, tail @ ..] = rest {
-                let stream = match stream {
+                let partial = stream & PARTIAL_FLAG != 0;
+                let stream = match stream & !PARTIAL_FLAG {
                     0 => OutputStream::Stdout,
                     1 => OutputStream::Stderr,
                     2 => OutputStream::Display,
@@ -102,7 +117,12 @@ pub(super) fn decode_output(
                 let data = std::str::from_utf8(text)
                     .map_err(|e| format!("a chunk is not UTF-8: {e}"))?
                     .to_owned();
-                chunks.push(OutputChunk { seq, stream, data });
+                chunks.push(OutputChunk {
+                    seq,
+                    stream,
+                    data,
+                    partial,
+                });
                 seq = seq
                     .checked_add(1)
                     .ok_or_else(|| format!("chunk numbers past {seq}"))?;
@@ -122,6 +142,7 @@ pub(super) fn decode_output(
                     seq: first_seq + offset as i64,
                     stream,
                     data,
+                    partial: false,
                 });
             }
             Ok(())
@@ -138,6 +159,7 @@ mod tests {
             seq,
             stream,
             data: data.to_owned(),
+            partial: false,
         }
     }
 
@@ -147,6 +169,10 @@ mod tests {
             chunk(7, OutputStream::Stdout, "héllo"),
             chunk(8, OutputStream::Stderr, ""),
             chunk(9, OutputStream::Stdout, "\"quoted\"\u{0}"),
+            OutputChunk {
+                partial: true,
+                ..chunk(10, OutputStream::Stderr, "no newline")
+            },
         ];
         let mut read = Vec::new();
         decode_output(

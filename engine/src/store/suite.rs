@@ -228,6 +228,7 @@ async fn history(store: &dyn Metadata) {
                 _ => OutputStream::Display,
             },
             data: format!("line {i} \u{e9}\n\"quoted\"\u{0}"),
+            partial: i % 3 == 1 && i % 5 == 0,
         })
         .collect();
     let (early, rest) = output.split_at(6000);
@@ -448,6 +449,7 @@ async fn deleting_takes_everything(store: &dyn Metadata) {
                 seq: 0,
                 stream: OutputStream::Stdout,
                 data: "1\n".into(),
+                partial: false,
             }])
             .unwrap(),
             ExecResult::failure(FailureCause::Exception, "x"),

@@ -807,8 +807,7 @@ async fn start_process(
                         evervm_engine::OutputStream::Stderr => "stderr",
                         evervm_engine::OutputStream::Display => return Vec::new(),
                     };
-                    let data = base64::engine::general_purpose::STANDARD
-                        .encode(format!("{}\n", chunk.data));
+                    let data = base64::engine::general_purpose::STANDARD.encode(chunk.text());
                     vec![event(serde_json::json!({ "data": { stream: data } }))]
                 }
                 ExecEvent::Result(result) => match result.outcome {

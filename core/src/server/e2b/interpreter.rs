@@ -194,7 +194,7 @@ fn encode(event: ExecEvent, shown: &mut usize, redact: &dyn Fn(&str) -> String) 
         ExecEvent::Output(chunk) => match chunk.stream {
             OutputStream::Stdout | OutputStream::Stderr => vec![line(&serde_json::json!({
                 "type": chunk.stream.as_str(),
-                "text": format!("{}\n", chunk.data),
+                "text": chunk.text(),
                 "timestamp": now_nanos(),
             }))],
             OutputStream::Display => match chunk.rich() {
