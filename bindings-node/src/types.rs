@@ -177,7 +177,7 @@ pub struct ExecResult {
     /// The traceback or reason when it failed.
     pub error: Option<String>,
     /// Why it failed: `exception`, `timeout`, `interrupted`, `machine_crashed`,
-    /// `limit_exceeded`.
+    /// `limit_exceeded`, `machine_deleted`.
     pub cause: Option<String>,
     /// The exception the code raised, as data (absent when it raised none); `error` holds its
     /// traceback.

@@ -186,7 +186,8 @@ impl ExecResult {
         self.run.result.error.as_deref()
     }
 
-    /// Why it failed: `"exception"`, `"timeout"`, `"interrupted"` or `"machine_crashed"`.
+    /// Why it failed: `"exception"`, `"timeout"`, `"interrupted"`, `"machine_crashed"`,
+    /// `"limit_exceeded"` or `"machine_deleted"`.
     #[getter]
     fn cause(&self) -> Option<&'static str> {
         self.run.result.cause.map(evervm::FailureCause::as_str)

@@ -165,22 +165,10 @@ pub(crate) mod engine {
     use evervm_engine as engine;
 
     use crate::types::{
-        ByteStream, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecResult, FailureCause,
-        FileInfo, FileKind, FileList, FileRead, InterpreterInfo, MachineInfo, MachinePage,
-        OutputChunk, OutputStream, WriteFileOptions,
+        ByteStream, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecResult, FileInfo,
+        FileKind, FileList, FileRead, InterpreterInfo, MachineInfo, MachinePage, OutputChunk,
+        OutputStream, WriteFileOptions,
     };
-
-    impl From<engine::FailureCause> for FailureCause {
-        fn from(c: engine::FailureCause) -> Self {
-            match c {
-                engine::FailureCause::Exception => FailureCause::Exception,
-                engine::FailureCause::Timeout => FailureCause::Timeout,
-                engine::FailureCause::Interrupted => FailureCause::Interrupted,
-                engine::FailureCause::MachineCrashed => FailureCause::MachineCrashed,
-                engine::FailureCause::LimitExceeded => FailureCause::LimitExceeded,
-            }
-        }
-    }
 
     impl From<engine::ExecResult> for ExecResult {
         fn from(r: engine::ExecResult) -> Self {
@@ -199,7 +187,7 @@ pub(crate) mod engine {
                 engine::Outcome::Error { text, cause } => ExecResult {
                     value: None,
                     error: Some(text),
-                    cause: Some(cause.into()),
+                    cause: Some(cause),
                     exception: r.exception,
                     data: None,
                     results: r.results,

@@ -279,45 +279,8 @@ pub struct OutputChunk {
     pub data: String,
 }
 
-/// Why an instruction failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum FailureCause {
-    /// The code raised; `error` is the traceback.
-    Exception,
-    /// It ran past its timeout.
-    Timeout,
-    /// It was interrupted (or cancelled before it started).
-    Interrupted,
-    /// The machine's sandbox died.
-    MachineCrashed,
-    /// A limit was reached (the account's resident memory, say); the text names it.
-    LimitExceeded,
-}
-
-impl FailureCause {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FailureCause::Exception => "exception",
-            FailureCause::Timeout => "timeout",
-            FailureCause::Interrupted => "interrupted",
-            FailureCause::MachineCrashed => "machine_crashed",
-            FailureCause::LimitExceeded => "limit_exceeded",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "exception" => Some(FailureCause::Exception),
-            "timeout" => Some(FailureCause::Timeout),
-            "interrupted" => Some(FailureCause::Interrupted),
-            "machine_crashed" => Some(FailureCause::MachineCrashed),
-            "limit_exceeded" => Some(FailureCause::LimitExceeded),
-            _ => None,
-        }
-    }
-}
+/// Why an instruction failed: the engine's type, the one definition.
+pub use evervm_engine::FailureCause;
 
 /// Rich results: the engine's types, the one definition.
 pub use evervm_engine::{RichKind, RichResult};

@@ -188,7 +188,9 @@ fn event_json(event: &AgentEvent) -> serde_json::Value {
                         FailureCause::Exception => "exception",
                         FailureCause::Timeout => "timeout",
                         FailureCause::Interrupted => "interrupted",
-                        FailureCause::MachineCrashed | FailureCause::LimitExceeded => {
+                        FailureCause::MachineCrashed
+                        | FailureCause::LimitExceeded
+                        | FailureCause::MachineDeleted => {
                             panic!("the agent never says this")
                         }
                     });

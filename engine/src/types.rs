@@ -703,6 +703,7 @@ impl OutputChunk {
 /// Why an instruction ended in an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum FailureCause {
     /// The code raised an exception; the text is its traceback.
     Exception,
@@ -715,6 +716,8 @@ pub enum FailureCause {
     /// The instruction could not run because a limit was reached (the account's resident
     /// memory, say); the text names it.
     LimitExceeded,
+    /// The machine was deleted while the instruction ran or waited.
+    MachineDeleted,
 }
 
 impl FailureCause {
@@ -724,9 +727,23 @@ impl FailureCause {
             FailureCause::Exception => "exception",
             FailureCause::Timeout => "timeout",
             FailureCause::Interrupted => "interrupted",
+            FailureCause::MachineDeleted => "machine_deleted",
             FailureCause::MachineCrashed => "machine_crashed",
             FailureCause::LimitExceeded => "limit_exceeded",
         }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        [
+            FailureCause::Exception,
+            FailureCause::Timeout,
+            FailureCause::Interrupted,
+            FailureCause::MachineCrashed,
+            FailureCause::LimitExceeded,
+            FailureCause::MachineDeleted,
+        ]
+        .into_iter()
+        .find(|cause| cause.as_str() == text)
     }
 }
 

@@ -195,7 +195,7 @@ async fn deleting_a_machine_mid_instruction_ends_it_and_leaves_nothing() {
     match rest.last() {
         Some(ExecEvent::Result(result)) => match &result.outcome {
             Outcome::Error { cause, text } => {
-                assert_eq!(*cause, FailureCause::Interrupted, "{text}");
+                assert_eq!(*cause, FailureCause::MachineDeleted, "{text}");
                 assert!(text.contains("deleted"), "{text}");
             }
             Outcome::Value(v) => panic!("expected an interrupt, got {v:?}"),
@@ -207,7 +207,7 @@ async fn deleting_a_machine_mid_instruction_ends_it_and_leaves_nothing() {
             matches!(
                 result.outcome,
                 Outcome::Error {
-                    cause: FailureCause::Interrupted,
+                    cause: FailureCause::MachineDeleted,
                     ..
                 }
             ),

@@ -294,3 +294,35 @@ def test_cells_run_as_in_a_jupyter_kernel(sandbox) -> None:
     frame = sandbox.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2, 3]})")
     assert frame.results[0].data == {"a": [1, 2, 3]}
     assert sandbox.run_code("[1, 2]").results[0].json == [1, 2]
+
+
+@pytest.mark.parametrize("how", ["run_code", "commands"])
+def test_a_sandbox_killed_during_a_run_is_reported_as_killed(e2b_server, how) -> None:
+    import threading
+
+    from e2b import TimeoutException
+
+    sandbox = Sandbox.create(timeout=120)
+    running = threading.Event()
+
+    def kill_once_running() -> None:
+        running.wait(60)
+        Sandbox.kill(sandbox.sandbox_id)
+
+    killer = threading.Thread(target=kill_once_running)
+    killer.start()
+    try:
+        # The stream breaks off and the SDK, finding the sandbox gone, says it was killed.
+        with pytest.raises(TimeoutException, match="killed"):
+            if how == "run_code":
+                sandbox.run_code(
+                    "print('running', flush=True)\nimport time\ntime.sleep(60)",
+                    on_stdout=lambda _: running.set(),
+                )
+            else:
+                sandbox.commands.run(
+                    "echo running; sleep 60", on_stdout=lambda _: running.set(), timeout=90
+                )
+    finally:
+        running.set()
+        killer.join()

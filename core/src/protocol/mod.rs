@@ -375,7 +375,7 @@ pub enum WireOutcome {
         /// The traceback, or a text containing `Timed out` after a timeout.
         error: String,
         /// evervm addition: why it failed (`exception`, `timeout`, `interrupted`,
-        /// `machine_crashed`). Other clients ignore it.
+        /// `machine_crashed`, `limit_exceeded`, `machine_deleted`). Other clients ignore it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         #[cfg_attr(
             feature = "server",

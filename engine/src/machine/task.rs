@@ -70,13 +70,16 @@ pub(super) async fn run(
                 hook(machine.name.to_string()).await;
             }
             run_job(&engine, &machine, &mut resident, &job).await
+        } else if machine.deleted.load(Ordering::SeqCst) {
+            ExecResult::failure(
+                FailureCause::MachineDeleted,
+                "Instruction interrupted: the machine was deleted",
+            )
         } else {
-            let text = if machine.deleted.load(Ordering::SeqCst) {
-                "Instruction interrupted: the machine was deleted"
-            } else {
-                "Instruction interrupted before it started"
-            };
-            ExecResult::failure(FailureCause::Interrupted, text)
+            ExecResult::failure(
+                FailureCause::Interrupted,
+                "Instruction interrupted before it started",
+            )
         };
         // With `durability = instruction` the state the result reflects is on disk before
         // anyone sees the result, or the result says it is not.
@@ -104,7 +107,7 @@ pub(super) async fn run(
         match work {
             Work::Instruction(job) => {
                 job.live.finish(ExecResult::failure(
-                    FailureCause::Interrupted,
+                    FailureCause::MachineDeleted,
                     "Instruction interrupted: the machine was deleted",
                 ));
             }
@@ -401,7 +404,7 @@ async fn run_instruction(
                 if machine.deleted.load(Ordering::SeqCst) {
                     current.kill().await;
                     return ExecResult::failure(
-                        FailureCause::Interrupted,
+                        FailureCause::MachineDeleted,
                         "Instruction interrupted: the machine was deleted",
                     );
                 }

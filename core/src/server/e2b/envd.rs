@@ -837,7 +837,8 @@ async fn start_process(
                     Outcome::Error { text, cause } => {
                         let code = match cause {
                             evervm_engine::FailureCause::Timeout => Code::DeadlineExceeded,
-                            evervm_engine::FailureCause::Interrupted => Code::Canceled,
+                            evervm_engine::FailureCause::Interrupted
+                            | evervm_engine::FailureCause::MachineDeleted => Code::Canceled,
                             evervm_engine::FailureCause::MachineCrashed => Code::Unavailable,
                             evervm_engine::FailureCause::LimitExceeded => Code::ResourceExhausted,
                             evervm_engine::FailureCause::Exception => Code::InvalidArgument,

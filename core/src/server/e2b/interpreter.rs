@@ -309,7 +309,7 @@ fn failure_name_and_value(text: &str, cause: FailureCause) -> (String, String) {
     let name = match cause {
         FailureCause::Exception => "Exception",
         FailureCause::Timeout => "TimeoutError",
-        FailureCause::Interrupted => "KeyboardInterrupt",
+        FailureCause::Interrupted | FailureCause::MachineDeleted => "KeyboardInterrupt",
         FailureCause::MachineCrashed => "MachineCrashed",
         FailureCause::LimitExceeded => "LimitExceeded",
     };

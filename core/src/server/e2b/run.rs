@@ -4,11 +4,12 @@
 //! kept), and what the run must undo afterwards (per-call environment variables) is queued
 //! again after the interrupt.
 
-use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use evervm_engine::{Account, Dialect, Engine, ExecEvent, ExecRequest};
+use evervm_engine::{
+    Account, Dialect, Engine, ExecEvent, ExecRequest, ExecResult, FailureCause, Outcome,
+};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::sync::mpsc;
@@ -66,10 +67,10 @@ impl Run {
         keepalive: Bytes,
         mut encode: impl FnMut(ExecEvent) -> Vec<Bytes> + Send + 'static,
     ) -> Body {
-        let (tx, rx) = mpsc::channel::<Bytes>(QUEUED_PIECES);
+        let (tx, rx) = mpsc::channel::<std::io::Result<Bytes>>(QUEUED_PIECES);
         tokio::spawn(async move {
             for piece in first {
-                if tx.send(piece).await.is_err() {
+                if tx.send(Ok(piece)).await.is_err() {
                     self.client_left().await;
                     return;
                 }
@@ -81,8 +82,14 @@ impl Run {
                     event = events.next() => {
                         let Some(event) = event else { return };
                         let last = matches!(event, ExecEvent::Result(_));
+                        if Self::killed(&event) {
+                            // As when E2B's sandbox dies: the answer breaks off, and the SDK,
+                            // finding the sandbox gone (/health), says it was killed.
+                            let _ = tx.send(Err(std::io::Error::other("the sandbox was killed"))).await;
+                            return;
+                        }
                         for piece in encode(event) {
-                            if tx.send(piece).await.is_err() {
+                            if tx.send(Ok(piece)).await.is_err() {
                                 if !last {
                                     self.client_left().await;
                                 }
@@ -95,7 +102,7 @@ impl Run {
                         quiet.reset();
                     }
                     _ = quiet.tick() => {
-                        if tx.send(keepalive.clone()).await.is_err() {
+                        if tx.send(Ok(keepalive.clone())).await.is_err() {
                             self.client_left().await;
                             return;
                         }
@@ -108,10 +115,22 @@ impl Run {
             }
         });
         Body::from_stream(futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv()
-                .await
-                .map(|piece| (Ok::<_, Infallible>(piece), rx))
+            rx.recv().await.map(|piece| (piece, rx))
         }))
+    }
+
+    /// Whether `event` ends the run because its machine was deleted (E2B's kill) meanwhile.
+    fn killed(event: &ExecEvent) -> bool {
+        matches!(
+            event,
+            ExecEvent::Result(ExecResult {
+                outcome: Outcome::Error {
+                    cause: FailureCause::MachineDeleted,
+                    ..
+                },
+                ..
+            })
+        )
     }
 
     /// The client went away before the result: interrupt the run, then queue its cleanup.
