@@ -58,11 +58,6 @@ pub(crate) async fn repl(
     let rust_sdk = headers
         .get("x-forevervm-sdk")
         .is_some_and(|sdk| sdk.as_bytes() == b"rust");
-    let received_delay = if rust_sdk {
-        RUST_SDK_EXEC_RECEIVED_DELAY
-    } else {
-        std::time::Duration::ZERO
-    };
     let upgrade = upgrade.map_err(|rejection| {
         ApiFailure::new(
             rejection.status(),
@@ -72,9 +67,7 @@ pub(crate) async fn repl(
     })?;
     Ok(upgrade
         .max_message_size(super::BODY_LIMIT_BYTES)
-        .on_upgrade(move |socket| {
-            session(state, account, name, socket, received_delay, query.rich)
-        }))
+        .on_upgrade(move |socket| session(state, account, name, socket, rust_sdk, query.rich)))
 }
 
 /// The instruction being streamed: its seq and its events, in batches of those ready at once.
@@ -102,8 +95,10 @@ struct Session {
     socket: WebSocket,
     /// Accepted instructions not yet streamed, in order.
     queue: VecDeque<i64>,
-    /// A pause before each `exec_received` (see `RUST_SDK_EXEC_RECEIVED_DELAY`).
-    received_delay: std::time::Duration,
+    /// The client is ForeverVM's Rust SDK (`x-forevervm-sdk: rust`): each `exec_received`
+    /// waits a moment (see `RUST_SDK_EXEC_RECEIVED_DELAY`), and output lines ready together
+    /// go as one chunk (see `lines_together`).
+    rust_sdk: bool,
     streaming: Option<Streaming>,
     /// The client asked for rich results (`?rich=true`).
     rich: bool,
@@ -116,7 +111,7 @@ async fn session(
     account: Account,
     requested: String,
     mut socket: WebSocket,
-    received_delay: std::time::Duration,
+    rust_sdk: bool,
     rich: bool,
 ) {
     let AppState {
@@ -139,7 +134,7 @@ async fn session(
         machine,
         socket,
         queue: VecDeque::new(),
-        received_delay,
+        rust_sdk,
         streaming: None,
         rich,
         view: EventView::new(rich),
@@ -224,8 +219,8 @@ impl Session {
                     request_id,
                 };
                 self.queue.push_back(accepted.seq);
-                if !self.received_delay.is_zero() {
-                    tokio::time::sleep(self.received_delay).await;
+                if self.rust_sdk {
+                    tokio::time::sleep(RUST_SDK_EXEC_RECEIVED_DELAY).await;
                 }
                 flow(send(&mut self.socket, &received).await)
             }
@@ -250,6 +245,11 @@ impl Session {
             }
             return Flow::Continue;
         };
+        let events = if self.rust_sdk {
+            lines_together(events)
+        } else {
+            events
+        };
         // Everything ready is written, then flushed once: one system call for many lines.
         for event in events {
             if matches!(event, engine::ExecEvent::Result(_)) {
@@ -267,6 +267,32 @@ impl Session {
         }))
     }
 }
+
+/// Output lines of one stream that follow each other in `events`, as one chunk of those lines
+/// joined with newlines. ForeverVM's Rust SDK (so its CLI's `repl`) keeps at most 50 chunks it
+/// has not shown yet (0.1.35's `broadcast::channel(50)`) and silently drops the rest of a large
+/// print; it prints a chunk as it is, so the lines still show one per line.
+fn lines_together(events: Vec<engine::ExecEvent>) -> Vec<engine::ExecEvent> {
+    let mut merged: Vec<engine::ExecEvent> = Vec::with_capacity(events.len());
+    for event in events {
+        if let engine::ExecEvent::Output(chunk) = &event
+            && chunk.stream != engine::OutputStream::Display
+            && let Some(engine::ExecEvent::Output(last)) = merged.last_mut()
+            && last.stream == chunk.stream
+            && last.data.len() + chunk.data.len() < MAX_MERGED_CHUNK_BYTES
+        {
+            last.data.push('\n');
+            last.data.push_str(&chunk.data);
+            last.partial = chunk.partial;
+            continue;
+        }
+        merged.push(event);
+    }
+    merged
+}
+
+/// The longest chunk made of merged lines.
+const MAX_MERGED_CHUNK_BYTES: usize = 1024 * 1024;
 
 /// A client's message (text, or binary holding UTF-8 JSON), decoded.
 pub(crate) fn decode_message(bytes: &[u8]) -> Result<MessageToServer, ApiFailure> {
@@ -386,6 +412,30 @@ pub(crate) fn close_reason(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lines_ready_together_go_as_one_chunk_per_stream_run() {
+        let line = |seq: i64, stream, data: &str| {
+            engine::ExecEvent::Output(engine::OutputChunk {
+                seq,
+                stream,
+                data: data.to_owned(),
+                partial: false,
+            })
+        };
+        let mut events: Vec<_> = (0..500)
+            .map(|i| line(i, engine::OutputStream::Stdout, &i.to_string()))
+            .collect();
+        events.push(line(500, engine::OutputStream::Stderr, "oops"));
+        events.push(line(501, engine::OutputStream::Stdout, "after"));
+        let merged = lines_together(events);
+        assert_eq!(merged.len(), 3);
+        let engine::ExecEvent::Output(first) = &merged[0] else {
+            panic!("not output");
+        };
+        assert_eq!(first.data.lines().count(), 500);
+        assert_eq!(first.data.lines().last(), Some("499"));
+    }
 
     #[test]
     fn close_reasons_fit_a_frame() {

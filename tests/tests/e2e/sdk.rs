@@ -248,17 +248,24 @@ async fn websocket_new_machine_chunks_and_seqs_shared_with_http() {
         let machine = repl.machine_name.clone();
         assert_ne!(machine.0, "new");
 
-        let mut handle = repl.exec("for i in range(5): print(i)").await.unwrap();
-        let mut chunks = Vec::new();
+        // Lines ready together come to this SDK as one chunk (it keeps only 50 unshown
+        // chunks): a 500-line print arrives whole, a line per line once printed.
+        let mut handle = repl
+            .exec("for i in range(500): print(i)\nprint('end', end='')")
+            .await
+            .unwrap();
+        let mut lines = Vec::new();
         while let Some(output) = handle.next().await {
-            chunks.push((output.stream, output.data, output.seq.0));
+            assert_eq!(output.stream, StandardOutputStream::Stdout);
+            lines.extend(output.data.lines().map(str::to_owned));
         }
         let result = handle.result().await.unwrap();
         assert_eq!(value(&result.result), None);
-        let expected: Vec<_> = (0..5)
-            .map(|i| (StandardOutputStream::Stdout, i.to_string(), i64::from(i)))
+        let expected: Vec<String> = (0..500)
+            .map(|i| i.to_string())
+            .chain(["end".to_owned()])
             .collect();
-        assert_eq!(chunks, expected);
+        assert_eq!(lines, expected);
 
         // The WebSocket took seq 0; HTTP gets 1; the WebSocket then 2.
         let http = client
