@@ -294,6 +294,12 @@ def test_cells_run_as_in_a_jupyter_kernel(sandbox) -> None:
     frame = sandbox.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2, 3]})")
     assert frame.results[0].data == {"a": [1, 2, 3]}
     assert sandbox.run_code("[1, 2]").results[0].json == [1, 2]
+    # As E2B's template: an image saved to a path is also shown.
+    saved = sandbox.run_code(
+        "from PIL import Image\nImage.new('RGB', (4, 4)).save('dot.png')\nprint('saved')"
+    )
+    assert saved.error is None, saved.error
+    assert base64.b64decode(saved.results[0].png).startswith(PNG_SIGNATURE)
 
 
 @pytest.mark.parametrize("how", ["run_code", "commands"])

@@ -143,6 +143,7 @@ class JupyterCells:
                         pass
                 return super().__call__(obj)
 
+        _show_saved_images()
         formatter = self.shell.display_formatter
         formatter.formatters[E2B_DATA] = DataFormatter(parent=formatter)
         formatter.formatters[E2B_CHART] = ChartFormatter(parent=formatter)
@@ -162,6 +163,31 @@ class JupyterCells:
             raise failure
         value, self.value = self.value, None
         return _checked_bundle(value) if isinstance(value, dict) else None
+
+
+def _show_saved_images():
+    """As E2B's code interpreter: a PIL image saved to a path (a `str`) is also displayed."""
+    try:
+        from PIL import Image
+    except Exception:
+        return
+    real_save = Image.Image.save
+    if getattr(real_save, "_evervm_shows", False):
+        return
+
+    def save(image, fp, *args, **kwargs):
+        if isinstance(fp, str):
+            try:
+                from IPython.display import display
+
+                display(image)
+            except Exception:
+                pass
+        return real_save(image, fp, *args, **kwargs)
+
+    save._evervm_shows = True
+    save.__doc__ = real_save.__doc__
+    Image.Image.save = save
 
 
 def _checked_bundle(data):
