@@ -108,7 +108,12 @@ CASES: list[Case] = [
     case("sh-cell-magic", "%%sh\necho hi"),
     case("html-cell-magic", "%%html\n<b>x</b>"),
     case("latex-cell-magic", "%%latex\n$x^2$"),
-    case("writefile", "%%writefile evervm-diff.txt\nhello\n", "open('evervm-diff.txt').read()"),
+    case(
+        "writefile",
+        "import os\nif os.path.exists('evervm-diff.txt'):\n    os.remove('evervm-diff.txt')",
+        "%%writefile evervm-diff.txt\nhello\n",
+        "open('evervm-diff.txt').read()",
+    ),
     case("unknown-magic", "%no_such_magic"),
     case("out-history", "6 * 7", "Out[len(Out)] if False else 1"),
     case("in-history", "z = 5", "_i"),

@@ -69,6 +69,9 @@ pub(super) fn bundle_spec(image: &Image, memory_mb: u32) -> serde_json::Value {
         "MALLOC_MMAP_THRESHOLD_=33554432".to_owned(),
         "MALLOC_TRIM_THRESHOLD_=134217728".to_owned(),
         "MALLOC_TOP_PAD_=16777216".to_owned(),
+        // Each thread's own arena would reserve 64 MiB of address space, which RLIMIT_AS
+        // counts: a few threads (IPython's, the agent's) would take a 512 MiB machine's room.
+        "MALLOC_ARENA_MAX=2".to_owned(),
         "OMP_NUM_THREADS=1".to_owned(),
     ];
     // Older OpenBLAS builds need these on some processors to compute right.
