@@ -174,7 +174,7 @@ export interface ExecResult {
   error?: string
   /**
    * Why it failed: `exception`, `timeout`, `interrupted`, `machine_crashed`,
-   * `limit_exceeded`.
+   * `limit_exceeded`, `machine_deleted`.
    */
   cause?: string
   /**
