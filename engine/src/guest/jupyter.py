@@ -94,6 +94,7 @@ class JupyterCells:
         self.traceback = None
         self.e2b = False
         self.e2b_cell = False
+        self.figure_formats = False
 
     def add_e2b_formatters(self):
         """What E2B's code interpreter registers on top of the kernel (once)."""
@@ -148,6 +149,17 @@ class JupyterCells:
         formatter.formatters[E2B_DATA] = DataFormatter(parent=formatter)
         formatter.formatters[E2B_CHART] = ChartFormatter(parent=formatter)
         formatter.formatters["application/json"] = ListDictJSON(parent=formatter)
+
+    def figure_bundle(self, figure):
+        """A matplotlib figure as a kernel's inline backend shows it: through the display
+        formatters (PNG, and E2B's chart with E2B's formatters)."""
+        if not self.figure_formats:
+            from IPython.core.pylabtools import select_figure_formats
+
+            select_figure_formats(self.shell, {"png"})
+            self.figure_formats = True
+        data, _metadata = self.shell.display_formatter.format(figure)
+        return _checked_bundle(data)
 
     def run(self, code, e2b=False):
         """Runs a cell (as E2B's code interpreter does, with `e2b`); its value's bundle (None
