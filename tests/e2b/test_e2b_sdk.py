@@ -178,7 +178,7 @@ def test_async_sdk(e2b_server) -> None:
             await sandbox.files.write("/home/user/async.txt", "from async")
             assert await sandbox.files.read("/home/user/async.txt") == "from async"
             result = await sandbox.commands.run("cat async.txt")
-            assert result.stdout == "from async\n"
+            assert result.stdout == "from async"  # exactly what cat printed
             assert (await sandbox.run_code("1/0")).error.name == "ZeroDivisionError"
         finally:
             assert await sandbox.kill()
