@@ -139,7 +139,22 @@ async fn keys_tenants_and_hostile_requests() {
         "{id}"
     );
     assert_eq!(created["templateID"], "base");
-    assert_eq!(created["envdAccessToken"], s.alice.as_str());
+    // The sandbox's own access token, never the key; it opens this sandbox only.
+    let access = created["envdAccessToken"].as_str().unwrap().to_owned();
+    assert!(access.starts_with("e2bs_"), "{access}");
+    assert!(!created.to_string().contains(s.alice.as_str()), "{created}");
+    let (status, body) = send(
+        s.sandbox("/execute", &id, INTERPRETER_PORT, &access)
+            .json(&json!({"code": "6 * 7"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, _) = send(s.api(Method::GET, "/v2/sandboxes", Some(&access))).await;
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "a sandbox's token is no API key"
+    );
 
     // Bob sees none of it: not in his list, not by id, not through envd or the interpreter.
     let (_, listed) = send(s.api(Method::GET, "/v2/sandboxes", Some(&s.bob))).await;

@@ -592,7 +592,7 @@ async fn machines_expire_and_lists_page_through_a_thousand() {
     let ended = engine.result(&account, &name, seq).await.unwrap();
     match ended.outcome {
         Outcome::Error { text, cause } => {
-            assert_eq!(cause, FailureCause::Interrupted, "{text}");
+            assert_eq!(cause, FailureCause::MachineDeleted, "{text}");
             assert!(text.contains("deleted"), "{text}");
         }
         Outcome::Value(value) => panic!("the instruction finished: {value:?}"),
