@@ -911,7 +911,7 @@ def run_instruction(machine, captures, request):
         shown = _cell_traceback(cells) or _user_traceback(exc)
         if STATE.reason == "timeout":
             event["error"] = "Timed out: the instruction ran longer than %g s and was " \
-                "interrupted (the machine's state is kept)\n%s" % (timeout_s, shown)
+                "interrupted (the machine's state is kept)\n%s" % (timeout_s, _truncate(shown))
             event["cause"] = "timeout"
         elif STATE.reason == "interrupt":
             event["error"] = _truncate(shown)
