@@ -106,15 +106,7 @@ fn exec_options(options: Option<ExecOptions>) -> Result<evervm::ExecOptions> {
     };
     let dialect = match options.dialect.as_deref() {
         None => evervm::Dialect::Python,
-        Some(text) => evervm::Dialect::parse(text).ok_or_else(|| {
-            to_js(evervm::Error::new(
-                evervm::ErrorKind::InvalidInput,
-                format!(
-                    "dialect {text:?}: it is 'python' (a REPL line), 'jupyter' (a Jupyter cell) \
-                     or 'e2b' (a Jupyter cell with E2B's formatters)"
-                ),
-            ))
-        })?,
+        Some(text) => evervm::Dialect::named(text).map_err(|e| to_js(e.into()))?,
     };
     Ok(evervm::ExecOptions {
         timeout,

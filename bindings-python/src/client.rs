@@ -26,15 +26,7 @@ fn exec_options(
         Some(secs) => evervm::timeout_from_secs(secs).map_err(to_py)?,
         None => evervm::DEFAULT_TIMEOUT,
     };
-    let dialect = evervm::Dialect::parse(dialect).ok_or_else(|| {
-        to_py(evervm::Error::new(
-            evervm::ErrorKind::InvalidInput,
-            format!(
-                "dialect {dialect:?}: it is \"python\" (a REPL line), \"jupyter\" (a Jupyter \
-                 cell) or \"e2b\" (a Jupyter cell with E2B's formatters)"
-            ),
-        ))
-    })?;
+    let dialect = evervm::Dialect::named(dialect).map_err(|e| to_py(e.into()))?;
     Ok(evervm::ExecOptions {
         timeout,
         interrupt,

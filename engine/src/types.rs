@@ -478,12 +478,19 @@ impl Dialect {
     }
 
     pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "python" => Some(Dialect::Python),
-            "jupyter" => Some(Dialect::Jupyter),
-            "e2b" => Some(Dialect::E2b),
-            _ => None,
-        }
+        [Dialect::Python, Dialect::Jupyter, Dialect::E2b]
+            .into_iter()
+            .find(|dialect| dialect.as_str() == text)
+    }
+
+    /// The dialect named `text`, or an `InvalidInput` error naming the dialects there are.
+    pub fn named(text: &str) -> Result<Self> {
+        Self::parse(text).ok_or_else(|| {
+            Error::invalid(format!(
+                "dialect {text:?}: it is \"python\" (a REPL line), \"jupyter\" (a Jupyter cell) \
+                 or \"e2b\" (a Jupyter cell with E2B's formatters)"
+            ))
+        })
     }
 
     pub fn is_python(&self) -> bool {

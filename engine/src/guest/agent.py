@@ -658,6 +658,18 @@ def _representation(mime, value):
     return value
 
 
+def _checked_bundle(data):
+    """A MIME bundle as it travels: the types named like MIME types whose representations can
+    travel (`text/plain` only when there is one: `display(raw=True)` may leave it out)."""
+    bundle = {}
+    for mime, value in data.items():
+        if isinstance(mime, str) and "/" in mime and len(mime) <= 128:
+            value = _representation(mime, value)
+            if value is not None:
+                bundle[mime] = value
+    return bundle
+
+
 def _bundle(obj, text=None):
     """The object's MIME bundle."""
     data = {}
@@ -672,11 +684,7 @@ def _bundle(obj, text=None):
             if isinstance(offered, tuple) and len(offered) == 2:
                 offered = offered[0]
             if isinstance(offered, dict):
-                for mime, value in offered.items():
-                    if isinstance(mime, str) and "/" in mime and len(mime) <= 128:
-                        value = _representation(mime, value)
-                        if value is not None:
-                            data[mime] = value
+                data.update(_checked_bundle(offered))
         for name, mime in _REPR_METHODS:
             if mime in data:
                 continue
@@ -771,12 +779,7 @@ def display(*objs, raw=False, **_ignored):
     `display` does (`raw=True`: each object is already a MIME bundle, a dict)."""
     for obj in objs:
         if raw and isinstance(obj, dict):
-            data = {}
-            for mime, value in obj.items():
-                if isinstance(mime, str) and "/" in mime and len(mime) <= 128:
-                    value = _representation(mime, value)
-                    if value is not None:
-                        data[mime] = value
+            data = _checked_bundle(obj)
             if not isinstance(data.get("text/plain"), str):
                 data["text/plain"] = "<%s>" % ", ".join(sorted(data)) if data else "None"
         else:

@@ -202,18 +202,6 @@ def _show_saved_images():
     Image.Image.save = save
 
 
-def _checked_bundle(data):
-    """A bundle from IPython's formatters as it travels (`text/plain` only when there is one,
-    as a kernel sends it: `display(raw=True)` may leave it out)."""
-    bundle = {}
-    for mime, value in data.items():
-        if isinstance(mime, str) and "/" in mime and len(mime) <= 128:
-            value = _representation(mime, value)
-            if value is not None:
-                bundle[mime] = value
-    return bundle
-
-
 # ipykernel's seed for the hash that names a cell's code.
 IPYKERNEL_HASH_SEED = 0xC70F6907
 
