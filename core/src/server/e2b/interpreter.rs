@@ -213,27 +213,27 @@ fn encode(event: ExecEvent, shown: &mut usize, redact: &dyn Fn(&str) -> String) 
     }
 }
 
-/// The `result` and `error` lines of an instruction's end: the figures left open and the
-/// value (the first `shown` results were sent as they were shown).
+/// The `result` and `error` lines of an instruction's end, in the order a kernel sends them: the
+/// value (`execute_result`), then the figures left open (shown as the cell ends); the first
+/// `shown` results were sent as they were shown.
 fn result_lines(result: &ExecResult, shown: usize, redact: &dyn Fn(&str) -> String) -> Vec<Bytes> {
     let left = result.results.get(shown..).unwrap_or_default();
     let mut lines: Vec<Bytes> = left
         .iter()
-        .filter(|rich| rich.kind != RichKind::Value)
-        .map(|rich| line(&result_line(rich, false)))
+        .map(|rich| line(&result_line(rich, rich.kind == RichKind::Value)))
         .collect();
     match &result.outcome {
         Outcome::Value(value) => {
-            let rich_value = left.iter().find(|r| r.kind == RichKind::Value);
-            match (rich_value, value) {
-                (Some(rich), _) => lines.push(line(&result_line(rich, true))),
-                (None, Some(repr)) => lines.push(line(&serde_json::json!({
-                    "type": "result",
-                    "text": e2b_text(repr),
-                    "extra": {},
-                    "is_main_result": true,
-                }))),
-                (None, None) => {}
+            if let (false, Some(repr)) = (left.iter().any(|r| r.kind == RichKind::Value), value) {
+                lines.insert(
+                    0,
+                    line(&serde_json::json!({
+                        "type": "result",
+                        "text": e2b_text(repr),
+                        "extra": {},
+                        "is_main_result": true,
+                    })),
+                );
             }
         }
         Outcome::Error { text, cause } => {

@@ -15,8 +15,10 @@ pub mod custom;
 mod packages;
 mod progress;
 mod root;
+mod wheels;
 
 pub use progress::{Progress, StderrProgress};
+pub use wheels::LockedWheel;
 
 use packages::{NEVER, closure, parse_depends, parse_show, run, sha256_file};
 use root::{check_libraries, configure_root, in_root, precompile, smoke_test, tree_size};
@@ -24,9 +26,11 @@ use root::{check_libraries, configure_root, in_root, precompile, smoke_test, tre
 use super::AGENT_SOURCE;
 use crate::error::{Error, Result};
 use crate::fsutil::{fsync_dir, write_durably};
+use crate::packages::PackageSettings;
+use wheels::FetchedWheel;
 
 /// Bumped whenever the builder changes what it puts in an image.
-const BUILDER_VERSION: u32 = 4;
+const BUILDER_VERSION: u32 = 5;
 /// Where the agent lives inside an image.
 pub const AGENT_PATH: &str = "/opt/evervm/agent.py";
 /// The unprivileged user machines run as inside the sandbox.
@@ -48,9 +52,10 @@ pub const NSSWITCH_CONF_WITH_DNS: &str = "passwd: files\ngroup: files\nhosts: fi
 pub enum Profile {
     /// CPython 3.11 and its standard library.
     Minimal,
-    /// Minimal plus numpy, pandas, matplotlib (non-interactive `Agg` backend), requests,
-    /// Beautiful Soup, PyYAML and IPython (for Jupyter cells): the default. Minimal has no
-    /// IPython: a Jupyter cell there fails saying so.
+    /// Minimal plus requests, Beautiful Soup, PyYAML and IPython (for Jupyter cells) from
+    /// Debian, and E2B's scientific stack as pinned PyPI wheels (`data-wheels.txt`: numpy,
+    /// pandas, matplotlib with the non-interactive `Agg` backend, Pillow, pydantic and
+    /// `e2b-charts`): the default. Minimal has no IPython: a Jupyter cell there fails saying so.
     Data,
     /// A custom image, by its name.
     Custom(String),
@@ -93,10 +98,11 @@ impl Profile {
             "python3-pip",
         ];
         if *self == Profile::Data {
+            // numpy, pandas, matplotlib and Pillow are wheels (`data-wheels.txt`): E2B's
+            // `e2b-charts` needs a newer stack than Debian 12's. Their extension modules need
+            // the C++ runtime.
             roots.extend([
-                "python3-numpy",
-                "python3-pandas",
-                "python3-matplotlib",
+                "libstdc++6",
                 "python3-requests",
                 "python3-bs4",
                 "python3-yaml",
@@ -144,9 +150,10 @@ pub struct ImageManifest {
     /// A custom image's base profile (`minimal` or `data`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<Profile>,
-    /// A custom image's wheels, unpacked into `/usr/local/lib/python3.11/dist-packages`.
+    /// The image's wheels (`data`'s pinned stack, a custom image's), unpacked into
+    /// `/usr/local/lib/python3.11/dist-packages`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub wheels: Vec<custom::LockedWheel>,
+    pub wheels: Vec<LockedWheel>,
 }
 
 /// A built image.
@@ -165,6 +172,10 @@ pub struct ImageBuilder {
     images_dir: PathBuf,
     /// Downloaded `.deb` files, shared by every home.
     cache_dir: PathBuf,
+    /// Where the `data` image's wheels come from (`EVERVM_PACKAGE_INDEX`).
+    packages: PackageSettings,
+    /// Downloaded wheels of built-in images, shared by every home.
+    wheel_cache: PathBuf,
 }
 
 /// `~/.cache/evervm` (or `$XDG_CACHE_HOME/evervm`).
@@ -182,7 +193,14 @@ impl ImageBuilder {
         Self {
             images_dir,
             cache_dir: default_cache_dir().join("debs"),
+            packages: PackageSettings::from_env(),
+            wheel_cache: default_cache_dir().join("wheels"),
         }
+    }
+
+    /// A built-in profile's pinned wheels, fetched into the shared cache (none for `minimal`).
+    fn fetch_pinned(&self, profile: &Profile, debian: &[Package]) -> Result<Vec<FetchedWheel>> {
+        wheels::fetch_pinned(&self.packages, &self.wheel_cache, profile, debian)
     }
 
     /// The exact packages a profile needs today, as the configured Debian archive has them.
@@ -236,12 +254,9 @@ impl ImageBuilder {
         Self::image_id_with(profile, packages, &[])
     }
 
-    /// The id of an image built from these packages and (a custom image's) wheels.
-    fn image_id_with(
-        profile: &Profile,
-        packages: &[Package],
-        wheels: &[custom::LockedWheel],
-    ) -> String {
+    /// The id of an image built from these packages and (a custom image's) wheels; a built-in
+    /// profile's pinned wheels count by their pins.
+    fn image_id_with(profile: &Profile, packages: &[Package], wheels: &[LockedWheel]) -> String {
         let mut hasher = Sha256::new();
         hasher.update(format!("evervm-image builder={BUILDER_VERSION}\n"));
         hasher.update(format!("profile={}\n", profile.as_str()));
@@ -254,6 +269,9 @@ impl ImageBuilder {
                 "{} {} {}\n",
                 package.name, package.version, package.sha256
             ));
+        }
+        for pin in wheels::pinned(profile) {
+            hasher.update(format!("pinned {pin}\n"));
         }
         for wheel in wheels {
             hasher.update(format!("wheel {} {}\n", wheel.filename, wheel.sha256));
@@ -281,7 +299,12 @@ impl ImageBuilder {
         if let Some(image) = Self::load(&dir, &id, profile)? {
             return Ok(image);
         }
-        self.build(profile, profile, &id, &packages, &[], progress)
+        let pins = wheels::pinned(profile).len();
+        if pins > 0 {
+            progress.stage(&format!("fetching {pins} wheels"), 0);
+        }
+        let wheels = self.fetch_pinned(profile, &packages)?;
+        self.build(profile, profile, &id, &packages, &wheels, progress)
     }
 
     /// The newest built image of a profile; if there is none, one built now.
@@ -431,7 +454,7 @@ impl ImageBuilder {
         base: &Profile,
         id: &str,
         packages: &[Package],
-        wheels: &[(custom::LockedWheel, PathBuf)],
+        wheels: &[FetchedWheel],
         progress: &dyn Progress,
     ) -> Result<Image> {
         self.download(packages, progress)?;
@@ -456,7 +479,7 @@ impl ImageBuilder {
         base: &Profile,
         id: &str,
         packages: &[Package],
-        wheels: &[(custom::LockedWheel, PathBuf)],
+        wheels: &[FetchedWheel],
         staging: &Path,
         progress: &dyn Progress,
     ) -> Result<Image> {
@@ -485,7 +508,7 @@ impl ImageBuilder {
             progress.stage(&format!("unpacking {} wheels", wheels.len()), wheels.len());
             for (done, (wheel, path)) in wheels.iter().enumerate() {
                 progress.step(done, &wheel.name);
-                custom::unpack_wheel(path, &root, &wheel.filename)?;
+                wheels::unpack_wheel(path, &root, &wheel.filename)?;
             }
             progress.step(wheels.len(), "");
         }
@@ -495,7 +518,7 @@ impl ImageBuilder {
         precompile(&root, base)?;
         smoke_test(&root, base)?;
         if !wheels.is_empty() {
-            custom::check_wheels(&root, wheels)?;
+            wheels::check_wheels(&root, wheels)?;
         }
 
         let manifest = ImageManifest {
@@ -596,6 +619,15 @@ exim4
                 "python3.11-minimal",
             ]
         );
+    }
+
+    #[test]
+    fn a_package_asked_for_is_taken_even_when_denied_as_a_dependency() {
+        let graph = parse_depends(DEPENDS);
+        let names = closure(&graph, &["libgcc-s1", "gcc-12-base"], &["gcc-12-base"]);
+        assert!(names.contains("gcc-12-base"), "{names:?}");
+        let names = closure(&graph, &["libgcc-s1"], &["gcc-12-base"]);
+        assert!(!names.contains("gcc-12-base"), "{names:?}");
     }
 
     #[test]

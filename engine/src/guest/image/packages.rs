@@ -172,7 +172,13 @@ pub(super) fn closure(
     roots: &[&str],
     never: &[&str],
 ) -> BTreeSet<String> {
-    let never: BTreeSet<&str> = never.iter().copied().collect();
+    // What is asked for is always taken: the deny list is for what comes as a dependency.
+    let asked: BTreeSet<&str> = roots.iter().copied().collect();
+    let never: BTreeSet<&str> = never
+        .iter()
+        .copied()
+        .filter(|n| !asked.contains(n))
+        .collect();
     let mut seen = BTreeSet::new();
     let mut stack: Vec<String> = roots.iter().map(|r| (*r).to_owned()).collect();
     while let Some(package) = stack.pop() {

@@ -268,7 +268,12 @@ pub(super) fn collect_objects(root: &Path, dir: &Path, found: &mut Vec<PathBuf>)
             continue;
         };
         if meta.is_dir() {
-            collect_objects(root, &path, found);
+            // A wheel's vendored libraries (auditwheel's `<name>.libs`) are loaded only by its
+            // extension modules, whose search path finds what they need: they are checked
+            // through those modules, never alone (alone, `libgfortran` misses `libquadmath`).
+            if path.extension().is_none_or(|e| e != "libs") {
+                collect_objects(root, &path, found);
+            }
         } else if meta.is_file()
             && path.to_string_lossy().contains(".so")
             && is_elf(&path)
@@ -291,6 +296,12 @@ pub(super) fn check_libraries(root: &Path) -> Result<()> {
     collect_objects(
         root,
         &root.join("usr/lib/python3/dist-packages"),
+        &mut objects,
+    );
+    // Wheels (the data image's, a custom image's).
+    collect_objects(
+        root,
+        &root.join("usr/local/lib/python3.11/dist-packages"),
         &mut objects,
     );
     let mut missing: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
@@ -346,6 +357,7 @@ pub(super) fn smoke_test(root: &Path, profile: &Profile) -> Result<()> {
     if *profile == Profile::Data {
         code.push_str(
             "import numpy, pandas, matplotlib, matplotlib.pyplot as plt, requests, bs4, yaml\n\
+             import IPython, PIL.Image, pydantic, e2b_charts\n\
              import certifi, os; assert os.path.getsize(certifi.where()) > 100000, certifi.where()\n\
              assert matplotlib.get_backend().lower() == 'agg', matplotlib.get_backend()\n\
              plt.plot([1, 2]); plt.savefig('/tmp/check.png')\n",
