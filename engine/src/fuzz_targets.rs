@@ -169,8 +169,12 @@ fn event_json(event: &AgentEvent) -> serde_json::Value {
             data,
             results,
             runtime_ms,
+            execution_count,
         } => {
             let mut event = json!({"ev": "result", "id": id, "runtime_ms": runtime_ms});
+            if let Some(count) = execution_count {
+                event["execution_count"] = json!(count);
+            }
             if !results.is_empty() {
                 event["results"] = json!(results);
             }

@@ -797,6 +797,10 @@ pub struct ExecResult {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub results: Vec<RichResult>,
     pub runtime_ms: u64,
+    /// A Jupyter cell's number (`jupyter` and `e2b` dialects), as a kernel numbers its cells
+    /// (IPython's `execution_count`: one per cell, REPL lines and commands not counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execution_count: Option<u64>,
     /// True when the instruction printed more than the engine keeps
     /// ([`crate::Limits::max_output_bytes`]): the rest of its output was dropped.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -815,6 +819,7 @@ impl Default for ExecResult {
             data: None,
             results: Vec::new(),
             runtime_ms: 0,
+            execution_count: None,
             output_truncated: false,
             saved: None,
         }

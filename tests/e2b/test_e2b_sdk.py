@@ -300,6 +300,24 @@ def test_cells_run_as_in_a_jupyter_kernel(sandbox) -> None:
     )
     assert saved.error is None, saved.error
     assert base64.b64decode(saved.results[0].png).startswith(PNG_SIGNATURE)
+    # E2B's charts: a figure's `chart`, read by e2b_charts (the data image has it).
+    bars = sandbox.run_code(
+        "import matplotlib.pyplot as plt\nplt.bar(['a', 'b'], [3, 1])\nplt.title('t')\nplt.show()"
+    )
+    assert bars.error is None, bars.error
+    chart = bars.results[0].chart
+    assert (chart.type.value, chart.title) == ("bar", "t")
+    assert [(e.label, e.value) for e in chart.elements] == [("a", 3.0), ("b", 1.0)]
+
+
+def test_cells_are_numbered_as_a_kernel_numbers_them(sandbox) -> None:
+    # The kernel counts its cells: a command in between is not one.
+    first = sandbox.run_code("1")
+    assert sandbox.commands.run("true").exit_code == 0
+    second = sandbox.run_code("2")
+    failed = sandbox.run_code("1 / 0")
+    after = sandbox.run_code("3")
+    assert [c.execution_count for c in (first, second, failed, after)] == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("how", ["run_code", "commands"])

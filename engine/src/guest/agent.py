@@ -40,7 +40,8 @@ Agent -> host:
    "data": {...}}] (absent: none), "runtime_ms": R}
   {"ev": "result", "id": N, "error": "...", "cause": "exception" | "timeout" | "interrupted",
    "exception": {"name", "qualname", "module", "value"} (absent when no exception was raised),
-   "results": [...] (figures drawn before an exception), "runtime_ms": R}
+   "results": [...] (figures drawn before an exception), "runtime_ms": R,
+   "execution_count": C (a Jupyter cell's number in IPython's shell; absent for a REPL line)}
   {"ev": "file", "info": {...} | null, "entries": [...] | null, "truncated": B}
   {"ev": "file_error", "kind": "not_found" | "denied" | "exists" | ..., "error": "..."}
   file data as binary frames: the byte "D", then the data
@@ -943,6 +944,8 @@ def run_instruction(machine, captures, request):
                 _close_figures()
         except BaseException:
             pass
+    if cells is not None and isinstance(getattr(cells, "count", None), int):
+        event["execution_count"] = cells.count
     event["runtime_ms"] = int((time.monotonic() - started) * 1000)
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:

@@ -210,6 +210,8 @@ pub enum AgentEvent {
         /// The value's and the figures' rich results.
         results: Vec<RichResult>,
         runtime_ms: u64,
+        /// A Jupyter cell's number in IPython's shell.
+        execution_count: Option<u64>,
     },
     /// A file operation's answer: the file it concerned (none: a write may start), and for a
     /// listing the directory's entries.
@@ -314,6 +316,8 @@ struct RawEvent {
     exception: Option<RawException>,
     #[serde(default)]
     runtime_ms: Option<u64>,
+    #[serde(default)]
+    execution_count: Option<u64>,
     #[serde(default)]
     info: Option<RawFileInfo>,
     #[serde(default)]
@@ -559,6 +563,7 @@ pub fn decode_event(payload: &[u8]) -> Result<AgentEvent, ProtocolError> {
                 data,
                 results,
                 runtime_ms: raw.runtime_ms.unwrap_or(0),
+                execution_count: raw.execution_count,
             })
         }
         "display" => {
@@ -710,9 +715,17 @@ mod tests {
                 exception: None,
                 data: None,
                 results: Vec::new(),
-                runtime_ms: 5
+                runtime_ms: 5,
+                execution_count: None,
             }
         );
+        let AgentEvent::Result {
+            execution_count, ..
+        } = decode_event(br#"{"ev":"result","id":4,"value":"1","execution_count":7}"#).unwrap()
+        else {
+            panic!("not a result");
+        };
+        assert_eq!(execution_count, Some(7));
     }
 
     #[test]

@@ -168,6 +168,8 @@ class JupyterCells:
         self.value = None
         self.traceback = None
         self.e2b_cell = e2b
+        # The cell's number, as a kernel numbers it (In[n]): IPython counts the cells it ran.
+        self.count = self.shell.execution_count
         result = self.shell.run_cell(code, store_history=True)
         failure = result.error_before_exec or result.error_in_exec
         # A kernel shows a misused magic on stderr only (IPython printed it), not as an error.

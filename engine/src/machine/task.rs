@@ -383,14 +383,14 @@ async fn run_instruction(
                         output.store_so_far(engine, machine, job).await;
                     }
                 }
-                Ok(AgentEvent::Result { id, outcome, exception, data, results, runtime_ms }) if id == job.seq => {
+                Ok(AgentEvent::Result { id, outcome, exception, data, results, runtime_ms, execution_count }) if id == job.seq => {
                     lines.flush(&job.live);
                     *resident = Some(current);
                     let outcome = match outcome {
                         AgentOutcome::Value(value) => Outcome::Value(value),
                         AgentOutcome::Error { text, cause } => Outcome::Error { text, cause },
                     };
-                    return ExecResult { outcome, exception, data, results, runtime_ms, ..ExecResult::default() };
+                    return ExecResult { outcome, exception, data, results, runtime_ms, execution_count, ..ExecResult::default() };
                 }
                 Ok(other) => {
                     tracing::warn!(machine = %machine.name, "ignoring unexpected agent event {other:?}");

@@ -157,17 +157,19 @@ pub(super) async fn execute(
         machine: sandbox,
         after_interrupt: restore,
     };
-    let first = vec![line(&serde_json::json!({
-        "type": "number_of_executions",
-        "execution_count": seq + 1,
-    }))];
     let keepalive = line(&serde_json::json!({ "type": "keepalive" }));
     let mut shown = 0;
-    let body = run.body(first, events, KEEPALIVE_EVERY, keepalive, move |event| {
-        encode(event, &mut shown, &|text: &str| {
-            redactor.text(text).into_owned()
-        })
-    });
+    let body = run.body(
+        Vec::new(),
+        events,
+        KEEPALIVE_EVERY,
+        keepalive,
+        move |event| {
+            encode(event, seq, &mut shown, &|text: &str| {
+                redactor.text(text).into_owned()
+            })
+        },
+    );
     Ok((
         [
             (CONTENT_TYPE, "application/x-ndjson"),
@@ -188,8 +190,14 @@ fn now_nanos() -> i64 {
     chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default()
 }
 
-/// The NDJSON lines of one event; `shown` counts the rich results sent as they were shown.
-fn encode(event: ExecEvent, shown: &mut usize, redact: &dyn Fn(&str) -> String) -> Vec<Bytes> {
+/// The NDJSON lines of one event of instruction `seq`; `shown` counts the rich results sent as
+/// they were shown.
+fn encode(
+    event: ExecEvent,
+    seq: i64,
+    shown: &mut usize,
+    redact: &dyn Fn(&str) -> String,
+) -> Vec<Bytes> {
     match event {
         ExecEvent::Output(chunk) => match chunk.stream {
             OutputStream::Stdout | OutputStream::Stderr => vec![line(&serde_json::json!({
@@ -206,7 +214,14 @@ fn encode(event: ExecEvent, shown: &mut usize, redact: &dyn Fn(&str) -> String) 
             },
         },
         ExecEvent::Result(result) => {
-            let mut lines = result_lines(&result, *shown, redact);
+            // The cell's number as the kernel numbers it (E2B sends it as the cell starts; the
+            // SDK only keeps it): the machine's IPython counts cells, so commands and REPL
+            // lines do not count, as they do not in E2B's kernel.
+            let mut lines = vec![line(&serde_json::json!({
+                "type": "number_of_executions",
+                "execution_count": result.execution_count.map_or(seq + 1, |n| i64::try_from(n).unwrap_or(i64::MAX)),
+            }))];
+            lines.extend(result_lines(&result, *shown, redact));
             lines.push(line(&serde_json::json!({ "type": "end_of_execution" })));
             lines
         }
