@@ -77,7 +77,7 @@ async fn the_data_image_plots_to_png() {
     let first = m
         .exec(
             "import numpy, pandas, matplotlib, matplotlib.font_manager\n\
-             (numpy.__version__ > '1', pandas.__version__ > '1', matplotlib.get_backend(), \
+             (numpy.__version__ > '1', pandas.__version__ > '1', matplotlib.get_backend().lower(), \
              matplotlib.get_configdir())",
         )
         .await
