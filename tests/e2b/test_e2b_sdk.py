@@ -320,6 +320,25 @@ def test_cells_are_numbered_as_a_kernel_numbers_them(sandbox) -> None:
     assert [c.execution_count for c in (first, second, failed, after)] == [1, 2, 3, 4]
 
 
+HEALTH_CHECK = 'curl -s -o /dev/null -w "%{http_code}" http://0.0.0.0:49999/health'
+
+
+def test_the_interpreter_answers_its_health_check_and_comes_back_when_killed(sandbox) -> None:
+    # As in E2B's sandboxes, a program inside asks the code interpreter whether it is up.
+    sandbox.run_code("kept = 1")
+    assert sandbox.commands.run(HEALTH_CHECK).stdout == "200"
+    assert sandbox.commands.run(HEALTH_CHECK.replace("health", "other")).stdout == "404"
+    # Killed (it is the sandbox's first process), it takes its state with it, and says so; the
+    # next instruction has a fresh interpreter, which answers again.
+    with pytest.raises(Exception, match="stopped unexpectedly"):
+        sandbox.commands.run("kill -9 1")
+    after = sandbox.commands.run(HEALTH_CHECK)
+    assert after.stdout == "200"
+    assert "earlier state was lost" in after.stderr
+    assert sandbox.run_code("x = 1; x").text == "1"
+    assert sandbox.run_code("kept").error.name == "NameError"
+
+
 @pytest.mark.parametrize("how", ["run_code", "commands"])
 def test_a_sandbox_killed_during_a_run_is_reported_as_killed(e2b_server, how) -> None:
     import threading

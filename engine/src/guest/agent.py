@@ -1708,6 +1708,7 @@ def main():
     signal.signal(signal.SIGALRM, _on_sigalrm)
     global OUTPUT, WATCHER, _PENDING_SITE
     WATCHER = Watcher()
+    start_health_check()
     captures = [Capture(1, "stdout"), Capture(2, "stderr")]
     # Writes to fds 1 and 2 (C code, subprocesses) arrive through the pipes; Python's own
     # sys.stdout and sys.stderr skip them and keep their order.

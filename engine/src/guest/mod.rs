@@ -5,6 +5,14 @@ pub mod channel;
 pub mod connection;
 pub mod image;
 
-/// The agent's source: its Jupyter cells' part, then the rest (one program). The process
-/// backend runs it with `python3 -I -c`; images carry it as a file.
-pub const AGENT_SOURCE: &str = concat!(include_str!("jupyter.py"), include_str!("agent.py"));
+/// The agent's source: its Jupyter cells' part, its health check, then the rest (one program).
+/// The process backend runs it with `python3 -I -c`; images carry it as a file.
+pub const AGENT_SOURCE: &str = concat!(
+    include_str!("jupyter.py"),
+    include_str!("health.py"),
+    include_str!("agent.py")
+);
+
+/// The port on which a gVisor machine's interpreter answers `GET /health` from inside the machine
+/// (`health.py`): E2B's code interpreter's, which programs in an E2B sandbox ask.
+pub const HEALTH_PORT: u16 = 49999;

@@ -106,6 +106,8 @@ impl Profile {
                 "python3-requests",
                 "python3-bs4",
                 "python3-yaml",
+                // What programs in an E2B sandbox (and E2B's own tests) reach for in a shell.
+                "curl",
                 // Jupyter cells (the E2B door's): IPython's own shell runs them.
                 "python3-ipython",
             ]);

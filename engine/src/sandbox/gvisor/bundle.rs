@@ -73,6 +73,8 @@ pub(super) fn bundle_spec(image: &Image, memory_mb: u32) -> serde_json::Value {
         // counts: a few threads (IPython's, the agent's) would take a 512 MiB machine's room.
         "MALLOC_ARENA_MAX=2".to_owned(),
         "OMP_NUM_THREADS=1".to_owned(),
+        // The agent answers health checks here (its own network stack: see `health.py`).
+        format!("EVERVM_HEALTH_PORT={}", crate::guest::HEALTH_PORT),
     ];
     // Older OpenBLAS builds need these on some processors to compute right.
     for key in ["OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"] {
