@@ -1,5 +1,6 @@
 //! `evervm`: run a server, manage machines, run Python in them.
 
+mod doctor;
 mod files;
 mod mcp;
 mod repl;
@@ -137,6 +138,14 @@ enum Command {
     Mcp {
         #[command(subcommand)]
         command: Option<mcp::McpCommand>,
+    },
+    /// Check that this host can serve machines (runsc, cgroups, namespaces, disk, the home,
+    /// images; the database and bucket when given), naming the fix for each need that fails.
+    /// Exits 0 only when the backend (--backend, default gVisor) can serve.
+    Doctor {
+        /// The bucket a server would keep snapshots in (`s3://BUCKET/PREFIX`), checked too.
+        #[arg(long, env = "EVERVM_SNAPSHOTS", value_name = "URL")]
+        snapshots: Option<String>,
     },
     /// An interactive REPL on a machine (a new one when no name is given).
     Repl {
@@ -453,6 +462,7 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
         Command::Mkdir(args) => {
             with_client(target, |c| async move { files::make_dir(&c, args).await }).await
         }
+        Command::Doctor { snapshots } => doctor::run(target, snapshots.as_deref()).await,
         Command::Mcp { command } => {
             let stdio = mcp::StdioTarget {
                 url: target.url.clone(),

@@ -10,6 +10,7 @@ use evervm_engine::guest::image::{ImageBuilder, Profile, StderrProgress};
 
 use crate::error::{Error, ErrorKind, Result};
 pub use evervm_engine::TokenInfo;
+pub use evervm_engine::doctor::{Check, Status as CheckStatus};
 
 /// The home when none is given: `$EVERVM_HOME`, else `$XDG_DATA_HOME/evervm`, else
 /// `~/.local/share/evervm`.
@@ -119,6 +120,24 @@ pub async fn build_custom_image(home: &Path, profile_file: &Path) -> Result<(Str
     )
     .await?;
     Ok((image.id, custom::lock_path(profile_file)))
+}
+
+/// What `evervm doctor` finds: whether this host can serve machines on `backend` (`auto` and
+/// `gvisor` need gVisor, `process` the namespaces), each need checked by trying it, with the fix
+/// for each that fails. `database` and `snapshots` are checked when given.
+pub async fn doctor(
+    home: Option<PathBuf>,
+    backend: Option<&str>,
+    database_url: Option<&str>,
+    snapshots: Option<&str>,
+) -> Result<Vec<Check>> {
+    let mut config = EngineConfig::new(home.unwrap_or_else(EngineConfig::default_home));
+    config.backend = evervm_engine::BackendChoice::parse(backend.unwrap_or("auto"));
+    config.database = database(database_url)?;
+    if let Some(url) = snapshots {
+        config.snapshots = Some(evervm_engine::bucket::BucketSettings::parse(url)?);
+    }
+    Ok(evervm_engine::doctor::doctor(&config).await)
 }
 
 #[cfg(test)]

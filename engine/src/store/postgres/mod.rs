@@ -172,6 +172,27 @@ fn raw_machine(row: &tokio_postgres::Row) -> Result<RawMachine> {
 }
 
 impl PostgresStore {
+    /// Connects once and asks the server's version, changing nothing (`evervm doctor`).
+    pub async fn reach(settings: &PostgresSettings) -> Result<String> {
+        let database = settings.redacted();
+        let ask = async {
+            let (client, connection) = settings.config.connect(tokio_postgres::NoTls).await?;
+            let connection = tokio::spawn(connection);
+            let row = client.query_one("SHOW server_version", &[]).await;
+            drop(client);
+            let _ = connection.await;
+            row.map(|row| row.get::<_, String>(0))
+        };
+        match tokio::time::timeout(CONNECT_TIMEOUT, ask).await {
+            Ok(Ok(version)) => Ok(format!("PostgreSQL {version}")),
+            Ok(Err(e)) => Err(Error::internal(format!("{database}: {e}"))),
+            Err(_) => Err(Error::internal(format!(
+                "{database} did not answer within {} s",
+                CONNECT_TIMEOUT.as_secs()
+            ))),
+        }
+    }
+
     /// Connects (a pool of up to `settings.pool_size` connections) and makes or upgrades the
     /// schema.
     pub async fn connect(settings: &PostgresSettings) -> Result<Self> {
