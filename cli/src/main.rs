@@ -121,6 +121,11 @@ enum Command {
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
+        /// How the code runs: `python` (a REPL line, ForeverVM's), `jupyter` (a Jupyter cell:
+        /// magics, `!` commands, IPython's formatters; the image needs IPython, as `data` has)
+        /// or `e2b` (a Jupyter cell with E2B's formatters).
+        #[arg(long, default_value = "python")]
+        dialect: String,
     },
     /// Copy a file into or out of a machine: `evervm cp data.csv MACHINE:` (into its home),
     /// `evervm cp MACHINE:/tmp/out.png .`; `-` is standard input or output.
@@ -444,9 +449,11 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
             machine,
             timeout,
             json,
+            dialect,
         } => {
+            let dialect = evervm::Dialect::named(&dialect)?;
             let client = target.client().await?;
-            let done = exec(&client, code, machine, timeout, json).await;
+            let done = exec(&client, code, machine, timeout, json, dialect).await;
             client.shutdown().await;
             done
         }
@@ -881,6 +888,7 @@ async fn exec(
     machine: Option<String>,
     timeout: u64,
     json: bool,
+    dialect: evervm::Dialect,
 ) -> Result<ExitCode> {
     let code = match code.as_deref() {
         Some("-") | None => {
@@ -905,6 +913,7 @@ async fn exec(
     let options = ExecOptions {
         timeout: Duration::from_secs(timeout),
         interrupt: false,
+        dialect,
         ..ExecOptions::default()
     };
     let (seq, mut events) = machine.stream(&code, &options).await?;

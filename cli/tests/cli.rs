@@ -241,6 +241,20 @@ fn machines_exec_and_errors_through_the_cli() {
             serde_json::from_str(&ok(server.evervm(&["machine", "info", name, "--json"]))).unwrap();
         assert_eq!(info["instruction_count"], 6);
         assert_eq!(info["tags"]["team"], "data");
+        if backend == "gvisor" {
+            // The data image has IPython: a Jupyter cell (every line indented, a `!` command)
+            // on the same namespace.
+            let cell = ok(server.evervm(&[
+                "exec",
+                "--machine",
+                name,
+                "--dialect",
+                "jupyter",
+                "    !echo hi\n    x * 5",
+            ]));
+            // A `!` command runs on a terminal, as in IPython's kernel: its lines end in \r\n.
+            assert_eq!(cell, "hi\r\n10\n");
+        }
 
         let repl = ok(server.evervm_with_input(
             &["repl", name],

@@ -9,7 +9,7 @@ E2B's tests are never committed: fetch the repository and name its git directory
 
 It needs the debug `evervm` (or EVERVM_BIN), runsc and the images (what `scripts/test.sh` sets
 up), and installs the SDKs and test runners under ~/.cache/evervm/peer-* once. Not run by CI:
-the suites are not ours to keep, and the two take about 10 minutes here.
+the suites are not ours to keep, and the two take about 3 minutes here.
 """
 
 from __future__ import annotations
