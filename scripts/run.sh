@@ -12,9 +12,12 @@ echo "==> building evervm (release)"
 cargo build --release --locked -p evervm-cli
 evervm="$PWD/target/release/evervm"
 
-"$evervm" serve --listen "$listen" &
+# The banner goes to a file as well as the terminal: on a first start it holds the one token
+# this script then uses (a later start prints none, and the script makes one).
+banner="$(mktemp)"
+"$evervm" serve --listen "$listen" > >(tee "$banner") &
 server=$!
-trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT INT TERM
+trap 'kill $server 2>/dev/null; wait $server 2>/dev/null; rm -f "$banner"' EXIT INT TERM
 
 export EVERVM_URL="http://$listen"
 # The first start builds the root filesystem image (progress above): wait until it serves.
@@ -23,7 +26,9 @@ for _ in $(seq 600); do
     kill -0 $server 2>/dev/null || { echo "error: the server stopped (see above)" >&2; exit 1; }
     sleep 0.5
 done
-export EVERVM_TOKEN="$("$evervm" token create --account default)"
+for _ in $(seq 50); do grep -q "listening on" "$banner" && break; sleep 0.1; done
+token="$(sed -n 's/^ *export EVERVM_TOKEN=//p' "$banner" | head -n 1)"
+export EVERVM_TOKEN="${token:-$("$evervm" token create --account default)}"
 
 echo "==> a first instruction on a new machine"
 "$evervm" exec 'import sys, platform

@@ -373,6 +373,8 @@ fn init_logging(default: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Plain lines where the log goes to a file or a pipe (scripts, CI, systemd).
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 }
 
@@ -630,7 +632,11 @@ async fn serve(
                 evervm::server::e2b::sink_domain_for(&e2b.to_string())
             );
         }
-        let _ = writeln!(banner, "(more with `evervm token create`)");
+        let _ = writeln!(
+            banner,
+            "next: with those exports, `evervm exec 'print(1 + 1)'` or `evervm repl` (more \
+             tokens: `evervm token create`)"
+        );
     }
     if let Some(e2b) = e2b_listener.as_ref().and_then(|l| l.local_addr().ok()) {
         let _ = writeln!(
