@@ -920,7 +920,6 @@ async fn exec(
         timeout: Duration::from_secs(timeout),
         interrupt: false,
         dialect,
-        ..ExecOptions::default()
     };
     let (seq, mut events) = machine.stream(&code, &options).await?;
     let mut output = Vec::new();
