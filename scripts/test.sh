@@ -98,6 +98,14 @@ npm_packages() {
     [ -x "$node22_dir/node_modules/node/bin/node" ] ||
         npm install --no-audit --no-fund --loglevel=error --prefix "$node22_dir" node@22.23.3
 }
+# mdBook for the book (docs/), pinned, built once into the cache; only `build` is used, so
+# without its live server and file watcher (a third of the compile).
+mdbook_dir="$cache/evervm/mdbook-0.5.4-build"
+mdbook_tool() {
+    [ -x "$mdbook_dir/bin/mdbook" ] ||
+        cargo install --quiet --locked mdbook --version 0.5.4 --no-default-features \
+            --features search --root "$mdbook_dir"
+}
 go_programs() {
     # The pinned current runsc, then SeaweedFS (the bucket tests' S3 server), each once.
     scripts/runsc.sh
@@ -111,6 +119,7 @@ background reference reference_kernel_env
 background e2b-oldest e2b_python_env oldest "e2b-code-interpreter==2.9.0" "e2b==2.26.0"
 background e2b-leaks e2b_leak_envs
 background npm npm_packages
+background mdbook mdbook_tool
 
 # One build from scratch: incremental state would only double what the build keeps on disk.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
@@ -281,3 +290,12 @@ stage node22 "Node package on Node 22 (the AI SDK needs it): tool helpers in the
 node22="$node22_dir/node_modules/node/bin/node"
 (cd examples/node && npx tsc --noEmit)
 (cd bindings-node && EVERVM_BIN="$evervm_bin" "$node22" --test test/frameworks/*.test.mjs)
+
+stage book "the book builds (mdBook) and the README's and the book's links hold"
+await mdbook
+python3 scripts/check_docs.py --self-test
+python3 scripts/check_docs.py
+book_out="$(mktemp -d)"
+"$mdbook_dir/bin/mdbook" build docs --dest-dir "$book_out"
+test -s "$book_out/index.html" && test -s "$book_out/using.html"
+rm -rf "$book_out"
