@@ -32,3 +32,51 @@ pub use types::*;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub use evervm_engine as engine;
+
+#[cfg(test)]
+mod one_version {
+    use std::path::Path;
+
+    fn read(relative: &str) -> String {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(relative);
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    /// Every package evervm ships says the workspace's version: the crates inherit it, the
+    /// Python wheel takes it from Cargo (maturin), the npm package and its lock file state it
+    /// (the platform packages are checked against it when packed), the CLI, the API and MCP
+    /// report this crate's.
+    #[test]
+    fn every_package_has_the_workspace_version() {
+        let version = env!("CARGO_PKG_VERSION");
+        for member in [
+            "engine",
+            "core",
+            "cli",
+            "tests",
+            "examples",
+            "bindings-python",
+            "bindings-node",
+            "bindings-swift",
+        ] {
+            let manifest = read(&format!("{member}/Cargo.toml"));
+            assert!(
+                manifest.lines().any(|l| l.trim() == "version.workspace = true"),
+                "{member}/Cargo.toml does not take the workspace's version"
+            );
+        }
+        let pyproject = read("bindings-python/pyproject.toml");
+        assert!(pyproject.contains("dynamic = [\"version\"]"), "{pyproject}");
+        assert!(
+            !pyproject.lines().any(|l| l.trim_start().starts_with("version =")),
+            "the Python package states a version of its own"
+        );
+        let package: serde_json::Value =
+            serde_json::from_str(&read("bindings-node/package.json")).unwrap();
+        assert_eq!(package["version"], version, "bindings-node/package.json");
+        let lock: serde_json::Value =
+            serde_json::from_str(&read("bindings-node/package-lock.json")).unwrap();
+        assert_eq!(lock["version"], version, "bindings-node/package-lock.json");
+        assert_eq!(lock["packages"][""]["version"], version, "package-lock.json's root");
+    }
+}
