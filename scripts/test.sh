@@ -291,7 +291,7 @@ node22="$node22_dir/node_modules/node/bin/node"
 (cd examples/node && npx tsc --noEmit)
 (cd bindings-node && EVERVM_BIN="$evervm_bin" "$node22" --test test/frameworks/*.test.mjs)
 
-stage book "the book builds (mdBook) and the README's and the book's links hold"
+stage book "the book builds (mdBook), its links hold, and the README's and the book's runnable blocks run (gVisor)"
 await mdbook
 python3 scripts/check_docs.py --self-test
 python3 scripts/check_docs.py
@@ -299,3 +299,4 @@ book_out="$(mktemp -d)"
 "$mdbook_dir/bin/mdbook" build docs --dest-dir "$book_out"
 test -s "$book_out/index.html" && test -s "$book_out/using.html"
 rm -rf "$book_out"
+python3 scripts/run_doc_blocks.py --evervm "$evervm_bin" --python "$pyenv_dir/bin/python"
