@@ -38,7 +38,9 @@ mod one_version {
     use std::path::Path;
 
     fn read(relative: &str) -> String {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(relative);
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(relative);
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     }
 
@@ -61,14 +63,18 @@ mod one_version {
         ] {
             let manifest = read(&format!("{member}/Cargo.toml"));
             assert!(
-                manifest.lines().any(|l| l.trim() == "version.workspace = true"),
+                manifest
+                    .lines()
+                    .any(|l| l.trim() == "version.workspace = true"),
                 "{member}/Cargo.toml does not take the workspace's version"
             );
         }
         let pyproject = read("bindings-python/pyproject.toml");
         assert!(pyproject.contains("dynamic = [\"version\"]"), "{pyproject}");
         assert!(
-            !pyproject.lines().any(|l| l.trim_start().starts_with("version =")),
+            !pyproject
+                .lines()
+                .any(|l| l.trim_start().starts_with("version =")),
             "the Python package states a version of its own"
         );
         let package: serde_json::Value =
@@ -77,6 +83,9 @@ mod one_version {
         let lock: serde_json::Value =
             serde_json::from_str(&read("bindings-node/package-lock.json")).unwrap();
         assert_eq!(lock["version"], version, "bindings-node/package-lock.json");
-        assert_eq!(lock["packages"][""]["version"], version, "package-lock.json's root");
+        assert_eq!(
+            lock["packages"][""]["version"], version,
+            "package-lock.json's root"
+        );
     }
 }

@@ -82,11 +82,18 @@ impl ApiFailure {
     }
 }
 
+/// Whether an answer with `status` is the server's own fault, logged as an error: a 5xx but
+/// 501, which only says that something asked for is not offered (no sign-up, no network on the
+/// process backend, another language's kernel) and is no more the operator's concern than a 4xx.
+pub(crate) fn is_server_fault(status: StatusCode) -> bool {
+    status.is_server_error() && status != StatusCode::NOT_IMPLEMENTED
+}
+
 /// Logged with the full message, rendered, and kept in the response's extensions so that
 /// [`redact_failure`] can take the host paths out of what the client sees.
 impl IntoResponse for ApiFailure {
     fn into_response(self) -> Response {
-        if self.status.is_server_error() {
+        if is_server_fault(self.status) {
             tracing::error!(code = self.code, "{}", self.message);
         } else {
             tracing::debug!(code = self.code, "{}", self.message);

@@ -236,7 +236,7 @@ impl From<evervm_engine::Error> for E2bFailure {
 
 impl IntoResponse for E2bFailure {
     fn into_response(self) -> Response {
-        if self.status.is_server_error() {
+        if crate::server::error::is_server_fault(self.status) {
             tracing::error!(status = self.status.as_u16(), "{}", self.message);
         } else {
             tracing::debug!(status = self.status.as_u16(), "{}", self.message);
