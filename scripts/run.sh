@@ -12,12 +12,12 @@ echo "==> building evervm (release)"
 cargo build --release --locked -p evervm-cli
 evervm="$PWD/target/release/evervm"
 
-# The banner goes to a file as well as the terminal: on a first start it holds the one token
-# this script then uses (a later start prints none, and the script makes one).
-banner="$(mktemp)"
-"$evervm" serve --listen "$listen" > >(tee "$banner") &
+# The token first: a server on a home with none makes and prints one of its own, and the reader
+# would then see two.
+token="$("$evervm" token create --account default)"
+"$evervm" serve --listen "$listen" &
 server=$!
-trap 'kill $server 2>/dev/null; wait $server 2>/dev/null; rm -f "$banner"' EXIT INT TERM
+trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT INT TERM
 
 export EVERVM_URL="http://$listen"
 # The first start builds the root filesystem image (progress above): wait until it serves.
@@ -26,9 +26,7 @@ for _ in $(seq 600); do
     kill -0 $server 2>/dev/null || { echo "error: the server stopped (see above)" >&2; exit 1; }
     sleep 0.5
 done
-for _ in $(seq 50); do grep -q "listening on" "$banner" && break; sleep 0.1; done
-token="$(sed -n 's/^ *export EVERVM_TOKEN=//p' "$banner" | head -n 1)"
-export EVERVM_TOKEN="${token:-$("$evervm" token create --account default)}"
+export EVERVM_TOKEN="$token"
 
 echo "==> a first instruction on a new machine"
 "$evervm" exec 'import sys, platform
