@@ -131,13 +131,25 @@ pub async fn doctor(
     database_url: Option<&str>,
     snapshots: Option<&str>,
 ) -> Result<Vec<Check>> {
+    let config = engine_config(home, backend, database_url, snapshots)?;
+    Ok(evervm_engine::doctor::doctor(&config).await)
+}
+
+/// An engine's settings from the environment and what a server's command line gives: its home,
+/// backend (`auto` when `None`), PostgreSQL and snapshot bucket.
+pub(crate) fn engine_config(
+    home: Option<PathBuf>,
+    backend: Option<&str>,
+    database_url: Option<&str>,
+    snapshots: Option<&str>,
+) -> Result<EngineConfig> {
     let mut config = EngineConfig::new(home.unwrap_or_else(EngineConfig::default_home));
     config.backend = evervm_engine::BackendChoice::parse(backend.unwrap_or("auto"));
     config.database = database(database_url)?;
     if let Some(url) = snapshots {
         config.snapshots = Some(evervm_engine::bucket::BucketSettings::parse(url)?);
     }
-    Ok(evervm_engine::doctor::doctor(&config).await)
+    Ok(config)
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::engine::{BackendChoice, EngineConfig};
 use crate::guest::image::{ImageBuilder, Profile, StderrProgress};
-use crate::sandbox::gvisor::{GvisorBackend, GvisorConfig};
+use crate::sandbox::gvisor::GvisorBackend;
 
 /// Below this much free space in the home, machines cannot be swapped out for long.
 const DISK_FAIL_BYTES: u64 = 512 << 20;
@@ -196,10 +196,7 @@ fn check_disk(home: &Path) -> Check {
 async fn check_runsc(config: &EngineConfig, process_only: bool) -> Check {
     let scratch = std::env::temp_dir().join(format!("evervm-doctor-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&scratch);
-    let mut gvisor = GvisorConfig::new(scratch.clone(), config.images_dir.clone());
-    gvisor.runsc = config.runsc.clone().or(gvisor.runsc);
-    gvisor.platform = config.runsc_platform.clone().or(gvisor.platform);
-    gvisor.network = config.network.clone();
+    let mut gvisor = crate::engine::gvisor_config(config, scratch.clone());
     gvisor.precreated = 0;
     let opened = GvisorBackend::open(gvisor, Arc::new(StderrProgress::default())).await;
     let _ = std::fs::remove_dir_all(&scratch);
@@ -276,18 +273,8 @@ fn check_namespaces(process_only: bool) -> Check {
         Status::Warn
     };
     let made = std::process::Command::new("unshare")
-        .args([
-            "--user",
-            "--map-root-user",
-            "--pid",
-            "--fork",
-            "--mount-proc",
-            "--net",
-            "--ipc",
-            "--uts",
-            "--mount",
-            "true",
-        ])
+        .args(crate::sandbox::process::NAMESPACE_ARGS)
+        .args(["--", "true"])
         .stdin(std::process::Stdio::null())
         .output();
     match made {
@@ -317,7 +304,7 @@ fn check_namespaces(process_only: bool) -> Check {
 fn check_network_tools() -> Check {
     let missing: Vec<&str> = ["ip", "nft"]
         .into_iter()
-        .filter(|tool| find_on_path(tool).is_none())
+        .filter(|tool| crate::sandbox::process::find_on_path(tool).is_none())
         .collect();
     if missing.is_empty() {
         Check::ok(
@@ -437,13 +424,6 @@ fn writable(dir: &Path) -> bool {
     let made = std::fs::write(&probe, b"").is_ok();
     let _ = std::fs::remove_file(&probe);
     made
-}
-
-fn find_on_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(name))
-        .find(|candidate| candidate.is_file())
 }
 
 fn human(bytes: u64) -> String {

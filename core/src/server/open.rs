@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::path::{Path, PathBuf};
 
-use evervm_engine::{BackendChoice, Engine, EngineConfig};
+use evervm_engine::{BackendChoice, Engine};
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -64,12 +64,12 @@ impl std::fmt::Debug for Server {
 /// an in-process client may fall back to but a server must not.
 pub async fn open(options: ServeOptions) -> Result<Server> {
     let backend = options.backend.as_deref().unwrap_or("auto");
-    let mut config = EngineConfig::new(options.home.unwrap_or_else(EngineConfig::default_home));
-    config.backend = BackendChoice::parse(backend);
-    config.database = crate::admin::database(options.database.as_deref())?;
-    if let Some(url) = options.snapshots.as_deref() {
-        config.snapshots = Some(evervm_engine::bucket::BucketSettings::parse(url)?);
-    }
+    let mut config = crate::admin::engine_config(
+        options.home,
+        Some(backend),
+        options.database.as_deref(),
+        options.snapshots.as_deref(),
+    )?;
     if let Some(advertise) = options.advertise.as_deref() {
         let id = match options.node_id {
             Some(id) => id,

@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::io::{Read, Seek, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -107,11 +107,18 @@ fn process_backend(config: &EngineConfig) -> Result<Arc<dyn SandboxBackend>> {
     Ok(Arc::new(ProcessBackend::new(backend_config)?))
 }
 
-async fn gvisor_backend(config: &EngineConfig) -> Result<Arc<dyn SandboxBackend>> {
-    let mut gvisor = GvisorConfig::new(config.home.clone(), config.images_dir.clone());
+/// The gVisor backend's settings for an engine's: sandboxes under `home`, the engine's images,
+/// runsc, platform and network settings (each given one over the environment's).
+pub(crate) fn gvisor_config(config: &EngineConfig, home: PathBuf) -> GvisorConfig {
+    let mut gvisor = GvisorConfig::new(home, config.images_dir.clone());
     gvisor.runsc = config.runsc.clone().or(gvisor.runsc);
     gvisor.platform = config.runsc_platform.clone().or(gvisor.platform);
     gvisor.network = config.network.clone();
+    gvisor
+}
+
+async fn gvisor_backend(config: &EngineConfig) -> Result<Arc<dyn SandboxBackend>> {
+    let gvisor = gvisor_config(config, config.home.clone());
     Ok(Arc::new(
         GvisorBackend::open(gvisor, Arc::new(StderrProgress::default())).await?,
     ))

@@ -22,6 +22,7 @@ use std::sync::atomic::Ordering;
 pub use self::config::{
     BackendChoice, EngineConfig, Hook, Hooks, LINE_OVERHEAD_BYTES, Limits, parse_memory_list,
 };
+pub(crate) use self::home::gvisor_config;
 pub use self::home::{
     create_token_in_home, create_token_in_store, list_tokens_in_home, list_tokens_in_store,
     revoke_token_in_home, revoke_token_in_store,

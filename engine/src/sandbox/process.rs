@@ -72,12 +72,27 @@ impl ProcessBackendConfig {
     }
 }
 
-fn find_on_path(program: &str) -> Option<PathBuf> {
+pub(crate) fn find_on_path(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .map(|dir| dir.join(program))
         .find(|candidate| candidate.is_file())
 }
+
+/// util-linux `unshare`'s arguments for a machine's namespaces (user, pid, mount, network, IPC,
+/// UTS), its pid 1 a child that dies with it.
+pub(crate) const NAMESPACE_ARGS: [&str; 10] = [
+    "--user",
+    "--map-root-user",
+    "--pid",
+    "--fork",
+    "--kill-child",
+    "--mount-proc",
+    "--net",
+    "--ipc",
+    "--uts",
+    "--mount",
+];
 
 /// The process backend.
 #[derive(Debug)]
@@ -139,19 +154,8 @@ impl SandboxBackend for ProcessBackend {
 
         let mut command = Command::new(&self.config.unshare);
         command
-            .args([
-                "--user",
-                "--map-root-user",
-                "--pid",
-                "--fork",
-                "--kill-child",
-                "--mount-proc",
-                "--net",
-                "--ipc",
-                "--uts",
-                "--mount",
-                "--",
-            ])
+            .args(NAMESPACE_ARGS)
+            .arg("--")
             .arg(&self.config.python)
             .args(["-I", "-c", AGENT_SOURCE])
             .current_dir(&work_dir)
