@@ -167,6 +167,9 @@ impl Bucket {
     /// Connects to the bucket and checks that it answers (a list of the prefix) within 10 s.
     pub async fn open(settings: &BucketSettings) -> Result<Self> {
         let url = settings.url();
+        // object_store's client brings no crypto of its own (Cargo.toml): ring, process-wide.
+        // An error only says a provider is installed already, which serves as well.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let mut builder = AmazonS3Builder::from_env().with_bucket_name(&settings.bucket);
         if let Some(endpoint) = &settings.endpoint {
             builder = builder.with_endpoint(endpoint).with_allow_http(true);
