@@ -108,6 +108,16 @@ stage_report() {
             fi
             printf '%-28s %8s %8s\n' "$name" "$took" "${background_waited[$name]:--}"
         done
+        # A job made of stages of its own (test.sh's second lane) printed them as it went.
+        for name in "${background_order[@]}"; do
+            if grep -q '^<== ' "$background_dir/$name.log" 2>/dev/null; then
+                echo "stages of the background job $name:"
+                sed -n 's/^<== \([^:]*\): \([0-9]*\) s, CPUs \([0-9]*\) % busy$/\1 \2 \3/p' \
+                    "$background_dir/$name.log" | while read -r stage_name secs busy; do
+                    printf '  %-26s %8s %9s%%\n' "$stage_name" "$secs" "$busy"
+                done
+            fi
+        done
     fi
     # Jobs nobody waited for (a failed run) must not outlive it.
     for name in "${background_order[@]}"; do

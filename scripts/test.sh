@@ -30,15 +30,10 @@ echo "free disk: $(df -h --output=avail "${TMPDIR:-/tmp}" | tail -1 | tr -d ' ')
 pyenv_dir="${EVERVM_PYENV:-$cache/evervm/pyenv}"
 python_test_env() {
     [ -x "$pyenv_dir/bin/python" ] || python3 -m venv "$pyenv_dir"
-    # The package's own test and extra requirements, read from its pyproject.toml; maturin makes
-    # the wheel from the build below; the Swift, MCP and fuzzing suites' tools.
-    mapfile -t package_requirements < <(python3 -c '
-import tomllib
-extras = tomllib.load(open("bindings-python/pyproject.toml", "rb"))["project"]["optional-dependencies"]
-print("\n".join(extras["test"] + extras["langchain"]))')
-    "$pyenv_dir/bin/pip" install -q --disable-pip-version-check "${package_requirements[@]}" \
-        "maturin==1.16.0" "tree-sitter==0.26.1" "tree-sitter-swift==0.7.4" "mcp==2.3.0" \
-        "schemathesis==4.32.5"
+    # The Swift, MCP, fuzzing and docs suites' tools (the Python package's tests run in a venv of
+    # their own, from the wheel: stage python).
+    "$pyenv_dir/bin/pip" install -q --disable-pip-version-check "pytest==8.4.2" \
+        "tree-sitter==0.26.1" "tree-sitter-swift==0.7.4" "mcp==2.3.0" "schemathesis==4.32.5"
 }
 # E2B's Python SDK, the newest releases and the oldest that honour E2B_SANDBOX_URL; LangChain's
 # Deep Agents with E2B's langchain-e2b backend on the newest.
@@ -99,11 +94,13 @@ npm_packages() {
         npm install --no-audit --no-fund --loglevel=error --prefix "$node22_dir" node@22.23.3
 }
 # mdBook for the book (docs/), pinned, built once into the cache; only `build` is used, so
-# without its live server and file watcher (a third of the compile).
+# without its live server and file watcher (a third of the compile). Started with the two lanes
+# at the end, whose suites leave half the CPU idle, rather than beside the engine's build.
 mdbook_dir="$cache/evervm/mdbook-0.5.4-build"
 mdbook_tool() {
     [ -x "$mdbook_dir/bin/mdbook" ] ||
-        cargo install --quiet --locked mdbook --version 0.5.4 --no-default-features \
+        env -u RUSTC_WORKSPACE_WRAPPER cargo install --quiet --locked mdbook --version 0.5.4 \
+            --no-default-features \
             --features search --root "$mdbook_dir"
 }
 go_programs() {
@@ -119,7 +116,6 @@ background reference reference_kernel_env
 background e2b-oldest e2b_python_env oldest "e2b-code-interpreter==2.9.0" "e2b==2.26.0"
 background e2b-leaks e2b_leak_envs
 background npm npm_packages
-background mdbook mdbook_tool
 
 # One build from scratch: incremental state would only double what the build keeps on disk.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
@@ -156,36 +152,28 @@ images() {
 }
 background images images
 
-stage swift-build "Swift package: build the remote-only library and generate its sources"
-# Remote only: the engine itself (sandboxes, the store, SQLite) must stay out of its build.
-swift_deps="$(cargo tree --locked -p evervm-swift -e normal --prefix none)"
-if grep -E '^(rusqlite|zstd|prometheus-client|libsqlite3-sys) ' <<<"$swift_deps"; then
-    echo "the Swift package depends on the engine's runtime (above): keep evervm-engine's runtime feature off" >&2
-    exit 1
-fi
-ffi_dir="$(mktemp -d)"
-bindings-swift/scripts/generate.sh "$ffi_dir"
-if ! git diff --exit-code -- bindings-swift/Sources; then
-    echo "bindings-swift/Sources differ from what scripts/generate.sh writes: commit them" >&2
-    exit 1
-fi
-
-stage python-build "Python package: its wheel from the build above (maturin, debug profile)"
-await python
-wheel_dir="$(mktemp -d)"
-# maturin builds the package alone: workspace-hack makes its features the workspace's, so it
-# compiles only pyo3 (for the interpreter maturin found) and the module itself.
-"$pyenv_dir/bin/maturin" build --quiet --profile dev --target "$host" \
-    --manifest-path bindings-python/Cargo.toml --out "$wheel_dir"
-"$pyenv_dir/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps \
-    "$wheel_dir"/evervm-*.whl
-rm -rf "$wheel_dir"
-
 stage node-build "Node package: the native module from the build above (the committed loader and types must match)"
 await npm
-(cd bindings-node && npx napi build --platform --js binding.cjs --dts binding.d.cts)
+(cd bindings-node && npx napi build --platform --target "$host" --js binding.cjs --dts binding.d.cts)
 if ! git diff --exit-code -- bindings-node/binding.cjs bindings-node/binding.d.cts; then
     echo "bindings-node/binding.cjs or binding.d.cts differ from what napi build generates: commit them" >&2
+    exit 1
+fi
+
+stage dist "the release artifacts, packaged from this build (scripts/dist.sh --profile dev): wheel, sdist, npm tarballs, the evervm binary"
+# The same packaging as a release (stripped, optimised: scripts/dist.sh), of the debug build the
+# tests use: the Python and Node packages' tests and the command below run from these artifacts.
+dist_dir="$PWD/dist"
+EVERVM_NODE_BUILT="$PWD/bindings-node" scripts/dist.sh --profile dev --out "$dist_dir"
+version="$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -1)"
+installed="$(mktemp -d)"
+tar -xzf "$dist_dir/evervm-$version-$host.tar.gz" -C "$installed"
+dist_bin="$installed/evervm-$version-$host/evervm"
+# What a user without Rust has: PATH without any directory holding cargo or rustc.
+nocargo_path="$(tr ':' '\n' <<<"$PATH" | while read -r dir; do
+    [ -x "$dir/cargo" ] || [ -x "$dir/rustc" ] || echo "$dir"; done | paste -sd:)"
+if PATH="$nocargo_path" command -v cargo rustc; then
+    echo "cargo or rustc is still on PATH for the install tests (above)" >&2
     exit 1
 fi
 
@@ -242,15 +230,76 @@ stage load "load program, small: fails on any error or order violation, never on
 "$target_dir/$host/debug/load" --backend auto --clients 8 --instructions 50 --machines 4 \
     --swap-every-ms 250 --max-seconds 300
 
-stage python "Python package's tests"
-EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" -m pytest -q -p no:cacheprovider \
-    bindings-python/tests
+# Two lanes from here: these suites wait on sandboxes far more than on the CPU (about half of
+# two cores each), so the Swift and Node ones run in the background beside the Python ones.
+other_lane() {
+    stage_current=""
+    stage swift-build "Swift package: build the remote-only library and generate its sources"
+    # Remote only: the engine itself (sandboxes, the store, SQLite) must stay out of its build.
+    swift_deps="$(cargo tree --locked -p evervm-swift -e normal --prefix none)"
+    if grep -E '^(rusqlite|zstd|prometheus-client|libsqlite3-sys) ' <<<"$swift_deps"; then
+        echo "the Swift package depends on the engine's runtime (above): keep evervm-engine's runtime feature off" >&2
+        exit 1
+    fi
+    ffi_dir="$(mktemp -d)"
+    bindings-swift/scripts/generate.sh "$ffi_dir"
+    if ! git diff --exit-code -- bindings-swift/Sources; then
+        echo "bindings-swift/Sources differ from what scripts/generate.sh writes: commit them" >&2
+        exit 1
+    fi
 
-stage swift "Swift package: its FFI surface through uniffi's Python bindings, every Swift file parsed"
-# No Swift compiler here: the Swift files are parsed (tree-sitter's Swift grammar) instead.
-EVERVM_FFI_DIR="$ffi_dir" EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" -m pytest -q \
-    -p no:cacheprovider bindings-swift/tests
-rm -rf "$ffi_dir"
+    stage swift "Swift package: its FFI surface through uniffi's Python bindings, every Swift file parsed"
+    # No Swift compiler here: the Swift files are parsed (tree-sitter's Swift grammar) instead.
+    EVERVM_FFI_DIR="$ffi_dir" EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" -m pytest -q \
+        -p no:cacheprovider bindings-swift/tests
+    rm -rf "$ffi_dir"
+
+    stage node "Node package: evervm and evervm-<platform> from dist/, installed offline in a fresh project with no cargo on PATH, and its tests there"
+    local app
+    app="$(mktemp -d)/app"
+    mkdir -p "$app"
+    echo '{"name": "evervm-install-test", "private": true}' >"$app/package.json"
+    cp -r bindings-node/test "$app/test"
+    # The package's own test dependencies (the AI SDK's and the Agents SDK's), at its pins, from
+    # the registry (`npm ci` cached their tarballs, not their metadata); then the two tarballs,
+    # offline (the other platforms' packages, never published, are optional and skipped).
+    mapfile -t test_deps < <(node -p 'Object.entries(require("./bindings-node/package.json").devDependencies)
+        .filter(([name]) => !name.startsWith("@napi-rs/")).map(([name, v]) => `${name}@${v}`).join("\n")')
+    (cd "$app" && PATH="$nocargo_path" npm install --prefer-offline --no-audit --no-fund \
+        --loglevel=error "${test_deps[@]}")
+    (cd "$app" && PATH="$nocargo_path" npm install --offline --no-audit --no-fund --loglevel=error \
+        "$dist_dir/evervm-$version.tgz" "$dist_dir"/evervm-*-"$version".tgz)
+    (cd "$app" && PATH="$nocargo_path" EVERVM_BIN="$dist_bin" EVERVM_REPO="$PWD" EVERVM_DIST="$dist_dir" \
+        node --test test/*.test.mjs)
+
+    stage mcp-ts "MCP server: the official TypeScript SDK over stdio and streamable HTTP (gVisor)"
+    (cd tests/mcp/ts && EVERVM_BIN="$evervm_bin" node --test)
+
+    stage e2b-js "E2B's JS SDK, unmodified, against --e2b-listen (gVisor): the newest release and the oldest that honours E2B_SANDBOX_URL"
+    for sdk in newest oldest; do
+        (cd "tests/e2b/js-$sdk" && EVERVM_BIN="$evervm_bin" node --test ../js/sdk.test.mjs)
+    done
+
+    stage node22 "Node package on Node 22 (the AI SDK needs it), installed as above: tool helpers in their SDKs' loops, examples/node"
+    (cd examples/node && npx tsc --noEmit)
+    (cd "$app" && PATH="$nocargo_path" EVERVM_BIN="$dist_bin" EVERVM_REPO="$PWD" \
+        "$node22_dir/node_modules/node/bin/node" --test test/frameworks/*.test.mjs)
+    stage_end
+}
+await npm
+await python
+background lanes other_lane
+background mdbook mdbook_tool
+
+stage python "Python package: the wheel from dist/ in a fresh venv with no cargo on PATH, and its tests there"
+install_venv="$installed/venv"
+python3 -m venv "$install_venv"
+# The wheel with the package's own test and extra requirements (pyproject.toml).
+PATH="$nocargo_path" "$install_venv/bin/pip" install -q --disable-pip-version-check \
+    "$(ls "$dist_dir"/evervm-"$version"-*.whl)[test,langchain]"
+"$install_venv/bin/python" -c 'import evervm, sys; sys.exit(0 if "site-packages" in evervm.__file__ else f"evervm comes from {evervm.__file__}")'
+PATH="$nocargo_path" EVERVM_BIN="$dist_bin" "$install_venv/bin/python" -m pytest -q -p no:cacheprovider \
+    bindings-python/tests
 
 stage mcp-python "MCP server: the official MCP Python SDK over stdio and streamable HTTP (gVisor)"
 EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" -m pytest -q -p no:cacheprovider tests/mcp/test_mcp.py
@@ -275,22 +324,6 @@ stage fuzz "API fuzzing: schemathesis against /openapi.json (process backend, bo
 # tests/api/README.md: a short run of every phase against `evervm serve --backend process`.
 EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" tests/api/run.py --mode ci
 
-stage node "Node package's tests"
-(cd bindings-node && EVERVM_BIN="$evervm_bin" node --test test/*.test.mjs)
-
-stage mcp-ts "MCP server: the official TypeScript SDK over stdio and streamable HTTP (gVisor)"
-(cd tests/mcp/ts && EVERVM_BIN="$evervm_bin" node --test)
-
-stage e2b-js "E2B's JS SDK, unmodified, against --e2b-listen (gVisor): the newest release and the oldest that honours E2B_SANDBOX_URL"
-for sdk in newest oldest; do
-    (cd "tests/e2b/js-$sdk" && EVERVM_BIN="$evervm_bin" node --test ../js/sdk.test.mjs)
-done
-
-stage node22 "Node package on Node 22 (the AI SDK needs it): tool helpers in their SDKs' loops, examples/node"
-node22="$node22_dir/node_modules/node/bin/node"
-(cd examples/node && npx tsc --noEmit)
-(cd bindings-node && EVERVM_BIN="$evervm_bin" "$node22" --test test/frameworks/*.test.mjs)
-
 stage book "the book builds (mdBook), its links hold, and the README's and the book's runnable blocks run (gVisor)"
 await mdbook
 python3 scripts/check_docs.py --self-test
@@ -299,4 +332,6 @@ book_out="$(mktemp -d)"
 "$mdbook_dir/bin/mdbook" build docs --dest-dir "$book_out"
 test -s "$book_out/index.html" && test -s "$book_out/using.html"
 rm -rf "$book_out"
-python3 scripts/run_doc_blocks.py --evervm "$evervm_bin" --python "$pyenv_dir/bin/python"
+python3 scripts/run_doc_blocks.py --evervm "$evervm_bin" --python "$install_venv/bin/python"
+
+await lanes

@@ -3,12 +3,12 @@ import { test } from 'node:test'
 import { createRequire } from 'node:module'
 import { Readable } from 'node:stream'
 
-import * as evervm from '../index.mjs'
-import { Client, EvervmError, NotFoundError, InvalidInputError, AbortError } from '../index.mjs'
+import * as evervm from 'evervm'
+import { Client, EvervmError, NotFoundError, InvalidInputError, AbortError } from 'evervm'
 import { bothTransports } from './helpers.mjs'
 
 test('the CommonJS and ES module entries are one package', () => {
-  const required = createRequire(import.meta.url)('../index.cjs')
+  const required = createRequire(import.meta.url)('evervm')
   assert.equal(required.Client, Client)
   // Every error kind has its class in both entries.
   for (const name of Object.keys(required).filter((n) => n.endsWith('Error'))) {

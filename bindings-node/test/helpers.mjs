@@ -4,7 +4,7 @@ import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 
-import { Client } from '../index.mjs'
+import { Client } from 'evervm'
 import { startServer } from './server.mjs'
 
 export { evervmBinary, startServer } from './server.mjs'

@@ -1,6 +1,7 @@
-// The package as a user gets it: `npm pack`, `npm install ./evervm-x.y.z.tgz` in a fresh
-// directory, then `require` and `import` from there; and the per-platform packages that
-// scripts/prebuilt.sh makes, installed the way npm picks them.
+// The packages as a user gets them: `evervm` and its per-platform package as scripts/dist.sh
+// makes them (EVERVM_DIST: that directory; else bindings-node/scripts/prebuilt.sh makes them here
+// from the module built in bindings-node), installed the way npm picks them in a fresh directory,
+// then used through `require` and `import`.
 import assert from 'node:assert/strict'
 import { test } from 'node:test'
 import { execFileSync } from 'node:child_process'
@@ -9,7 +10,9 @@ import { tmpdir } from 'node:os'
 import { join, dirname } from 'node:path'
 import { fileURLToPath } from 'node:url'
 
-const pkg = join(dirname(fileURLToPath(import.meta.url)), '..')
+// EVERVM_REPO: where the repository is when these tests run from an installed copy.
+const repo = process.env.EVERVM_REPO ?? join(dirname(fileURLToPath(import.meta.url)), '..', '..')
+const pkg = join(repo, 'bindings-node')
 const { version } = JSON.parse(readFileSync(join(pkg, 'package.json'), 'utf8'))
 const npm = (cwd, ...args) => execFileSync('npm', ['--no-audit', '--no-fund', '--loglevel=error', ...args], { cwd, encoding: 'utf8' })
 
@@ -38,44 +41,35 @@ await client.close()
   }
 }
 
-test('npm pack, then npm install of the tarball in a fresh directory', () => {
-  const work = mkdtempSync(join(tmpdir(), 'evervm-pack-'))
-  try {
-    npm(pkg, 'pack', '--silent', '--pack-destination', work)
-    const tarball = join(work, `evervm-${version}.tgz`)
-    assert.ok(existsSync(tarball), readdirSync(work).join(', '))
-    const listing = execFileSync('tar', ['-tzf', tarball], { encoding: 'utf8' }).split('\n')
-    for (const file of ['package/index.cjs', 'package/index.mjs', 'package/index.d.ts', 'package/binding.cjs', 'package/ai.mjs', 'package/tools.cjs']) {
-      assert.ok(listing.includes(file), `${file} is in the tarball`)
-    }
-    assert.ok(listing.some((f) => /^package\/evervm\.[\w-]+\.node$/.test(f)), 'the native module is in the tarball')
-    assert.ok(!listing.some((f) => f.includes('node_modules') || f.startsWith('package/src/')), 'no sources or dependencies')
-
-    const app = join(work, 'app')
-    execFileSync('mkdir', [app])
-    writeFileSync(join(app, 'package.json'), '{"name": "app", "private": true}')
-    npm(app, 'install', '--offline', tarball)
-    assert.deepEqual(useInstalled(app), { value: '2', tool: 'hi' })
-  } finally {
-    rmSync(work, { recursive: true, force: true })
-  }
-})
-
-test('per-platform packages: evervm finds its module in evervm-<platform>', () => {
-  const built = readdirSync(pkg).filter((f) => /^evervm\.[\w-]+\.node$/.test(f))
-  assert.equal(built.length, 1, 'one native module built here')
-  const platform = built[0].split('.')[1]
+test('evervm and evervm-<platform>: what each carries, and evervm finding its module when installed', () => {
   const work = mkdtempSync(join(tmpdir(), 'evervm-prebuilt-'))
   try {
-    execFileSync(join(pkg, 'scripts', 'prebuilt.sh'), [work], { env: { ...process.env, EVERVM_NODE_BUILT: pkg }, encoding: 'utf8' })
-    const platformTarball = join(work, `evervm-${platform}-${version}.tgz`)
-    const mainTarball = join(work, `evervm-${version}.tgz`)
-    assert.ok(existsSync(platformTarball) && existsSync(mainTarball), readdirSync(work).join(', '))
-    const mainListing = execFileSync('tar', ['-tzf', mainTarball], { encoding: 'utf8' })
-    assert.doesNotMatch(mainListing, /\.node$/m, 'the main package carries no native module')
+    let tarballs = process.env.EVERVM_DIST
+    if (!tarballs) {
+      const built = readdirSync(pkg).filter((f) => /^evervm\.[\w-]+\.node$/.test(f))
+      assert.equal(built.length, 1, 'one native module built in bindings-node (npm run build:debug)')
+      tarballs = work
+      execFileSync(join(pkg, 'scripts', 'prebuilt.sh'), [work], { env: { ...process.env, EVERVM_NODE_BUILT: pkg }, encoding: 'utf8' })
+    }
+    const platformTarballs = readdirSync(tarballs).filter((f) => new RegExp(`^evervm-[a-z0-9-]+-${version}\\.tgz$`).test(f))
+    assert.equal(platformTarballs.length, 1, `one platform package in ${tarballs}: ${readdirSync(tarballs).join(', ')}`)
+    const platformTarball = join(tarballs, platformTarballs[0])
+    const platform = platformTarballs[0].slice('evervm-'.length, -`-${version}.tgz`.length)
+    const mainTarball = join(tarballs, `evervm-${version}.tgz`)
+    assert.ok(existsSync(mainTarball), readdirSync(tarballs).join(', '))
+
+    const listing = execFileSync('tar', ['-tzf', mainTarball], { encoding: 'utf8' }).split('\n')
+    for (const file of ['package/index.cjs', 'package/index.mjs', 'package/index.d.ts', 'package/binding.cjs', 'package/ai.mjs', 'package/tools.cjs', 'package/openai-agents.mjs']) {
+      assert.ok(listing.includes(file), `${file} is in the tarball`)
+    }
+    assert.ok(!listing.some((f) => f.endsWith('.node')), 'the main package carries no native module')
+    assert.ok(!listing.some((f) => f.includes('node_modules') || f.startsWith('package/src/') || f.startsWith('package/test/')), 'no sources, tests or dependencies')
     const manifest = JSON.parse(execFileSync('tar', ['-xzOf', mainTarball, 'package/package.json'], { encoding: 'utf8' }))
     const targets = ['linux-x64-gnu', 'linux-arm64-gnu', 'linux-x64-musl', 'linux-arm64-musl', 'darwin-x64', 'darwin-arm64']
     assert.deepEqual(Object.keys(manifest.optionalDependencies).sort(), targets.map((t) => `evervm-${t}`).sort())
+    assert.ok(Object.values(manifest.optionalDependencies).every((v) => v === version), JSON.stringify(manifest.optionalDependencies))
+    const platformListing = execFileSync('tar', ['-tzf', platformTarball], { encoding: 'utf8' })
+    assert.match(platformListing, new RegExp(`^package/evervm\\.${platform}\\.node$`, 'm'))
     const platformManifest = JSON.parse(execFileSync('tar', ['-xzOf', platformTarball, 'package/package.json'], { encoding: 'utf8' }))
     assert.deepEqual([platformManifest.os, platformManifest.cpu], [[process.platform], [process.arch]])
 
@@ -85,7 +79,7 @@ test('per-platform packages: evervm finds its module in evervm-<platform>', () =
     // The platform package as npm would pick it from the registry (nothing is published).
     npm(app, 'install', '--offline', platformTarball, mainTarball)
     assert.ok(existsSync(join(app, 'node_modules', `evervm-${platform}`)))
-    assert.equal(useInstalled(app).value, '2')
+    assert.deepEqual(useInstalled(app), { value: '2', tool: 'hi' })
   } finally {
     rmSync(work, { recursive: true, force: true })
   }

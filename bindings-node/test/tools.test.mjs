@@ -3,8 +3,8 @@ import assert from 'node:assert/strict'
 import { test } from 'node:test'
 import { createRequire } from 'node:module'
 
-import { InvalidInputError, AbortError } from '../index.mjs'
-import { PythonTool, toolSpec } from '../tools.mjs'
+import { InvalidInputError, AbortError } from 'evervm'
+import { PythonTool, toolSpec } from 'evervm/tools'
 import { bothTransports } from './helpers.mjs'
 
 // A 1x1 PNG made by Python (no matplotlib on the process backend), shown with display().
@@ -21,7 +21,7 @@ print('shown')
 `
 
 test('the CommonJS and ES module entries of evervm/tools are one', () => {
-  assert.equal(createRequire(import.meta.url)('../tools.cjs').PythonTool, PythonTool)
+  assert.equal(createRequire(import.meta.url)('evervm/tools').PythonTool, PythonTool)
   assert.equal(toolSpec.name, 'python_repl')
   assert.match(toolSpec.description, /persist/)
 })

@@ -5,7 +5,7 @@ import { test } from 'node:test'
 import { generateText, stepCountIs } from 'ai'
 import { MockLanguageModelV4 } from 'ai/test'
 
-import { pythonTool, PythonTool } from '../../ai.mjs'
+import { pythonTool, PythonTool } from 'evervm/ai'
 import { withGvisor, FIRST_CODE, SECOND_CODE, lastNumber } from './helpers.mjs'
 
 const usage = {

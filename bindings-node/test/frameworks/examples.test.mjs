@@ -8,7 +8,9 @@ import { tmpdir } from 'node:os'
 import { join, dirname } from 'node:path'
 import { fileURLToPath } from 'node:url'
 
-const examples = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..', 'examples', 'node')
+// EVERVM_REPO: where the repository is when these tests run from an installed copy.
+const repo = process.env.EVERVM_REPO ?? join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..')
+const examples = join(repo, 'examples', 'node')
 
 function run(script) {
   const home = mkdtempSync(join(tmpdir(), 'evervm-example-'))

@@ -4,7 +4,7 @@ import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 
-import { Client } from '../../index.mjs'
+import { Client } from 'evervm'
 
 /** `test(client)` with an in-process engine on gVisor, cleaned up after. */
 export async function withGvisor(t, test) {

@@ -5,7 +5,7 @@ import { test } from 'node:test'
 import { Agent, run, setTracingDisabled } from '@openai/agents'
 import { ScriptedModel, modelResponder, functionCall, assistantMessage } from '@openai/agents/testing'
 
-import { pythonTool, PythonTool } from '../../openai-agents.mjs'
+import { pythonTool, PythonTool } from 'evervm/openai-agents'
 import { withGvisor, FIRST_CODE, SECOND_CODE, lastNumber } from './helpers.mjs'
 
 setTracingDisabled(true)
