@@ -330,7 +330,7 @@ python3 scripts/check_docs.py --self-test
 python3 scripts/check_docs.py
 book_out="$(mktemp -d)"
 "$mdbook_dir/bin/mdbook" build docs --dest-dir "$book_out"
-test -s "$book_out/index.html" && test -s "$book_out/using.html"
+test -s "$book_out/index.html" && test -s "$book_out/getting-started.html"
 rm -rf "$book_out"
 python3 scripts/run_doc_blocks.py --evervm "$evervm_bin" --python "$install_venv/bin/python"
 

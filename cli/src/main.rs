@@ -165,7 +165,7 @@ enum Command {
 enum ImageCommand {
     /// Build an image from Debian packages (nothing is rebuilt unless an input changed): a
     /// built-in profile, or a custom image from its profile file (a base, extra Debian
-    /// packages, PyPI wheels; see "Custom images" in docs/using.md), which also writes FILE's lock
+    /// packages, PyPI wheels; see "Custom images" in docs/images.md), which also writes FILE's lock
     /// file (FILE with `.lock`).
     Build {
         /// A custom image's profile file (TOML).

@@ -1,5 +1,5 @@
 // Runs an E2B JS code-interpreter release (the package named by the first argument, from
-// js-leaks/) set up as docs/using.md tells users (E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY,
+// js-leaks/) set up as docs/e2b.md tells users (E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY,
 // and E2B_DOMAIN set to evervm's sink domain): creates a sandbox and runs a cell, recording the
 // host of every connection the process opens. Prints one JSON object, as leak_probe.py does;
 // test_sdk_leaks.py judges it.

@@ -1,5 +1,5 @@
 """Runs in a venv holding an E2B Python SDK release (any, 1.0 on): creates a code-interpreter
-sandbox and runs a cell, set up as docs/using.md tells users (E2B_API_URL, E2B_SANDBOX_URL,
+sandbox and runs a cell, set up as docs/e2b.md tells users (E2B_API_URL, E2B_SANDBOX_URL,
 E2B_API_KEY, and E2B_DOMAIN set to evervm's sink domain), while recording every host name the
 process looks up and every address it connects to. Prints one JSON object: what it saw and how
 far the SDK got. test_sdk_leaks.py judges it."""

@@ -1,6 +1,6 @@
 """No E2B SDK release sends a sandbox's traffic, or the key, anywhere but evervm.
 
-Releases older than those docs/using.md names (E2B's core before 2.7.0 sends envd traffic to
+Releases older than those docs/e2b.md names (E2B's core before 2.7.0 sends envd traffic to
 `https://49983-<id>.<domain>`; its code interpreter before 2.9.0 sends the cell's code there
 on any core; before 2.3.4 the core ignores E2B_API_URL) run leak_probe.py, set up as the book
 tells users, with every lookup and connection recorded: each must reach only evervm's

@@ -492,7 +492,7 @@ async fn signup() -> ApiFailure {
     ApiFailure::coded(
         &ErrorCode::UNSUPPORTED,
         "evervm has no sign-up: whoever runs the server creates tokens with \
-         `evervm token create <account>`",
+         `evervm token create --account NAME`",
     )
 }
 

@@ -163,7 +163,7 @@ pub(super) fn check_sdk(headers: &HeaderMap, template: &str) -> Result<(), E2bFa
         E2bFailure::bad_request(format!(
             "{what} would send this sandbox's traffic (your code and its access token) to E2B's \
              servers instead of evervm, so evervm refuses it: use {works}, with E2B_API_URL and \
-             E2B_SANDBOX_URL set to this server (see \"E2B's SDKs\" in docs/using.md)"
+             E2B_SANDBOX_URL set to this server (see docs/e2b.md)"
         ))
     };
     let Some(version) = version else {

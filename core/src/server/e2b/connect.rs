@@ -118,8 +118,8 @@ impl RpcError {
         Self::new(
             Code::Unimplemented,
             format!(
-                "{procedure} is not emulated by evervm's E2B listener: see \"E2B's SDKs\" in \
-                 docs/using.md for what is"
+                "{procedure} is not emulated by evervm's E2B listener: see docs/e2b.md for \
+                 what is"
             ),
         )
     }

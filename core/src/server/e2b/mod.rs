@@ -42,7 +42,7 @@ pub const ENVD_PORT: u16 = 49983;
 /// The port of E2B's code interpreter inside a sandbox (`/execute`).
 pub const INTERPRETER_PORT: u16 = 49999;
 /// The envd version this listener reports: the SDKs switch behaviours on it, and every feature
-/// up to it that they use is implemented here (see "E2B's SDKs" in docs/using.md).
+/// up to it that they use is implemented here (see docs/e2b.md).
 pub const ENVD_VERSION: &str = "0.4.0";
 /// What E2B keys start with; some SDK releases refuse keys that don't.
 const KEY_PREFIX: &str = "e2b_";
@@ -160,8 +160,7 @@ async fn not_found(method: axum::http::Method, uri: axum::http::Uri) -> E2bFailu
     E2bFailure::new(
         StatusCode::NOT_FOUND,
         format!(
-            "no route {method} {} in evervm's E2B-compatible API (see \"E2B's SDKs\" in \
-             docs/using.md)",
+            "no route {method} {} in evervm's E2B-compatible API (see docs/e2b.md)",
             uri.path()
         ),
     )
