@@ -432,11 +432,17 @@ pub(super) async fn kill(
     ApiCaller(account): ApiCaller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, E2bFailure> {
-    state
-        .engine
-        .delete_machine(&account, &id)
-        .await
-        .map_err(|e| not_found_as_sandbox(&e, &id))?;
+    // Gone from envd's /health before the deletion breaks off the sandbox's running code: an
+    // SDK whose stream is cut asks /health, and must find the sandbox killed, not running.
+    let clock = state.sandboxes.take(&account, &id);
+    if let Err(e) = state.engine.delete_machine(&account, &id).await {
+        if let Some(clock) = clock
+            && e.kind() != ErrorKind::NotFound
+        {
+            state.sandboxes.put_back(&id, clock);
+        }
+        return Err(not_found_as_sandbox(&e, &id));
+    }
     state.sandboxes.stop(&id);
     Ok(StatusCode::NO_CONTENT)
 }

@@ -91,6 +91,22 @@ impl Sandboxes {
         lock(&self.clocks).remove(name).is_some()
     }
 
+    /// Takes out the clock of `account`'s sandbox `name` (it is being killed), which reads as
+    /// gone from then on; [`Sandboxes::put_back`] returns it if the kill fails.
+    pub(super) fn take(&self, account: &Account, name: &str) -> Option<Clock> {
+        let mut clocks = lock(&self.clocks);
+        if clocks.get(name).is_some_and(|c| c.account.id == account.id) {
+            clocks.remove(name)
+        } else {
+            None
+        }
+    }
+
+    /// Returns a clock [`Sandboxes::take`] took out, unless the sandbox has one again.
+    pub(super) fn put_back(&self, name: &str, clock: Clock) {
+        lock(&self.clocks).entry(name.to_owned()).or_insert(clock);
+    }
+
     /// Takes the clocks whose timeout passed by `now`.
     fn take_expired(&self, now: Instant) -> Vec<(String, Account)> {
         let mut clocks = lock(&self.clocks);
@@ -169,6 +185,25 @@ mod tests {
         assert_eq!(sandboxes.clock("m").unwrap().end_at, first.end_at);
         assert!(sandboxes.stop("m"));
         assert!(!sandboxes.stop("m"));
+    }
+
+    #[test]
+    fn a_kill_takes_only_its_own_accounts_clock_and_can_return_it() {
+        let sandboxes = Sandboxes::new();
+        sandboxes.start(&account(), "m", Duration::from_secs(10));
+        let other = Account {
+            id: 2,
+            name: "b".into(),
+        };
+        assert!(sandboxes.take(&other, "m").is_none());
+        assert!(
+            sandboxes.clock("m").is_some(),
+            "another account's kill leaves it running"
+        );
+        let clock = sandboxes.take(&account(), "m").unwrap();
+        assert!(sandboxes.clock("m").is_none(), "being killed reads as gone");
+        sandboxes.put_back("m", clock.clone());
+        assert_eq!(sandboxes.clock("m").unwrap().end_at, clock.end_at);
     }
 
     #[test]
