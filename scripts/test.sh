@@ -255,7 +255,7 @@ other_lane() {
     rm -rf "$ffi_dir"
 
     stage node "Node package: evervm and evervm-<platform> from dist/, installed offline in a fresh project with no cargo on PATH, and its tests there"
-    local app
+    local app repo="$PWD"
     app="$(mktemp -d)/app"
     mkdir -p "$app"
     echo '{"name": "evervm-install-test", "private": true}' >"$app/package.json"
@@ -269,7 +269,7 @@ other_lane() {
         --loglevel=error "${test_deps[@]}")
     (cd "$app" && PATH="$nocargo_path" npm install --offline --no-audit --no-fund --loglevel=error \
         "$dist_dir/evervm-$version.tgz" "$dist_dir"/evervm-*-"$version".tgz)
-    (cd "$app" && PATH="$nocargo_path" EVERVM_BIN="$dist_bin" EVERVM_REPO="$PWD" EVERVM_DIST="$dist_dir" \
+    (cd "$app" && PATH="$nocargo_path" EVERVM_BIN="$dist_bin" EVERVM_REPO="$repo" EVERVM_DIST="$dist_dir" \
         node --test test/*.test.mjs)
 
     stage mcp-ts "MCP server: the official TypeScript SDK over stdio and streamable HTTP (gVisor)"
@@ -282,7 +282,7 @@ other_lane() {
 
     stage node22 "Node package on Node 22 (the AI SDK needs it), installed as above: tool helpers in their SDKs' loops, examples/node"
     (cd examples/node && npx tsc --noEmit)
-    (cd "$app" && PATH="$nocargo_path" EVERVM_BIN="$dist_bin" EVERVM_REPO="$PWD" \
+    (cd "$app" && PATH="$nocargo_path" EVERVM_BIN="$dist_bin" EVERVM_REPO="$repo" \
         "$node22_dir/node_modules/node/bin/node" --test test/frameworks/*.test.mjs)
     stage_end
 }
