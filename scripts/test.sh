@@ -104,7 +104,7 @@ mdbook_tool() {
             --features search --root "$mdbook_dir"
 }
 go_programs() {
-    # The pinned current runsc, then SeaweedFS (the bucket tests' S3 server), each once.
+    # The pinned current runsc (built), then SeaweedFS (the bucket tests' S3 server, fetched), each once.
     scripts/runsc.sh
     scripts/seaweedfs.sh build
 }
