@@ -121,7 +121,7 @@ async fn create_machine(
 
 async fn list_machines(client: evervm::Client, tags: Tags) -> PyResult<Vec<MachineInfo>> {
     let machines = client.list_machines(&tags).await.map_err(to_py)?;
-    Python::attach(|py| {
+    crate::runtime::with_python(|py| {
         machines
             .into_iter()
             .map(|m| MachineInfo::new(py, m))
@@ -139,7 +139,7 @@ async fn list_machines_page(
         .list_machines_page(&tags, limit, cursor.as_deref())
         .await
         .map_err(to_py)?;
-    Python::attach(|py| {
+    crate::runtime::with_python(|py| {
         Ok(MachinePage {
             machines: page
                 .machines
@@ -157,17 +157,17 @@ async fn exec(
     options: evervm::ExecOptions,
 ) -> PyResult<ExecResult> {
     let run = machine.exec_with(&code, &options).await.map_err(to_py)?;
-    Python::attach(|py| ExecResult::new(py, run))
+    crate::runtime::with_python(|py| ExecResult::new(py, run))
 }
 
 async fn info(machine: evervm::Machine) -> PyResult<MachineInfo> {
     let info = machine.info().await.map_err(to_py)?;
-    Python::attach(|py| MachineInfo::new(py, info))
+    crate::runtime::with_python(|py| MachineInfo::new(py, info))
 }
 
 async fn rollback(machine: evervm::Machine, checkpoint: String) -> PyResult<MachineInfo> {
     let info = machine.rollback(&checkpoint).await.map_err(to_py)?;
-    Python::attach(|py| MachineInfo::new(py, info))
+    crate::runtime::with_python(|py| MachineInfo::new(py, info))
 }
 
 async fn checkpoints(machine: evervm::Machine) -> PyResult<Vec<Checkpoint>> {
@@ -610,11 +610,11 @@ async fn next_event(state: SharedStream) -> PyResult<Option<Py<PyAny>>> {
         Some(Ok(evervm::ExecEvent::Output(chunk))) => {
             state.output.push(chunk.clone());
             let chunk = OutputChunk::from(chunk);
-            Python::attach(|py| Ok(Some(Py::new(py, chunk)?.into_any())))
+            crate::runtime::with_python(|py| Ok(Some(Py::new(py, chunk)?.into_any())))
         }
         Some(Ok(evervm::ExecEvent::Display(rich))) => {
             let rich = crate::types::RichResult::from(rich);
-            Python::attach(|py| Ok(Some(Py::new(py, rich)?.into_any())))
+            crate::runtime::with_python(|py| Ok(Some(Py::new(py, rich)?.into_any())))
         }
         Some(Ok(evervm::ExecEvent::Result(result))) => {
             state.events = None;
@@ -623,7 +623,9 @@ async fn next_event(state: SharedStream) -> PyResult<Option<Py<PyAny>>> {
                 output: std::mem::take(&mut state.output),
                 result,
             };
-            Python::attach(|py| Ok(Some(Py::new(py, ExecResult::new(py, run)?)?.into_any())))
+            crate::runtime::with_python(|py| {
+                Ok(Some(Py::new(py, ExecResult::new(py, run)?)?.into_any()))
+            })
         }
         Some(Err(e)) => {
             state.events = None;

@@ -115,11 +115,13 @@ pub(crate) fn invalid_input(message: impl Into<String>) -> PyErr {
 }
 
 /// The Python exception for an evervm error: its class names the kind, its message is the
-/// error's, and `kind` carries the kind's name.
+/// error's, and `kind` carries the kind's name. (While the interpreter exits, a plain
+/// `RuntimeError` with the message, made without entering Python.)
 pub(crate) fn to_py(error: evervm::Error) -> PyErr {
     use evervm::ErrorKind as K;
     let message = error.message().to_owned();
-    Python::attach(|py| {
+    let fallback = message.clone();
+    crate::runtime::with_python(|py| {
         let err = match error.kind() {
             K::NotFound => NotFoundError::new_err(message),
             K::InvalidInput => match invalid_input_error(py) {
@@ -137,8 +139,9 @@ pub(crate) fn to_py(error: evervm::Error) -> PyErr {
             K::Internal => InternalError::new_err(message),
         };
         let _ = err.value(py).setattr("kind", error.kind().as_str());
-        err
+        Ok(err)
     })
+    .unwrap_or_else(|_| pyo3::exceptions::PyRuntimeError::new_err(fallback))
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

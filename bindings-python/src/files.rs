@@ -337,7 +337,7 @@ impl AsyncFiles {
         let machine = self.machine()?;
         awaitable(py, async move {
             let data = read(machine, path).await?;
-            Ok(Python::attach(|py| PyBytes::new(py, &data).unbind()))
+            crate::runtime::with_python(|py| Ok(PyBytes::new(py, &data).unbind()))
         })
     }
 
@@ -352,7 +352,7 @@ impl AsyncFiles {
         let encoding = encoding.to_owned();
         awaitable(py, async move {
             let data = read(machine, path).await?;
-            Python::attach(|py| {
+            crate::runtime::with_python(|py| {
                 Ok(PyBytes::new(py, &data)
                     .call_method1("decode", (encoding,))?
                     .unbind())

@@ -39,5 +39,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TOOL_NAME", evervm::tool::NAME)?;
     m.add("TOOL_DESCRIPTION", evervm::tool::DESCRIPTION)?;
     m.add("TOOL_CODE_DESCRIPTION", evervm::tool::CODE_DESCRIPTION)?;
+    // Registered, not exported: at exit the runtime's threads stop entering Python.
+    let close_gate = wrap_pyfunction!(runtime::close_gate, m)?;
+    m.py()
+        .import("atexit")?
+        .call_method1("register", (close_gate,))?;
     Ok(())
 }

@@ -3,9 +3,14 @@
 //! The runtime is rebuilt in a child after `os.fork()` (its worker threads do not survive a
 //! fork); the GIL is released while a call waits, and a waiting call wakes every 100 ms to let
 //! Python deliver signals, so Ctrl-C stops the wait (and, for `exec`, interrupts the instruction).
+//!
+//! The runtime's threads enter Python only through [`with_python`]: once the interpreter exits
+//! they stay out, and its exit waits for those inside. (A thread that takes the GIL while the
+//! interpreter finalizes is ended by CPython mid-call, unwinding through Rust frames: the process
+//! crashed at exit that way when an asyncio future was settled late.)
 
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
 use pyo3::IntoPyObjectExt;
@@ -14,6 +19,57 @@ use tokio::runtime::Runtime;
 
 /// The runtime and the process it was built in.
 static RUNTIME: Mutex<Option<(u32, Arc<Runtime>)>> = Mutex::new(None);
+
+/// Whether the interpreter is exiting, and how many of the runtime's threads are in Python.
+struct Gate {
+    closing: bool,
+    inside: usize,
+}
+
+static GATE: Mutex<Gate> = Mutex::new(Gate {
+    closing: false,
+    inside: 0,
+});
+static GATE_EMPTIED: Condvar = Condvar::new();
+
+/// How long the interpreter's exit waits for the runtime's threads to leave Python.
+const EXIT_WAIT: Duration = Duration::from_secs(5);
+
+/// Runs `f` with the GIL from one of the runtime's threads, unless the interpreter is exiting:
+/// then it fails without entering Python.
+pub(crate) fn with_python<R>(f: impl for<'py> FnOnce(Python<'py>) -> PyResult<R>) -> PyResult<R> {
+    {
+        let mut gate = GATE.lock().unwrap_or_else(PoisonError::into_inner);
+        if gate.closing {
+            return Err(exiting());
+        }
+        gate.inside += 1;
+    }
+    let answer = Python::attach(f);
+    let mut gate = GATE.lock().unwrap_or_else(PoisonError::into_inner);
+    gate.inside -= 1;
+    if gate.inside == 0 {
+        GATE_EMPTIED.notify_all();
+    }
+    answer
+}
+
+fn exiting() -> PyErr {
+    pyo3::exceptions::PyRuntimeError::new_err("the Python interpreter is exiting")
+}
+
+/// Registered with `atexit` (which runs before the interpreter finalizes): closes the gate and
+/// waits, without the GIL, for the threads inside Python to leave.
+#[pyfunction]
+pub(crate) fn close_gate(py: Python<'_>) {
+    py.detach(|| {
+        let mut gate = GATE.lock().unwrap_or_else(PoisonError::into_inner);
+        gate.closing = true;
+        let _ = GATE_EMPTIED
+            .wait_timeout_while(gate, EXIT_WAIT, |gate| gate.inside > 0)
+            .unwrap_or_else(PoisonError::into_inner);
+    });
+}
 
 /// This process's runtime, built on first use and again after a fork.
 pub(crate) fn runtime() -> PyResult<Arc<Runtime>> {
@@ -28,6 +84,8 @@ pub(crate) fn runtime() -> PyResult<Arc<Runtime>> {
     // dropped, which would wait for threads that do not exist) and a new one is built.
     if let Some((_, inherited)) = slot.take() {
         std::mem::forget(inherited);
+        // The threads counted inside Python were the parent's.
+        GATE.lock().unwrap_or_else(PoisonError::into_inner).inside = 0;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -105,7 +163,7 @@ where
     let (loop_ref, future_ref) = (event_loop.unbind(), py_future.clone().unbind());
     runtime()?.spawn(async move {
         let result = future.await;
-        Python::attach(|py| {
+        let _ = with_python(|py| {
             let settle = py
                 .import("evervm._settle")
                 .and_then(|m| m.getattr("settle"));
@@ -121,10 +179,9 @@ where
                     (settle, future_ref.clone_ref(py), value, error),
                 )
             });
-            if let Err(e) = scheduled {
-                // The loop is closed: nobody waits for this any more.
-                drop(e);
-            }
+            // An error means the loop is closed: nobody waits for this any more.
+            drop(scheduled);
+            Ok(())
         });
     });
     Ok(py_future)
