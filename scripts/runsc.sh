@@ -4,7 +4,8 @@
 # keeps it in ~/.cache/evervm/runsc/<version>/runsc. Prints the binary's path on stdout.
 #
 # Go comes from scripts/go.sh (the installed one, or Go's own toolchain from the module proxy).
-# Safe to run again: it does nothing when the binary is there.
+# Safe to run again: it does nothing when the binary is there. `--built` only prints its path, and
+# fails when it has not been built yet.
 set -euo pipefail
 
 RUNSC_VERSION="${EVERVM_RUNSC_VERSION:-v0.0.0-20260905035102-160fafc42237}"
@@ -15,6 +16,7 @@ if [ -x "$target" ]; then
     echo "$target"
     exit 0
 fi
+[ "${1:-}" = --built ] && exit 1
 
 go_bin="$("$(dirname "${BASH_SOURCE[0]}")/go.sh")"
 
