@@ -86,6 +86,9 @@ case "$target" in
     aarch64-unknown-linux-gnu) node_platform=linux-arm64-gnu ;;
     *) echo "scripts/dist.sh: $target is not a Linux glibc target this script packages" >&2; exit 2 ;;
 esac
+# napi's tooling (@napi-rs/cli) packs the npm packages.
+[ -x bindings-node/node_modules/.bin/napi ] ||
+    (cd bindings-node && npm ci --no-audit --no-fund --loglevel=error)
 stage="$(mktemp -d)"
 trap 'rm -rf "$stage"' EXIT
 node_built="${EVERVM_NODE_BUILT:-}"
@@ -116,8 +119,13 @@ cp "$binary" README.md LICENSE "$stage/$name/"
 tar -C "$stage" -czf "$out/$name.tar.gz" "$name"
 
 echo "==> the Python package: wheel (maturin) and sdist"
-"$maturin" build --quiet --locked "${maturin_args[@]}" --target "$target" \
-    --manifest-path bindings-python/Cargo.toml --out "$out"
+# maturin's zig links through a wrapper of its own, and cargo counts the linker among the settings
+# every unit is built with: sharing cargo-zigbuild's target directory, each build would throw the
+# other's away. In release mode maturin builds in a directory of its own (a second compile, once).
+maturin_target_dir="$target_dir"
+[ "$profile" = release ] && maturin_target_dir="$target_dir/maturin-zig"
+CARGO_TARGET_DIR="$maturin_target_dir" "$maturin" build --quiet --locked "${maturin_args[@]}" \
+    --target "$target" --manifest-path bindings-python/Cargo.toml --out "$out"
 "$maturin" sdist --manifest-path bindings-python/Cargo.toml --out "$out"
 wheel="$(ls "$out"/evervm-"$version"-*.whl)"
 # PyPI's rules: auditwheel names the platform tags the wheel may carry; its own must be one.

@@ -36,9 +36,11 @@ if ! scripts/runsc.sh --built >/dev/null; then
     fi
 fi
 listen="${EVERVM_LISTEN:-127.0.0.1:8080}"
-echo "==> building evervm (release; a few minutes the first time)"
-cargo build --release --locked -p evervm-cli
-evervm="$PWD/target/release/evervm"
+# The `quick` profile: the release profile at opt-level 1, which compiles in about two thirds of
+# the time and serves as fast (Cargo.toml).
+echo "==> building evervm (profile quick; a few minutes the first time)"
+cargo build --profile quick --locked -p evervm-cli
+evervm="$PWD/target/quick/evervm"
 phase_done compile
 if [ -n "$runsc_build" ]; then
     if ! wait "$runsc_build"; then
