@@ -36,8 +36,8 @@ if ! scripts/runsc.sh --built >/dev/null; then
     fi
 fi
 listen="${EVERVM_LISTEN:-127.0.0.1:8080}"
-# The `quick` profile: the release profile at opt-level 1, which compiles in about two thirds of
-# the time and serves as fast (Cargo.toml).
+# The `quick` profile: the release profile at opt-level 1, which compiles in 78 % of the time
+# and serves as fast (Cargo.toml).
 echo "==> building evervm (profile quick; a few minutes the first time)"
 cargo build --profile quick --locked -p evervm-cli
 evervm="$PWD/target/quick/evervm"
@@ -67,7 +67,7 @@ for _ in $(seq 600); do
     sleep 0.5
 done
 export EVERVM_TOKEN="$token"
-phase_done "server start (the image, the first time)"
+phase_done "server start (the first time: its image)"
 
 echo "==> a first instruction on a new machine"
 "$evervm" exec 'import sys, platform
