@@ -81,9 +81,10 @@ if [ -n "$runsc_later" ]; then
     nice -n 19 scripts/runsc.sh >"$runsc_log" 2>&1 &
 fi
 
+summary="$(printf '%s, ' "${took[@]}")"
 cat <<EOT
 
-first result $(($(date +%s) - began)) s after the start: $(IFS=,; echo "${took[*]}" | sed 's/,/, /g')
+first result $(($(date +%s) - began)) s after the start: ${summary%, }
 EOT
 [ -z "$runsc_later" ] || cat <<EOT
 This first run serves on Debian's runsc. The pinned current gVisor runsc is building in the
