@@ -10,6 +10,8 @@
 #[cfg(feature = "runtime")]
 pub mod bucket;
 #[cfg(feature = "runtime")]
+pub mod chunks;
+#[cfg(feature = "runtime")]
 pub mod doctor;
 #[cfg(feature = "runtime")]
 mod engine;

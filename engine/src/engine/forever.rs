@@ -263,6 +263,7 @@ impl Engine {
         })
         .await
         .map_err(|e| Error::internal(format!("removing the checkpoint stopped: {e}")))??;
+        self.inner.snapshots_changed();
         self.inner.forget_disk_facts(name);
         let (machine, cp) = (name.to_owned(), checkpoint.to_owned());
         self.inner.store.delete_checkpoint(&machine, &cp).await?;

@@ -117,17 +117,24 @@ pub(crate) fn gvisor_config(config: &EngineConfig, home: PathBuf) -> GvisorConfi
     gvisor
 }
 
-async fn gvisor_backend(config: &EngineConfig) -> Result<Arc<dyn SandboxBackend>> {
-    let gvisor = gvisor_config(config, config.home.clone());
+async fn gvisor_backend(
+    config: &EngineConfig,
+    chunks: &Arc<crate::chunks::ChunkStore>,
+) -> Result<Arc<dyn SandboxBackend>> {
+    let mut gvisor = gvisor_config(config, config.home.clone());
+    gvisor.chunks = Some(Arc::clone(chunks));
     Ok(Arc::new(
         GvisorBackend::open(gvisor, Arc::new(StderrProgress::default())).await?,
     ))
 }
 
 /// The configured backend; for `auto`, gVisor where it runs here, else the process backend.
-pub(super) async fn choose_backend(config: &EngineConfig) -> Result<Arc<dyn SandboxBackend>> {
+pub(super) async fn choose_backend(
+    config: &EngineConfig,
+    chunks: &Arc<crate::chunks::ChunkStore>,
+) -> Result<Arc<dyn SandboxBackend>> {
     match &config.backend {
-        BackendChoice::Auto => match gvisor_backend(config).await {
+        BackendChoice::Auto => match gvisor_backend(config, chunks).await {
             Ok(backend) => Ok(backend),
             Err(e) => {
                 tracing::warn!(
@@ -139,7 +146,7 @@ pub(super) async fn choose_backend(config: &EngineConfig) -> Result<Arc<dyn Sand
         },
         BackendChoice::Named(name) => match name.as_str() {
             "process" => process_backend(config),
-            "gvisor" => gvisor_backend(config).await,
+            "gvisor" => gvisor_backend(config, chunks).await,
             other => Err(Error::invalid(format!(
                 "unknown backend {other:?}: use `gvisor`, `process` or `auto`"
             ))),

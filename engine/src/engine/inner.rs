@@ -47,6 +47,11 @@ pub(crate) struct EngineInner {
     /// This engine's standing as a node of a cluster, when it is one.
     pub(crate) node: Option<super::node::Node>,
     pub(crate) backend: Arc<dyn SandboxBackend>,
+    /// The home's snapshot chunk store.
+    pub(crate) chunks: Arc<crate::chunks::ChunkStore>,
+    /// Set when snapshots may have been replaced or removed since the last collection of
+    /// chunks (see [`super::chunks`]).
+    pub(crate) chunks_dirty: AtomicBool,
     pub(crate) pool: Pool,
     pub(crate) machines: Mutex<HashMap<String, Arc<MachineHandle>>>,
     /// Held while a machine's handle is made or a machine is deleted, so that a lookup racing
@@ -74,6 +79,7 @@ impl EngineInner {
         store: Arc<dyn Metadata>,
         bucket: Option<crate::bucket::Bucket>,
         backend: Arc<dyn SandboxBackend>,
+        chunks: Arc<crate::chunks::ChunkStore>,
         home_lock: File,
     ) -> Self {
         let packages =
@@ -84,6 +90,8 @@ impl EngineInner {
             store,
             bucket,
             backend,
+            chunks,
+            chunks_dirty: AtomicBool::new(true),
             pool: Pool::default(),
             machines: Mutex::new(HashMap::new()),
             membership: tokio::sync::Mutex::new(()),

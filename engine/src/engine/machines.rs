@@ -393,6 +393,7 @@ impl Engine {
         }
         .await;
         self.inner.forget_disk_facts(name);
+        self.inner.snapshots_changed();
         lock(&self.inner.deleting).remove(name);
         deleted
     }

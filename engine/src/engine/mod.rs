@@ -6,6 +6,7 @@
 //! policy.
 
 mod budget;
+pub(crate) mod chunks;
 mod config;
 mod files;
 mod forever;
@@ -94,11 +95,19 @@ impl Engine {
             // Before the backend starts: it loads the kept binaries.
             crate::bucket::share_kept_runsc(bucket, &config.home).await?;
         }
-        let backend = home::choose_backend(&config).await?;
+        let chunks = {
+            let home = config.home.clone();
+            tokio::task::spawn_blocking(move || crate::chunks::ChunkStore::open(&home))
+                .await
+                .map_err(|e| {
+                    crate::Error::internal(format!("opening the chunk store stopped: {e}"))
+                })??
+        };
+        let backend = home::choose_backend(&config, &chunks).await?;
         if unfinished > 0 {
             tracing::warn!("{unfinished} instructions were left unfinished by the last engine");
         }
-        let inner = EngineInner::new(config, store, bucket, backend, lock_file);
+        let inner = EngineInner::new(config, store, bucket, backend, chunks, lock_file);
         if inner.backend.capabilities().snapshots {
             inner.hold_reserve();
         }
@@ -110,6 +119,9 @@ impl Engine {
         tokio::spawn(lifecycle::delete_expired_machines(Arc::downgrade(
             &engine.inner,
         )));
+        if engine.inner.backend.capabilities().snapshots {
+            tokio::spawn(chunks::collect_in_background(Arc::downgrade(&engine.inner)));
+        }
         let config = &engine.inner.config;
         let compress_after = (config.compress_swaps && !config.compress_after.is_zero())
             .then_some(config.compress_after);

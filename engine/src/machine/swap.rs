@@ -335,16 +335,28 @@ pub(super) async fn compress_swapped(
     let home = engine.config.home.clone();
     let name = machine.name.to_string();
     let backend = Arc::clone(&engine.backend);
+    let chunking = engine.chunking();
     let restorable = engine.restorable();
     let started = std::time::Instant::now();
     let compressed = tokio::task::spawn_blocking(move || {
         if !backend.compressible(&snapshot::snapshot_dir(&home, &name)) {
             return Ok(false);
         }
-        snapshot::rewrite(&home, &name, &*restorable, |dir| {
-            backend.compress_snapshot(dir, effort)
-        })
-        .map(|_| true)
+        // Held until the chunked snapshot is installed: a collection meanwhile keeps its chunks.
+        let mut pinned = None;
+        let rewritten = snapshot::rewrite(&home, &name, &*restorable, |dir| match &chunking {
+            Some(chunks) => {
+                let names: Vec<String> = snapshot::snapshot_files(dir)?
+                    .into_iter()
+                    .filter(|n| crate::chunks::chunked_name(n).is_none())
+                    .collect();
+                pinned = Some(chunks.put_files(dir, &names, chunk_level(effort))?);
+                Ok(())
+            }
+            None => backend.compress_snapshot(dir, effort),
+        });
+        drop(pinned);
+        rewritten.map(|_| true)
     })
     .await
     .map_err(|e| Error::internal(format!("compressing the snapshot stopped: {e}")))
@@ -364,6 +376,15 @@ pub(super) async fn compress_swapped(
         );
     }
     compressed
+}
+
+/// zstd's level for the chunks a save brings to the store: only chunks new to the store are
+/// compressed, so even `Small` costs little.
+fn chunk_level(effort: Effort) -> i32 {
+    match effort {
+        Effort::Fast => 3,
+        Effort::Small => 9,
+    }
 }
 
 /// Saves the resident machine into its snapshot (see [`Save`]). Nothing to do without one.
@@ -444,6 +465,8 @@ pub(super) async fn save(
     }
     let committed = commit_saved(engine, machine, &staging, &runtime, image_id.clone()).await;
     engine.forget_disk_facts(&name);
+    // The snapshot it replaced may have held chunks no other does.
+    engine.snapshots_changed();
     let manifest = match committed {
         Ok(manifest) => manifest,
         Err(e) if engine.node.is_some() && e.kind() == ErrorKind::Conflict => {
@@ -666,9 +689,12 @@ pub(super) async fn copy_out(
     // A sandbox that can be saved in place keeps running: the parent of a fork never stops.
     save(engine, machine, resident, Save::InPlace).await?;
     let first_excluded = machine.first_unrun_seq(engine).await?;
-    tokio::task::spawn_blocking(move || snapshot::copy(&from, &to, reseed))
-        .await
-        .map_err(|e| Error::internal(format!("copying the snapshot stopped: {e}")))??;
+    let chunks = Arc::clone(&engine.chunks);
+    tokio::task::spawn_blocking(move || {
+        crate::engine::chunks::copy_snapshot(&chunks, &from, &to, reseed)
+    })
+    .await
+    .map_err(|e| Error::internal(format!("copying the snapshot stopped: {e}")))??;
     engine.forget_disk_facts(&name);
     Ok(first_excluded)
 }
@@ -686,8 +712,11 @@ pub(super) async fn rollback(
     machine.set_resident(None);
     let home = engine.config.home.clone();
     let name = machine.name.to_string();
+    let chunks = Arc::clone(&engine.chunks);
+    engine.snapshots_changed();
     let copied = tokio::task::spawn_blocking(move || {
-        snapshot::copy(&from, &snapshot::snapshot_dir(&home, &name), false)
+        let to = snapshot::snapshot_dir(&home, &name);
+        crate::engine::chunks::copy_snapshot(&chunks, &from, &to, false)
     })
     .await
     .map_err(|e| Error::internal(format!("the rollback stopped: {e}")))

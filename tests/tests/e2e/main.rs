@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod bucket;
+mod chunks;
 mod client;
 mod environment;
 mod faults;

@@ -57,6 +57,8 @@ pub struct GvisorConfig {
     pub precreated: usize,
     /// How sandboxes with a network get it.
     pub network: crate::network::NetworkSettings,
+    /// Where chunked snapshots' chunks are read from (see [`crate::chunks`]).
+    pub chunks: Option<Arc<crate::chunks::ChunkStore>>,
 }
 
 impl GvisorConfig {
@@ -72,6 +74,7 @@ impl GvisorConfig {
                 .and_then(|n| n.to_str().and_then(|n| n.trim().parse().ok()))
                 .unwrap_or(DEFAULT_PRECREATED),
             network: crate::network::NetworkSettings::from_env(),
+            chunks: None,
         }
     }
 }
@@ -92,6 +95,7 @@ pub struct GvisorBackend {
     network_settings: crate::network::NetworkSettings,
     /// Opened for the first sandbox with a network (or why it could not be).
     fabric: std::sync::OnceLock<std::result::Result<Arc<Fabric>, String>>,
+    chunks: Option<Arc<crate::chunks::ChunkStore>>,
 }
 
 impl std::fmt::Debug for GvisorBackend {
@@ -148,6 +152,7 @@ impl GvisorBackend {
             precreated,
             network_settings: config.network,
             fabric: std::sync::OnceLock::new(),
+            chunks: config.chunks,
         };
         tracing::info!(
             runsc = %backend.runsc.path.display(),
@@ -341,9 +346,11 @@ impl GvisorBackend {
             .join(format!("unpacked-{:016x}", rand::random::<u64>()));
         let dir = dir.to_owned();
         let started = std::time::Instant::now();
-        let unpacked = tokio::task::spawn_blocking(move || pages::unpack(&dir, scratch))
-            .await
-            .map_err(|e| Error::internal(format!("unpacking a snapshot stopped: {e}")))??;
+        let chunks = self.chunks.clone();
+        let unpacked =
+            tokio::task::spawn_blocking(move || pages::unpack(&dir, scratch, chunks.as_deref()))
+                .await
+                .map_err(|e| Error::internal(format!("unpacking a snapshot stopped: {e}")))??;
         tracing::debug!(
             "unpacking the snapshot took {:.1} ms",
             started.elapsed().as_secs_f64() * 1e3

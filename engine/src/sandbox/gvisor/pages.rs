@@ -103,9 +103,14 @@ impl Drop for Unpacked {
     }
 }
 
-/// The snapshot in `dir` as runsc can read it; compressed files are unpacked into a new
-/// directory `scratch` (which must not exist, on the same file system as `dir`).
-pub(super) fn unpack(dir: &Path, scratch: PathBuf) -> Result<Unpacked> {
+/// The snapshot in `dir` as runsc can read it; compressed files are unpacked, and chunked ones
+/// put back together from `chunks`, into a new directory `scratch` (which must not exist, on
+/// the same file system as `dir`).
+pub(super) fn unpack(
+    dir: &Path,
+    scratch: PathBuf,
+    chunks: Option<&crate::chunks::ChunkStore>,
+) -> Result<Unpacked> {
     let failed = |what: &str, e: std::io::Error| {
         Error::internal(format!(
             "cannot unpack the snapshot in {}: {what}: {e}",
@@ -119,17 +124,24 @@ pub(super) fn unpack(dir: &Path, scratch: PathBuf) -> Result<Unpacked> {
             files.push(entry.file_name().to_string_lossy().into_owned());
         }
     }
-    if let Some(both) = files
-        .iter()
-        .filter_map(|name| name.strip_suffix(SUFFIX))
-        .find(|plain| files.iter().any(|name| name == plain))
-    {
+    let packed = |name: &str| {
+        name.strip_suffix(SUFFIX)
+            .or_else(|| crate::chunks::chunked_name(name))
+            .map(str::to_owned)
+    };
+    if let Some(both) = files.iter().filter_map(|name| packed(name)).find(|plain| {
+        files
+            .iter()
+            .filter(|name| packed(name).as_ref() == Some(plain) || *name == plain)
+            .count()
+            > 1
+    }) {
         return Err(Error::crashed(format!(
-            "the snapshot in {} holds {both} both compressed and not",
+            "the snapshot in {} holds {both} twice (compressed, chunked or plain)",
             dir.display()
         )));
     }
-    if !files.iter().any(|name| name.ends_with(SUFFIX)) {
+    if !files.iter().any(|name| packed(name).is_some()) {
         return Ok(Unpacked {
             dir: dir.to_owned(),
             scratch: false,
@@ -143,7 +155,15 @@ pub(super) fn unpack(dir: &Path, scratch: PathBuf) -> Result<Unpacked> {
     };
     for name in files {
         let from = dir.join(&name);
-        if let Some(plain) = name.strip_suffix(SUFFIX) {
+        if let Some(plain) = crate::chunks::chunked_name(&name) {
+            let chunks = chunks.ok_or_else(|| {
+                Error::crashed(format!(
+                    "the snapshot in {} is chunked and this engine opened no chunk store",
+                    dir.display()
+                ))
+            })?;
+            chunks.materialize(&from, &unpacked.dir.join(plain))?;
+        } else if let Some(plain) = name.strip_suffix(SUFFIX) {
             let input = File::open(&from).map_err(|e| failed(&name, e))?;
             let output =
                 File::create_new(unpacked.dir.join(plain)).map_err(|e| failed(plain, e))?;
@@ -184,7 +204,7 @@ mod tests {
         assert!(packed < memory.len() as u64 / 10, "{packed}");
 
         let scratch = home.path().join("scratch");
-        let unpacked = unpack(&snapshot, scratch.clone()).unwrap();
+        let unpacked = unpack(&snapshot, scratch.clone(), None).unwrap();
         assert_eq!(unpacked.path(), scratch);
         assert_eq!(std::fs::read(scratch.join("pages.img")).unwrap(), memory);
         assert_eq!(
@@ -203,7 +223,7 @@ mod tests {
         std::fs::create_dir(&snapshot).unwrap();
         let memory = "a fresh interpreter's memory ".repeat(1000);
         std::fs::write(snapshot.join("pages.img"), &memory).unwrap();
-        let unpacked = unpack(&snapshot, home.path().join("scratch")).unwrap();
+        let unpacked = unpack(&snapshot, home.path().join("scratch"), None).unwrap();
         assert_eq!(unpacked.path(), snapshot);
         drop(unpacked);
         assert!(snapshot.join("pages.img").exists());
@@ -214,7 +234,7 @@ mod tests {
         packed[middle] ^= 0xff;
         std::fs::write(snapshot.join("pages.img.zst"), packed).unwrap();
         let scratch = home.path().join("scratch2");
-        assert!(unpack(&snapshot, scratch.clone()).is_err());
+        assert!(unpack(&snapshot, scratch.clone(), None).is_err());
         assert!(
             !scratch.exists(),
             "a failed unpack leaves no scratch directory"
@@ -234,6 +254,6 @@ mod tests {
         assert_eq!(std::fs::read(dir.join("pages.img")).unwrap(), b"memory");
         assert!(!dir.join("checkpoint.img.zst").exists());
         // And a directory with a file both compressed and not is refused, not guessed at.
-        assert!(unpack(dir, home.path().join("scratch")).is_err());
+        assert!(unpack(dir, home.path().join("scratch"), None).is_err());
     }
 }

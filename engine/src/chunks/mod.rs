@@ -1,0 +1,459 @@
+//! The snapshot chunk store: content-addressed, deduplicated storage for snapshot files.
+//!
+//! A snapshot's big files (runsc's `pages.img`, `checkpoint.img`, ...) are cut into chunks,
+//! each named by its SHA-256 and stored once per home however many snapshots hold it: a
+//! machine's successive snapshots, its checkpoints and forks, every machine made from one base.
+//! Memory (`pages.img`) is cut into 4 KiB pages (runsc writes the present pages back to back, so
+//! a page appearing shifts every later page by exactly one page, and page-sized chunks still
+//! match: over two snapshots of one machine, pages deduplicate to about a third of what 64 KiB
+//! or content-defined chunks give); other files into 64 KiB pieces. The file itself is replaced
+//! in the snapshot directory by its recipe ([`recipe`]), which the snapshot's manifest covers
+//! like any file.
+//!
+//! Chunks new to the store are written by each save into one pack ([`pack`]), compressed in
+//! frames, durably and before the recipes that name them. Which chunks exist is an index in
+//! memory, read from the packs' own indexes when the store opens.
+//!
+//! Garbage is collected by reference ([`collect`]): the chunks every recipe under the home
+//! names are live, and so are those of saves and copies under way (pinned while they run, and
+//! remembered while a collection scans), so that a chunk a manifest names is never removed.
+
+mod collect;
+pub(crate) mod pack;
+pub(crate) mod recipe;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use sha2::{Digest, Sha256};
+
+pub use collect::Collected;
+use pack::{Entry, Hash, PackWriter};
+use recipe::Recipe;
+
+use crate::error::{Error, Result};
+use crate::sync::lock;
+
+/// Memory files are cut into pages of this size.
+const PAGE: usize = 4096;
+/// Other files into pieces of this size.
+const PIECE: usize = pack::FRAME_BYTES;
+
+/// How a chunk is found: its pack and where in it.
+#[derive(Debug, Clone, Copy)]
+struct Location {
+    pack: u64,
+    entry: Entry,
+}
+
+#[derive(Debug)]
+struct PackInfo {
+    path: PathBuf,
+    /// The pack's size on disk.
+    bytes: u64,
+    chunks: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    index: HashMap<Hash, Location>,
+    packs: HashMap<u64, PackInfo>,
+    /// Chunks that saves and copies under way refer to, with how many of them do.
+    pins: HashMap<Hash, u32>,
+    /// Whether a collection is scanning the recipes now; while it is, the chunks of saves and
+    /// copies that end are remembered in `recent` (their recipes may have been installed where
+    /// the scan had already looked).
+    collecting: bool,
+    recent: HashSet<Hash>,
+}
+
+/// Figures about the store, for metrics and benchmarks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChunkStats {
+    pub packs: u64,
+    pub chunks: u64,
+    /// The packs' size on disk.
+    pub bytes: u64,
+}
+
+/// One home's chunk store (`<home>/chunks`).
+#[derive(Debug)]
+pub struct ChunkStore {
+    packs_dir: PathBuf,
+    state: Mutex<State>,
+}
+
+/// The chunks a save or a copy refers to, kept from collection until it is dropped (after
+/// the snapshot that names them is installed, or the save has failed).
+#[must_use = "the chunks stay pinned only while this is held"]
+pub struct Pinned {
+    store: Arc<ChunkStore>,
+    hashes: HashSet<Hash>,
+}
+
+impl Pinned {
+    fn pin(&mut self, state: &mut State, hash: Hash) {
+        if self.hashes.insert(hash) {
+            *state.pins.entry(hash).or_insert(0) += 1;
+        }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        let mut state = lock(&self.store.state);
+        for hash in self.hashes.drain() {
+            if let Some(count) = state.pins.get_mut(&hash) {
+                *count -= 1;
+                if *count == 0 {
+                    state.pins.remove(&hash);
+                }
+            }
+            if state.collecting {
+                state.recent.insert(hash);
+            }
+        }
+    }
+}
+
+/// Decompressed frames a read has seen lately, and the packs it has open.
+#[derive(Default)]
+struct Reader {
+    files: HashMap<u64, (File, PathBuf)>,
+    frame: Option<((u64, u64), Vec<u8>)>,
+}
+
+impl ChunkStore {
+    /// Opens (or makes) the store under `home`: removes packs a crash left unfinished and reads
+    /// the index of every pack. A pack whose index is damaged is left out, with a warning: the
+    /// snapshots that need its chunks are refused when they are restored, and no others.
+    pub fn open(home: &Path) -> Result<Arc<Self>> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = home.join("chunks");
+        let packs_dir = dir.join("packs");
+        std::fs::create_dir_all(&packs_dir)
+            .map_err(|e| Error::internal(format!("cannot create {}: {e}", packs_dir.display())))?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        let mut state = State::default();
+        for entry in std::fs::read_dir(&packs_dir)?.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = entry.path();
+            if name.starts_with(".tmp-") {
+                let _ = std::fs::remove_file(&path);
+                continue;
+            }
+            let Some(id) = name
+                .strip_suffix(".pack")
+                .and_then(|id| u64::from_str_radix(id, 16).ok())
+            else {
+                continue;
+            };
+            match pack::read_index(&path) {
+                Ok(entries) => {
+                    let bytes = entry.metadata().map_or(0, |m| m.len());
+                    register(&mut state, id, path, bytes, &entries);
+                }
+                Err(e) => tracing::warn!("leaving a snapshot pack out: {e}"),
+            }
+        }
+        Ok(Arc::new(Self {
+            packs_dir,
+            state: Mutex::new(state),
+        }))
+    }
+
+    /// How many packs and chunks the store holds and their size on disk.
+    pub fn stats(&self) -> ChunkStats {
+        let state = lock(&self.state);
+        ChunkStats {
+            packs: state.packs.len() as u64,
+            chunks: state.index.len() as u64,
+            bytes: state.packs.values().map(|p| p.bytes).sum(),
+        }
+    }
+
+    fn new_pack(&self, level: i32) -> Result<(u64, PackWriter)> {
+        let id: u64 = rand::random();
+        let path = self.packs_dir.join(format!("{id:016x}.pack"));
+        Ok((id, PackWriter::create(path, level)?))
+    }
+
+    /// Replaces each named file in `dir` by its recipe (`NAME.chunks`), its chunks written to
+    /// the store first (those it lacks, compressed at zstd `level`, in one new pack). `dir` is
+    /// a snapshot being built; the returned pins keep its chunks from collection until the
+    /// snapshot is installed. All or nothing: on failure the files stay as they were.
+    pub fn put_files(self: &Arc<Self>, dir: &Path, names: &[String], level: i32) -> Result<Pinned> {
+        let mut pinned = Pinned {
+            store: Arc::clone(self),
+            hashes: HashSet::new(),
+        };
+        let (pack_id, mut writer) = self.new_pack(level)?;
+        let mut in_pack: HashSet<Hash> = HashSet::new();
+        let mut recipes = Vec::new();
+        for name in names {
+            let piece = if name == "pages.img" { PAGE } else { PIECE };
+            let path = dir.join(name);
+            let file = File::open(&path)
+                .map_err(|e| Error::internal(format!("cannot read {}: {e}", path.display())))?;
+            let mut input = BufReader::with_capacity(1024 * 1024, file);
+            let mut chunks = Vec::new();
+            let mut size = 0u64;
+            let mut buffer = vec![0u8; piece];
+            loop {
+                let len = read_full(&mut input, &mut buffer)
+                    .map_err(|e| Error::internal(format!("cannot read {}: {e}", path.display())))?;
+                if len == 0 {
+                    break;
+                }
+                size += len as u64;
+                let data = &buffer[..len];
+                let hash: Hash = Sha256::digest(data).into();
+                self.keep(&mut pinned, &mut writer, &mut in_pack, hash, data)?;
+                chunks.push((hash, len as u32));
+            }
+            let mut lists = Vec::new();
+            for list in recipe::split_lists(&chunks) {
+                let bytes = recipe::encode_list(list);
+                let hash: Hash = Sha256::digest(&bytes).into();
+                self.keep(&mut pinned, &mut writer, &mut in_pack, hash, &bytes)?;
+                lists.push(hash);
+            }
+            recipes.push((name, Recipe { size, lists }));
+        }
+        if let Some((entries, bytes)) = writer.finish()? {
+            let path = self.packs_dir.join(format!("{pack_id:016x}.pack"));
+            register(&mut lock(&self.state), pack_id, path, bytes, &entries);
+        }
+        for (name, recipe) in &recipes {
+            let target = dir.join(format!("{name}{}", recipe::SUFFIX));
+            crate::fsutil::write_durably(&target, &recipe.encode())?;
+        }
+        for (name, _) in &recipes {
+            std::fs::remove_file(dir.join(name))
+                .map_err(|e| Error::internal(format!("cannot remove {name} once chunked: {e}")))?;
+        }
+        Ok(pinned)
+    }
+
+    /// Pins `hash` for this save and, when the store lacks it, adds it to the save's pack.
+    fn keep(
+        &self,
+        pinned: &mut Pinned,
+        writer: &mut PackWriter,
+        in_pack: &mut HashSet<Hash>,
+        hash: Hash,
+        data: &[u8],
+    ) -> Result<()> {
+        let known = {
+            let mut state = lock(&self.state);
+            pinned.pin(&mut state, hash);
+            state.index.contains_key(&hash)
+        };
+        if !known && in_pack.insert(hash) {
+            writer.add(hash, data)?;
+        }
+        Ok(())
+    }
+
+    /// Pins every chunk the recipes in `dir` name (a snapshot about to be copied), so that a
+    /// collection cannot take them while the copy is made.
+    pub fn pin_dir(self: &Arc<Self>, dir: &Path) -> Result<Pinned> {
+        let mut pinned = Pinned {
+            store: Arc::clone(self),
+            hashes: HashSet::new(),
+        };
+        let mut reader = Reader::default();
+        for path in recipes_in(dir)? {
+            for hash in self.hashes_of(&path, &mut reader)? {
+                pinned.pin(&mut lock(&self.state), hash);
+            }
+        }
+        Ok(pinned)
+    }
+
+    /// Every chunk (lists and data) the recipe at `path` names.
+    fn hashes_of(&self, path: &Path, reader: &mut Reader) -> Result<Vec<Hash>> {
+        let recipe = read_recipe(path)?;
+        let mut hashes = Vec::new();
+        for list in recipe.lists {
+            let bytes = self.read_chunk(&list, reader)?;
+            hashes.extend(recipe::decode_list(&bytes)?.into_iter().map(|(h, _)| h));
+            hashes.push(list);
+        }
+        Ok(hashes)
+    }
+
+    /// Writes the file the recipe at `recipe` describes to `out` (a new file), checking every
+    /// chunk against its hash. A missing or damaged chunk is an error naming it: the snapshot
+    /// is refused, and no other.
+    pub fn materialize(&self, recipe: &Path, out: &Path) -> Result<()> {
+        let described = read_recipe(recipe)?;
+        let file = File::create_new(out)
+            .map_err(|e| Error::internal(format!("cannot create {}: {e}", out.display())))?;
+        let mut output = BufWriter::with_capacity(1024 * 1024, file);
+        let mut reader = Reader::default();
+        let mut written = 0u64;
+        for list in &described.lists {
+            let bytes = self.read_chunk(list, &mut reader)?;
+            for (hash, len) in recipe::decode_list(&bytes)? {
+                let chunk = self.read_chunk(&hash, &mut reader)?;
+                if chunk.len() != len as usize {
+                    return Err(Error::crashed(format!(
+                        "the chunk {} is {} bytes, its list says {len}",
+                        hex::encode(hash),
+                        chunk.len()
+                    )));
+                }
+                output
+                    .write_all(&chunk)
+                    .map_err(|e| Error::internal(format!("cannot write {}: {e}", out.display())))?;
+                written += chunk.len() as u64;
+            }
+        }
+        output
+            .flush()
+            .map_err(|e| Error::internal(format!("cannot write {}: {e}", out.display())))?;
+        if written != described.size {
+            return Err(Error::crashed(format!(
+                "{} describes {} bytes, its chunks hold {written}",
+                recipe.display(),
+                described.size
+            )));
+        }
+        Ok(())
+    }
+
+    /// The chunk named `hash`, checked against it.
+    fn read_chunk(&self, hash: &Hash, reader: &mut Reader) -> Result<Vec<u8>> {
+        // A collection may move a chunk to a new pack between the look-up and the read: look
+        // again once when its pack is gone.
+        for attempt in 0..2 {
+            let (location, path) = {
+                let state = lock(&self.state);
+                let Some(location) = state.index.get(hash).copied() else {
+                    return Err(Error::crashed(format!(
+                        "the snapshot needs the chunk {}, which the store does not hold \
+                         (its pack was damaged or removed): roll back to a checkpoint or \
+                         delete the machine",
+                        hex::encode(hash)
+                    )));
+                };
+                let path = state.packs.get(&location.pack).map(|p| p.path.clone());
+                (location, path)
+            };
+            let Some(path) = path else { continue };
+            let key = (location.pack, location.entry.frame_offset);
+            if reader.frame.as_ref().is_none_or(|(k, _)| *k != key) {
+                if let std::collections::hash_map::Entry::Vacant(vacant) =
+                    reader.files.entry(location.pack)
+                {
+                    match File::open(&path) {
+                        Ok(file) => {
+                            vacant.insert((file, path.clone()));
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound && attempt == 0 => {
+                            continue;
+                        }
+                        Err(e) => {
+                            // Not damage: a collection must not take this for a missing chunk.
+                            return Err(Error::internal(format!(
+                                "cannot open the snapshot pack {}: {e}",
+                                path.display()
+                            )));
+                        }
+                    }
+                }
+                let Some((file, path)) = reader.files.get(&location.pack) else {
+                    continue;
+                };
+                let frame = pack::read_frame(file, path, &location.entry)?;
+                reader.frame = Some((key, frame));
+            }
+            let Some((_, frame)) = &reader.frame else {
+                continue;
+            };
+            let chunk = pack::chunk_in(frame, &path, &location.entry)?;
+            if Sha256::digest(chunk).as_slice() != hash {
+                return Err(Error::crashed(format!(
+                    "the chunk {} in {} is damaged (its bytes do not match its hash)",
+                    hex::encode(hash),
+                    path.display()
+                )));
+            }
+            return Ok(chunk.to_vec());
+        }
+        Err(Error::crashed(format!(
+            "the chunk {} moved while it was read",
+            hex::encode(hash)
+        )))
+    }
+}
+
+/// Adds a finished pack's chunks to the index (a chunk already in another pack keeps its place).
+fn register(state: &mut State, id: u64, path: PathBuf, bytes: u64, entries: &[Entry]) {
+    for entry in entries {
+        state.index.entry(entry.hash).or_insert(Location {
+            pack: id,
+            entry: *entry,
+        });
+    }
+    state.packs.insert(
+        id,
+        PackInfo {
+            path,
+            bytes,
+            chunks: entries.len() as u64,
+        },
+    );
+}
+
+/// Fills `buffer` from `input` as far as it goes; the number of bytes read (0 at the end).
+fn read_full(input: &mut impl Read, buffer: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buffer.len() {
+        match input.read(&mut buffer[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+/// At most this size is read as a recipe (a 64 GiB file's recipe is about 1.2 MB).
+const RECIPE_MAX: u64 = 16 * 1024 * 1024;
+
+fn read_recipe(path: &Path) -> Result<Recipe> {
+    let unreadable = |e: &dyn std::fmt::Display| {
+        Error::crashed(format!("the recipe {} cannot be read: {e}", path.display()))
+    };
+    let file = File::open(path).map_err(|e| unreadable(&e))?;
+    let mut bytes = Vec::new();
+    file.take(RECIPE_MAX)
+        .read_to_end(&mut bytes)
+        .map_err(|e| unreadable(&e))?;
+    Recipe::decode(&bytes).map_err(|e| unreadable(&e))
+}
+
+/// Whether `name` is a recipe; the name of the file it stands for.
+pub fn chunked_name(name: &str) -> Option<&str> {
+    name.strip_suffix(recipe::SUFFIX)
+}
+
+/// The recipes in a snapshot directory.
+fn recipes_in(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir)?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if chunked_name(&name).is_some() && !name.starts_with('.') {
+            found.push(entry.path());
+        }
+    }
+    Ok(found)
+}

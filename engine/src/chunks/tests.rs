@@ -1,0 +1,246 @@
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::*;
+
+/// Memory of `pages` pages: page `i` holds `seed(i)` (0 gives a zero page).
+fn memory(pages: usize, seed: impl Fn(usize) -> u64) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(pages * PAGE);
+    for i in 0..pages {
+        let value = seed(i);
+        let mut page = vec![0u8; PAGE];
+        if value != 0 {
+            for (j, word) in page.chunks_exact_mut(8).enumerate() {
+                word.copy_from_slice(
+                    &(value.wrapping_mul(31).wrapping_add(j as u64)).to_le_bytes(),
+                );
+            }
+        }
+        bytes.extend_from_slice(&page);
+    }
+    bytes
+}
+
+/// A snapshot directory `dir` with these files, chunked into `store`.
+fn save(store: &Arc<ChunkStore>, dir: &Path, pages: &[u8], state: &[u8]) -> Pinned {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("pages.img"), pages).unwrap();
+    std::fs::write(dir.join("checkpoint.img"), state).unwrap();
+    store
+        .put_files(dir, &["pages.img".into(), "checkpoint.img".into()], 3)
+        .unwrap()
+}
+
+fn read_back(store: &ChunkStore, dir: &Path, name: &str) -> Result<Vec<u8>> {
+    let out = dir.join(format!(".out-{name}-{:x}", rand::random::<u64>()));
+    let done = store.materialize(&dir.join(format!("{name}.chunks")), &out);
+    let bytes = std::fs::read(&out);
+    let _ = std::fs::remove_file(&out);
+    done.map(|()| bytes.unwrap_or_default())
+}
+
+#[test]
+fn snapshots_share_their_chunks_and_read_back_whole() {
+    let home = tempfile::tempdir().unwrap();
+    let store = ChunkStore::open(home.path()).unwrap();
+    let base = memory(600, |i| if i % 3 == 0 { 0 } else { i as u64 });
+    let state: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+    let a = home.path().join("machines/a/snapshot");
+    drop(save(&store, &a, &base, &state));
+    assert!(!a.join("pages.img").exists());
+    assert_eq!(read_back(&store, &a, "pages.img").unwrap(), base);
+    assert_eq!(read_back(&store, &a, "checkpoint.img").unwrap(), state);
+    let first = store.stats();
+    assert_eq!(first.packs, 1);
+    // Zero pages are one chunk: 400 distinct pages, four state pieces, and a few lists.
+    assert!(first.chunks < 400 + 4 + 30, "{first:?}");
+    let recipe = std::fs::metadata(a.join("pages.img.chunks")).unwrap().len();
+    assert!(recipe < 1024, "a recipe of {recipe} bytes");
+
+    // The same memory with one page more near the start and two pages changed: a handful of
+    // chunks more, however far the rest moved.
+    let mut moved = memory(1, |_| 99_999);
+    moved.extend_from_slice(&base);
+    moved[300 * PAGE..301 * PAGE].fill(7);
+    moved[500 * PAGE..501 * PAGE].fill(8);
+    let b = home.path().join("machines/b/snapshot");
+    drop(save(&store, &b, &moved, &state));
+    let second = store.stats();
+    assert_eq!(second.packs, 2);
+    let added = second.chunks - first.chunks;
+    assert!(added <= 3 + 8, "{added} chunks added");
+    assert!(
+        second.bytes - first.bytes < 40_000,
+        "{second:?} after {first:?}"
+    );
+    assert_eq!(read_back(&store, &b, "pages.img").unwrap(), moved);
+
+    // Opened again from the disk, the store knows the same chunks.
+    let reopened = ChunkStore::open(home.path()).unwrap();
+    assert_eq!(reopened.stats(), second);
+    assert_eq!(read_back(&reopened, &a, "pages.img").unwrap(), base);
+}
+
+#[test]
+fn a_damaged_chunk_refuses_only_the_snapshots_that_hold_it_and_collection_frees_the_rest() {
+    let home = tempfile::tempdir().unwrap();
+    let store = ChunkStore::open(home.path()).unwrap();
+    let shared = memory(64, |i| i as u64 + 1);
+    let a = home.path().join("machines/a/snapshot");
+    let b = home.path().join("machines/b/snapshot");
+    drop(save(&store, &b, &shared, b"state b"));
+    let mut own = shared.clone();
+    own.extend_from_slice(&memory(1, |_| 777));
+    drop(save(&store, &a, &own, b"state a"));
+    // a's own page is alone in the second pack's first frame: damage it.
+    let own_page: Hash = Sha256::digest(&own[64 * PAGE..]).into();
+    let location = lock(&store.state).index[&own_page];
+    let path = lock(&store.state).packs[&location.pack].path.clone();
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[location.entry.frame_offset as usize + 8] ^= 0x10;
+    std::fs::write(&path, &bytes).unwrap();
+    let err = read_back(&store, &a, "pages.img").unwrap_err();
+    assert_eq!(err.kind(), crate::ErrorKind::MachineCrashed);
+    assert!(err.message().contains("damaged"), "{err}");
+    assert_eq!(read_back(&store, &b, "pages.img").unwrap(), shared);
+
+    // a deleted: its own chunks go, b's stay.
+    let roots = [home.path().join("machines")];
+    std::fs::remove_dir_all(home.path().join("machines/a")).unwrap();
+    let collected = store.collect(&roots, u64::MAX).unwrap();
+    assert_eq!(collected.recipes, 2);
+    assert!(
+        collected.packs_removed + collected.packs_rewritten >= 1,
+        "{collected:?}"
+    );
+    assert!(collected.chunks_removed >= 2, "{collected:?}");
+    assert!(!lock(&store.state).index.contains_key(&own_page));
+    assert_eq!(read_back(&store, &b, "pages.img").unwrap(), shared);
+    assert_eq!(read_back(&store, &b, "checkpoint.img").unwrap(), b"state b");
+    // b deleted: nothing is left.
+    std::fs::remove_dir_all(home.path().join("machines/b")).unwrap();
+    store.collect(&roots, u64::MAX).unwrap();
+    assert_eq!(store.stats(), ChunkStats::default());
+    let left = std::fs::read_dir(home.path().join("chunks/packs"))
+        .unwrap()
+        .count();
+    assert_eq!(left, 0);
+}
+
+#[test]
+fn a_mostly_dead_pack_is_rewritten_and_its_live_chunks_stay_readable() {
+    let home = tempfile::tempdir().unwrap();
+    let store = ChunkStore::open(home.path()).unwrap();
+    let roots = [home.path().join("machines")];
+    let big = memory(100, |i| i as u64 + 1);
+    let a = home.path().join("machines/a/snapshot");
+    drop(save(&store, &a, &big, b"a"));
+    // b keeps ten of a's pages; a goes.
+    let b = home.path().join("machines/b/snapshot");
+    drop(save(&store, &b, &big[..10 * PAGE], b"b"));
+    std::fs::remove_dir_all(home.path().join("machines/a")).unwrap();
+    let before = store.stats();
+    let collected = store.collect(&roots, u64::MAX).unwrap();
+    assert_eq!(collected.packs_rewritten, 1, "{collected:?}");
+    let after = store.stats();
+    assert!(after.bytes < before.bytes / 2, "{after:?} after {before:?}");
+    assert_eq!(
+        read_back(&store, &b, "pages.img").unwrap(),
+        &big[..10 * PAGE]
+    );
+    let reopened = ChunkStore::open(home.path()).unwrap();
+    assert_eq!(
+        read_back(&reopened, &b, "pages.img").unwrap(),
+        &big[..10 * PAGE]
+    );
+}
+
+/// A save: chunked in a scratch directory, renamed into place, then its pins dropped; the
+/// snapshot it replaces removed.
+fn replace(store: &Arc<ChunkStore>, root: &Path, machine: usize, round: usize) -> Vec<u8> {
+    let dir = root.join(format!("m{machine}"));
+    let staging = root.join(format!(".tmp-m{machine}-{round}"));
+    // Each round shares most pages with the machine's last one and with the other machines.
+    let pages = memory(40, |i| {
+        if i % 4 == 0 {
+            (round * 1000 + machine * 100 + i) as u64
+        } else {
+            i as u64 + 1
+        }
+    });
+    let pinned = save(
+        store,
+        &staging,
+        &pages,
+        format!("{machine}/{round}").as_bytes(),
+    );
+    let old = root.join(format!(".old-m{machine}-{round}"));
+    if dir.exists() {
+        std::fs::rename(&dir, &old).unwrap();
+    }
+    std::fs::rename(&staging, &dir).unwrap();
+    drop(pinned);
+    let _ = std::fs::remove_dir_all(&old);
+    pages
+}
+
+#[test]
+fn collection_racing_saves_never_loses_a_live_chunk() {
+    let home = tempfile::tempdir().unwrap();
+    let store = ChunkStore::open(home.path()).unwrap();
+    let root: PathBuf = home.path().join("machines");
+    std::fs::create_dir_all(&root).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let collector = {
+        let store = Arc::clone(&store);
+        let stop = Arc::clone(&stop);
+        let root = root.clone();
+        std::thread::spawn(move || {
+            let mut passes = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                store
+                    .collect(std::slice::from_ref(&root), u64::MAX)
+                    .unwrap();
+                passes += 1;
+            }
+            passes
+        })
+    };
+    let savers: Vec<_> = (0..2)
+        .map(|t| {
+            let store = Arc::clone(&store);
+            let root = root.clone();
+            std::thread::spawn(move || {
+                let mut last = std::collections::HashMap::new();
+                for round in 0..120 {
+                    let machine = t * 3 + round % 3;
+                    let pages = replace(&store, &root, machine, round);
+                    last.insert(machine, pages);
+                    // Every machine's current snapshot reads back whole, at every step.
+                    for (m, pages) in &last {
+                        let dir = root.join(format!("m{m}"));
+                        assert_eq!(&read_back(&store, &dir, "pages.img").unwrap(), pages);
+                    }
+                }
+                last
+            })
+        })
+        .collect();
+    let mut last = std::collections::HashMap::new();
+    for saver in savers {
+        last.extend(saver.join().unwrap());
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let passes = collector.join().unwrap();
+    assert!(passes > 3, "only {passes} collections ran");
+    store
+        .collect(std::slice::from_ref(&root), u64::MAX)
+        .unwrap();
+    for (m, pages) in &last {
+        let dir = root.join(format!("m{m}"));
+        assert_eq!(&read_back(&store, &dir, "pages.img").unwrap(), pages);
+    }
+    // What the six machines hold now is about all the store keeps.
+    let stats = store.stats();
+    assert!(stats.chunks < 6 * 10 + 30 + 6 * 4 + 50, "{stats:?}");
+}

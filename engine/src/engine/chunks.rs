@@ -1,0 +1,97 @@
+//! The engine's side of the snapshot chunk store ([`crate::chunks`]): which saves are chunked,
+//! copies that keep their chunks from collection, and collection in the background.
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use super::{Engine, EngineInner};
+use crate::chunks::{ChunkStats, ChunkStore, Collected};
+use crate::error::{Error, Result};
+
+/// How often the engine looks whether snapshots changed and collects chunks if they did.
+const COLLECT_EVERY: Duration = Duration::from_secs(30);
+/// At most this many bytes of packs are rewritten per pass (the rest waits for the next).
+const REWRITE_PER_PASS: u64 = 256 * 1024 * 1024;
+
+impl EngineInner {
+    /// The chunk store, when swapped machines' snapshots go into it: where snapshots are
+    /// compressed at all and the engine keeps them at home only (a bucket holds whole
+    /// snapshots for now).
+    pub(crate) fn chunking(&self) -> Option<Arc<ChunkStore>> {
+        (self.config.compress_swaps && self.bucket.is_none()).then(|| Arc::clone(&self.chunks))
+    }
+
+    /// Notes that snapshots may have been replaced or removed: the next collection looks.
+    pub(crate) fn snapshots_changed(&self) {
+        self.chunks_dirty.store(true, Ordering::SeqCst);
+    }
+
+    /// One collection pass over every snapshot under the home (blocking).
+    pub(crate) fn collect_chunks(&self) -> Result<Collected> {
+        self.chunks_dirty.store(false, Ordering::SeqCst);
+        let home = &self.config.home;
+        let roots = [home.join("machines"), home.join("base")];
+        let collected = self.chunks.collect(&roots, REWRITE_PER_PASS);
+        match &collected {
+            Ok(done) if done.bytes_freed > 0 => tracing::debug!(
+                "collected snapshot chunks: {} packs removed, {} rewritten, {} bytes freed",
+                done.packs_removed,
+                done.packs_rewritten,
+                done.bytes_freed
+            ),
+            Ok(_) => {}
+            Err(_) => self.snapshots_changed(),
+        }
+        collected
+    }
+}
+
+/// Copies a whole snapshot (see [`crate::snapshot::copy`]) with its chunks pinned meanwhile:
+/// a collection running while the copy is installed never takes them (blocking).
+pub(crate) fn copy_snapshot(
+    chunks: &Arc<ChunkStore>,
+    from: &Path,
+    to: &Path,
+    reseed: bool,
+) -> Result<()> {
+    let _pinned = chunks.pin_dir(from)?;
+    crate::snapshot::copy(from, to, reseed)
+}
+
+/// Until the engine is gone: collects chunks every [`COLLECT_EVERY`] when snapshots changed.
+pub(super) async fn collect_in_background(engine: Weak<EngineInner>) {
+    loop {
+        tokio::time::sleep(COLLECT_EVERY).await;
+        let Some(inner) = engine.upgrade() else {
+            return;
+        };
+        if inner.closing() {
+            return;
+        }
+        if !inner.chunks_dirty.load(Ordering::SeqCst) {
+            continue;
+        }
+        let collected = tokio::task::spawn_blocking(move || inner.collect_chunks()).await;
+        if let Ok(Err(e)) = collected {
+            tracing::warn!("collecting snapshot chunks failed (tried again later): {e}");
+        }
+    }
+}
+
+impl Engine {
+    /// Collects the snapshot chunks no snapshot names any more, now (the engine also does it in
+    /// the background when snapshots change).
+    pub async fn collect_snapshot_chunks(&self) -> Result<Collected> {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || inner.collect_chunks())
+            .await
+            .map_err(|e| Error::internal(format!("collecting snapshot chunks stopped: {e}")))?
+    }
+
+    /// How many packs and chunks the snapshot chunk store holds, and their size on disk.
+    pub fn snapshot_chunk_stats(&self) -> ChunkStats {
+        self.inner.chunks.stats()
+    }
+}
