@@ -26,7 +26,7 @@ mod tests;
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -43,6 +43,12 @@ use crate::sync::lock;
 const PAGE: usize = 4096;
 /// Other files into pieces of this size.
 const PIECE: usize = pack::FRAME_BYTES;
+/// Files at least this big are put back together by several threads...
+const PARALLEL_FROM: u64 = 4 * 1024 * 1024;
+/// ... at most this many.
+const MAX_THREADS: usize = 4;
+/// A file being put back together is written in pieces of about this size.
+const WRITE_BYTES: usize = 1024 * 1024;
 
 /// How a chunk is found: its pack and where in it.
 #[derive(Debug, Clone, Copy)]
@@ -121,11 +127,15 @@ impl Drop for Pinned {
     }
 }
 
-/// Decompressed frames a read has seen lately, and the packs it has open.
+/// Frames a read keeps decompressed: a restored snapshot's pages come from a few packs at
+/// once (the base's, the machine's own, the zero page's), lists between them.
+const FRAMES_KEPT: usize = 16;
+
+/// Decompressed frames a read has seen lately (most recent first), and the packs it has open.
 #[derive(Default)]
 struct Reader {
     files: HashMap<u64, (File, PathBuf)>,
-    frame: Option<((u64, u64), Vec<u8>)>,
+    frames: std::collections::VecDeque<((u64, u64), Vec<u8>)>,
 }
 
 impl ChunkStore {
@@ -293,39 +303,83 @@ impl ChunkStore {
     /// is refused, and no other.
     pub fn materialize(&self, recipe: &Path, out: &Path) -> Result<()> {
         let described = read_recipe(recipe)?;
-        let file = File::create_new(out)
-            .map_err(|e| Error::internal(format!("cannot create {}: {e}", out.display())))?;
-        let mut output = BufWriter::with_capacity(1024 * 1024, file);
         let mut reader = Reader::default();
-        let mut written = 0u64;
+        // The lists first (a few dozen small chunks): where each stretch of the file starts.
+        let mut stretches = Vec::with_capacity(described.lists.len());
+        let mut size = 0u64;
         for list in &described.lists {
-            let bytes = self.read_chunk(list, &mut reader)?;
-            for (hash, len) in recipe::decode_list(&bytes)? {
-                let chunk = self.read_chunk(&hash, &mut reader)?;
-                if chunk.len() != len as usize {
-                    return Err(Error::crashed(format!(
-                        "the chunk {} is {} bytes, its list says {len}",
-                        hex::encode(hash),
-                        chunk.len()
-                    )));
-                }
-                output
-                    .write_all(&chunk)
-                    .map_err(|e| Error::internal(format!("cannot write {}: {e}", out.display())))?;
-                written += chunk.len() as u64;
-            }
+            let chunks = recipe::decode_list(&self.read_chunk(list, &mut reader)?)?;
+            let start = size;
+            size += chunks.iter().map(|(_, len)| u64::from(*len)).sum::<u64>();
+            stretches.push((start, chunks));
         }
-        output
-            .flush()
-            .map_err(|e| Error::internal(format!("cannot write {}: {e}", out.display())))?;
-        if written != described.size {
+        if size != described.size {
             return Err(Error::crashed(format!(
-                "{} describes {} bytes, its chunks hold {written}",
+                "{} describes {} bytes, its chunks hold {size}",
                 recipe.display(),
                 described.size
             )));
         }
-        Ok(())
+        let write_failed =
+            |e: std::io::Error| Error::internal(format!("cannot write {}: {e}", out.display()));
+        let file = File::create_new(out)
+            .map_err(|e| Error::internal(format!("cannot create {}: {e}", out.display())))?;
+        file.set_len(size).map_err(write_failed)?;
+        // Stretches are filled in parallel (decompressing and hashing is the work), each
+        // thread writing its own part of the file.
+        let threads = if size < PARALLEL_FROM {
+            1
+        } else {
+            std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_THREADS))
+        };
+        let per_thread = size.div_ceil(threads as u64).max(1);
+        let mut groups: Vec<Vec<(u64, Vec<(Hash, u32)>)>> = vec![Vec::new(); threads];
+        for (start, chunks) in stretches {
+            let group = usize::try_from(start / per_thread)
+                .unwrap_or(0)
+                .min(threads - 1);
+            groups[group].push((start, chunks));
+        }
+        let fill = |group: Vec<(u64, Vec<(Hash, u32)>)>| -> Result<()> {
+            use std::os::unix::fs::FileExt;
+            let mut reader = Reader::default();
+            let mut buffer = Vec::with_capacity(WRITE_BYTES);
+            for (start, chunks) in group {
+                let mut at = start;
+                for (hash, len) in chunks {
+                    let chunk = self.read_chunk(&hash, &mut reader)?;
+                    if chunk.len() != len as usize {
+                        return Err(Error::crashed(format!(
+                            "the chunk {} is {} bytes, its list says {len}",
+                            hex::encode(hash),
+                            chunk.len()
+                        )));
+                    }
+                    buffer.extend_from_slice(&chunk);
+                    if buffer.len() >= WRITE_BYTES {
+                        file.write_all_at(&buffer, at).map_err(write_failed)?;
+                        at += buffer.len() as u64;
+                        buffer.clear();
+                    }
+                }
+                file.write_all_at(&buffer, at).map_err(write_failed)?;
+                buffer.clear();
+            }
+            Ok(())
+        };
+        let mut groups = groups.into_iter();
+        let first = groups.next().unwrap_or_default();
+        std::thread::scope(|scope| {
+            let others: Vec<_> = groups.map(|group| scope.spawn(|| fill(group))).collect();
+            let mut done = fill(first);
+            for other in others {
+                let joined = other
+                    .join()
+                    .unwrap_or_else(|_| Err(Error::internal("a snapshot reader stopped")));
+                done = done.and(joined);
+            }
+            done
+        })
     }
 
     /// The chunk named `hash`, checked against it.
@@ -348,7 +402,13 @@ impl ChunkStore {
             };
             let Some(path) = path else { continue };
             let key = (location.pack, location.entry.frame_offset);
-            if reader.frame.as_ref().is_none_or(|(k, _)| *k != key) {
+            if let Some(at) = reader.frames.iter().position(|(k, _)| *k == key) {
+                if at > 0
+                    && let Some(hit) = reader.frames.remove(at)
+                {
+                    reader.frames.push_front(hit);
+                }
+            } else {
                 if let std::collections::hash_map::Entry::Vacant(vacant) =
                     reader.files.entry(location.pack)
                 {
@@ -372,9 +432,10 @@ impl ChunkStore {
                     continue;
                 };
                 let frame = pack::read_frame(file, path, &location.entry)?;
-                reader.frame = Some((key, frame));
+                reader.frames.truncate(FRAMES_KEPT - 1);
+                reader.frames.push_front((key, frame));
             }
-            let Some((_, frame)) = &reader.frame else {
+            let Some((_, frame)) = reader.frames.front() else {
                 continue;
             };
             let chunk = pack::chunk_in(frame, &path, &location.entry)?;

@@ -20,7 +20,8 @@ impl EngineInner {
     /// compressed at all and the engine keeps them at home only (a bucket holds whole
     /// snapshots for now).
     pub(crate) fn chunking(&self) -> Option<Arc<ChunkStore>> {
-        (self.config.compress_swaps && self.bucket.is_none()).then(|| Arc::clone(&self.chunks))
+        (self.config.compress_swaps && self.config.chunk_snapshots && self.bucket.is_none())
+            .then(|| Arc::clone(&self.chunks))
     }
 
     /// Notes that snapshots may have been replaced or removed: the next collection looks.

@@ -223,6 +223,11 @@ pub struct EngineConfig {
     /// is, and a fork idle for long is compressed like any machine). `EVERVM_COMPRESS_SWAPS`
     /// (`0` for no), on by default.
     pub compress_swaps: bool,
+    /// Whether compressed snapshots go into the home's chunk store (deduplicated against every
+    /// other snapshot; see [`crate::chunks`]) rather than each compressed whole. Only without
+    /// a bucket for now: a bucket keeps whole compressed snapshots. `EVERVM_CHUNK_SNAPSHOTS`
+    /// (`0` for no), on by default.
+    pub chunk_snapshots: bool,
     /// How long a machine stays swapped before its snapshot is compressed, in the background: a
     /// machine that comes back soon after its swap-out restores uncompressed (faster), one idle
     /// for long takes little disk. `EVERVM_COMPRESS_AFTER_SECS` (default 600; 0: at the
@@ -313,6 +318,10 @@ impl EngineConfig {
             resident_memory_mb: positive("EVERVM_RESIDENT_MEMORY_MB"),
             compress_swaps: !matches!(
                 std::env::var("EVERVM_COMPRESS_SWAPS").as_deref(),
+                Ok("0" | "false" | "no")
+            ),
+            chunk_snapshots: !matches!(
+                std::env::var("EVERVM_CHUNK_SNAPSHOTS").as_deref(),
                 Ok("0" | "false" | "no")
             ),
             compress_after: Duration::from_secs(

@@ -22,7 +22,10 @@
 //! `--only packages --wheels DIR` what installed packages cost on gVisor: `install` time, and the
 //! snapshot before and after, for each project of the wheels in DIR (served by the bench on
 //! loopback as a package index; `pip download --only-binary=:all: --python-version 3.11
-//! --platform manylinux2014_x86_64 -d DIR requests numpy` makes such a directory).
+//! --platform manylinux2014_x86_64 -d DIR requests numpy` makes such a directory);
+//! `--only chunks [--machines N]` what snapshots cost on gVisor: disk per swapped machine over
+//! N fresh machines (default 1,000), compressed whole and chunked into the deduplicated store,
+//! and swap-out and restore times from each kind of snapshot.
 #![allow(clippy::print_stdout)]
 
 use std::time::{Duration, Instant};
@@ -44,6 +47,8 @@ struct Args {
     only: Option<String>,
     /// Wheels for `--only packages`.
     wheels: Option<std::path::PathBuf>,
+    /// Machines for `--only chunks`.
+    machines: usize,
 }
 
 fn parse_args() -> Result<Args> {
@@ -54,6 +59,7 @@ fn parse_args() -> Result<Args> {
         density: 300,
         only: None,
         wheels: None,
+        machines: 1000,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -64,17 +70,21 @@ fn parse_args() -> Result<Args> {
             "--rounds" => args.rounds = it.next().context("--rounds needs a number")?.parse()?,
             "--throughput-only" => args.throughput_only = true,
             "--density" => args.density = it.next().context("--density needs a number")?.parse()?,
+            "--machines" => {
+                args.machines = it.next().context("--machines needs a number")?.parse()?;
+            }
             "--wheels" => {
                 args.wheels = Some(it.next().context("--wheels needs a directory")?.into());
             }
             "--only" => {
                 args.only = Some(it.next().context(
-                    "--only needs exec, files, images, network, packages, swap or density",
+                    "--only needs chunks, exec, files, images, network, packages, swap or density",
                 )?);
             }
             other => bail!(
                 "unknown argument {other:?}; use --backend NAME, --rounds N, --throughput-only, \
-                 --density N, --only exec|files|images|network|packages|swap|density, --wheels DIR"
+                 --density N, --only chunks|exec|files|images|network|packages|swap|density, \
+                 --machines N, --wheels DIR"
             ),
         }
     }
@@ -832,6 +842,12 @@ async fn main() -> Result<()> {
                 .context("--only packages needs --wheels DIR")?;
             if backend == "gvisor" {
                 package_figures(wheels).await?;
+            }
+            continue;
+        }
+        if args.only.as_deref() == Some("chunks") {
+            if backend == "gvisor" {
+                evervm_examples::snapshots::chunk_figures(args.machines).await?;
             }
             continue;
         }
