@@ -187,6 +187,7 @@ impl NativeClient {
             ),
             ttl,
             expires_at: None,
+            history: None,
             network: options
                 .network
                 .map(|network| match network {

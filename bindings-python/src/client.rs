@@ -230,6 +230,7 @@ fn create_options(
         ttl,
         expires_at: None,
         network: network.map(NetworkArg::policy).transpose()?,
+        history: None,
     })
 }
 

@@ -2,6 +2,7 @@
 
 mod doctor;
 mod files;
+mod history;
 mod mcp;
 mod repl;
 
@@ -136,6 +137,13 @@ enum Command {
     Rm(files::RemoveArgs),
     /// Make a directory in a machine: `evervm mkdir MACHINE:PATH`.
     Mkdir(files::MakeDirArgs),
+    /// Take back a machine's last instruction: its state becomes what it was before it (a
+    /// machine created with `machine new --history N`).
+    Undo(history::UndoArgs),
+    /// Make one of a machine's undo points its state: the state after instruction SEQ.
+    Rewind(history::RewindArgs),
+    /// A machine's latest instructions with their results, and which can be rewound to (`*`).
+    History(history::HistoryArgs),
     /// The MCP server on stdin and stdout, for an AI assistant that starts it: its tools act on
     /// the engine in this process, or on the server given by --url and --token (or
     /// EVERVM_URL and EVERVM_TOKEN). `evervm mcp install --claude-code` (or --claude-desktop,
@@ -223,6 +231,10 @@ enum MachineCommand {
         /// instruction, before its result is reported; slower).
         #[arg(long)]
         durability: Option<String>,
+        /// Keep an undo point after each of the machine's latest N instructions (for `evervm
+        /// undo`, `rewind` and `history`); the server's default (none) when absent.
+        #[arg(long, value_name = "N")]
+        history: Option<u32>,
         /// An environment variable of the machine, KEY=VALUE (repeatable).
         #[arg(long = "env", value_name = "KEY=VALUE")]
         env: Vec<String>,
@@ -468,6 +480,15 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
         Command::Rm(args) => {
             with_client(target, |c| async move { files::remove(&c, args).await }).await
         }
+        Command::Undo(args) => {
+            with_client(target, |c| async move { history::undo(&c, args).await }).await
+        }
+        Command::Rewind(args) => {
+            with_client(target, |c| async move { history::rewind(&c, args).await }).await
+        }
+        Command::History(args) => {
+            with_client(target, |c| async move { history::history(&c, args).await }).await
+        }
         Command::Mkdir(args) => {
             with_client(target, |c| async move { files::make_dir(&c, args).await }).await
         }
@@ -687,6 +708,13 @@ fn print_machine(info: &evervm::MachineInfo) {
     if let Some(durability) = &info.durability {
         println!("  durability:   {durability}");
     }
+    if let Some(history) = info.history.filter(|h| *h > 0) {
+        println!("  history:      {history} undo points");
+    }
+    if let Some(parent) = &info.parent {
+        let at = info.forked_at.unwrap_or(-1);
+        println!("  forked from:  {parent} (after its instruction {at})");
+    }
     if let Some(count) = info.instruction_count {
         println!("  instructions: {count}");
     }
@@ -744,6 +772,7 @@ async fn machine(command: MachineCommand, client: &Client) -> Result<ExitCode> {
             memory_mb,
             image,
             durability,
+            history,
             env,
             secret_env,
             ttl,
@@ -775,6 +804,7 @@ async fn machine(command: MachineCommand, client: &Client) -> Result<ExitCode> {
                         .transpose()?,
                     expires_at: None,
                     network,
+                    history,
                 })
                 .await?;
             println!("{}", machine.name());

@@ -124,6 +124,9 @@ impl From<ApiMachine> for MachineInfo {
             disk_bytes: m.disk_bytes,
             resident_bytes: m.resident_bytes,
             durability: m.durability,
+            history: m.history,
+            parent: m.parent,
+            forked_at: m.forked_at,
             env: m.env,
             secret_env: m.secret_env,
             expires_at: m.expires_at,
@@ -152,6 +155,9 @@ impl From<MachineInfo> for ApiMachine {
             disk_bytes: m.disk_bytes,
             resident_bytes: m.resident_bytes,
             durability: m.durability,
+            history: m.history,
+            parent: m.parent,
+            forked_at: m.forked_at,
             env: m.env,
             secret_env: m.secret_env,
             interpreter: m.interpreter,
@@ -243,6 +249,9 @@ pub(crate) mod engine {
                 disk_bytes: Some(m.disk_bytes),
                 resident_bytes: Some(m.resident_bytes),
                 durability: Some(m.durability.as_str().to_owned()),
+                history: Some(m.history),
+                parent: m.parent,
+                forked_at: m.forked_at,
                 env: m.env,
                 secret_env: m.secret_env,
                 expires_at: m.expires_at,
@@ -392,6 +401,7 @@ pub(crate) mod engine {
                 .transpose()?,
             env,
             network: options.network,
+            history: options.history,
         })
     }
 }
@@ -519,6 +529,7 @@ pub(crate) mod server {
             memory_mb: request.memory_mb,
             image: request.image,
             durability: request.durability,
+            history: request.history,
             env: request.env.unwrap_or_default(),
             secret_env: request.secret_env.unwrap_or_default(),
             ttl: request.ttl_seconds.map(Duration::from_secs),
@@ -591,6 +602,7 @@ pub(crate) mod server {
                 memory_mb: Some(256),
                 image: Some("data".into()),
                 durability: Some("instruction".into()),
+                history: Some(7),
                 env: Some([("PLAIN".to_owned(), "1".to_owned())].into()),
                 secret_env: Some(crate::types::SecretEnv(
                     [("TOKEN".to_owned(), "s3cret".to_owned())].into(),
@@ -634,6 +646,7 @@ pub(crate) mod server {
             assert_eq!(create.memory_mb, Some(256));
             assert_eq!(create.image.as_deref(), Some("data"));
             assert_eq!(create.durability, Some(engine::Durability::Instruction));
+            assert_eq!(create.history, Some(7));
             let err = create_machine_from_wire(Some(CreateMachineRequest {
                 durability: Some("sometimes".into()),
                 ..CreateMachineRequest::default()

@@ -48,6 +48,10 @@ pub struct CreateMachineOptions {
     /// addresses) or `allow` (listed names and address blocks); the server's default (`none`
     /// unless it was set otherwise) when `None`.
     pub network: Option<NetworkPolicy>,
+    /// How many undo points the machine keeps: its whole state after each of its latest
+    /// `history` instructions (and before its first), to `rewind` or `undo` to. The server's
+    /// default (0: none, unless it was set otherwise) when `None`; gVisor only.
+    pub history: Option<u32>,
 }
 
 /// How a machine's current (or last) interpreter began.
@@ -143,6 +147,12 @@ pub struct MachineInfo {
     pub resident_bytes: Option<u64>,
     /// `idle` or `instruction`.
     pub durability: Option<String>,
+    /// How many undo points it keeps (0: none).
+    pub history: Option<u32>,
+    /// The machine it was forked from; `None` when it was created (or the server does not say).
+    pub parent: Option<String>,
+    /// The seq of the parent's last instruction the fork holds (-1: none).
+    pub forked_at: Option<i64>,
     /// Its environment variables that are not secret.
     pub env: BTreeMap<String, String>,
     /// The names of its secret environment variables.
@@ -287,6 +297,9 @@ pub use evervm_engine::{RichKind, RichResult};
 
 /// The exception an instruction raised, as data: the engine's type, the one definition.
 pub use evervm_engine::ExceptionInfo;
+
+/// What a rewind did, a machine's history, and one instruction in it.
+pub use evervm_engine::{HistoryEntry, MachineHistory, Rewound};
 
 /// How an instruction's code runs: the engine's type, the one definition.
 pub use evervm_engine::Dialect;

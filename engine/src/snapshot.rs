@@ -78,6 +78,43 @@ fn digest_dir(dir: &Path) -> Result<(String, u64)> {
     Ok((hex::encode(hasher.finalize()), bytes))
 }
 
+/// `<home>/machines/<name>/history`: the machine's undo points.
+pub fn history_dir(home: &Path, machine: &str) -> PathBuf {
+    machine_dir(home, machine).join("history")
+}
+
+/// `<home>/machines/<name>/history/<seq>`: the machine's state after instruction `seq` (`-1`:
+/// before its first).
+pub fn point_dir(home: &Path, machine: &str, seq: i64) -> PathBuf {
+    history_dir(home, machine).join(seq.to_string())
+}
+
+/// The seqs of the machine's undo points on disk, in order.
+pub fn points(home: &Path, machine: &str) -> Vec<i64> {
+    let mut seqs: Vec<i64> = std::fs::read_dir(history_dir(home, machine))
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.path().join(MANIFEST).is_file())
+                .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+                .collect()
+        })
+        .unwrap_or_default();
+    seqs.sort_unstable();
+    seqs
+}
+
+/// Removes an undo point: renamed to a scratch name first, so nothing finds it half removed.
+pub fn remove_point(home: &Path, machine: &str, seq: i64) -> Result<()> {
+    let dir = point_dir(home, machine, seq);
+    let scratch = dir.with_file_name(format!("{SCRATCH_BUILDING}dropped-{seq}"));
+    match std::fs::rename(&dir, &scratch) {
+        Ok(()) => remove_dir(&scratch),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// `<home>/machines/<name>/checkpoints/<checkpoint>`: a named, kept snapshot.
 pub fn checkpoint_dir(home: &Path, machine: &str, checkpoint: &str) -> PathBuf {
     machine_dir(home, machine)
@@ -263,11 +300,28 @@ pub fn rewrite(
     change: impl FnOnce(&Path) -> Result<()>,
 ) -> Result<SnapshotManifest> {
     let target = snapshot_dir(home, machine);
-    let manifest = verify_dir(&target, restorable)?
-        .ok_or_else(|| Error::internal(format!("machine {machine} has no snapshot to rewrite")))?;
-    let staging = staging_for(&target)?;
+    rewrite_to(&target, &target, restorable, change)
+}
+
+/// [`rewrite`] from the snapshot in `from` to `to` (the same directory, or another: an undo
+/// point made from the machine's snapshot).
+pub fn rewrite_to(
+    from: &Path,
+    to: &Path,
+    restorable: &dyn Fn(&str) -> bool,
+    change: impl FnOnce(&Path) -> Result<()>,
+) -> Result<SnapshotManifest> {
+    let manifest = verify_dir(from, restorable)?.ok_or_else(|| {
+        Error::internal(format!("{} holds no snapshot to rewrite", from.display()))
+    })?;
+    if let Some(parent) = to.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| Error::internal(format!("cannot create {}: {e}", parent.display())))?;
+    }
+    let staging = staging_for(to)?;
+    let target = to.to_path_buf();
     let rewritten = (|| -> Result<SnapshotManifest> {
-        for entry in std::fs::read_dir(&target)? {
+        for entry in std::fs::read_dir(from)? {
             let entry = entry?;
             let name = entry.file_name();
             let name_text = name.to_string_lossy();
@@ -535,6 +589,7 @@ pub fn recover(home: &Path) {
     for machine in &machine_dirs {
         dirs.push((machine.clone(), Legacy::SnapshotOnly));
         dirs.push((machine.join("checkpoints"), Legacy::None));
+        dirs.push((machine.join("history"), Legacy::None));
     }
     dirs.push((home.join("base"), Legacy::Any));
     for (dir, legacy) in dirs {

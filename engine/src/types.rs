@@ -232,6 +232,10 @@ pub struct CreateMachine {
     /// What it may reach over the network; the engine's default when `None`. Refused when more
     /// than the engine allows.
     pub network: Option<crate::network::NetworkPolicy>,
+    /// How many undo points it keeps (a snapshot after each of its latest instructions, to
+    /// rewind to); the engine's default when `None` (`EVERVM_HISTORY`, 0: none), at most the
+    /// engine's maximum.
+    pub history: Option<u32>,
 }
 
 /// The longest a machine may be given to live with an expiry.
@@ -310,6 +314,49 @@ impl InterpreterStart {
 pub struct ForkMachine {
     /// The fork's tags; the parent's when `None`.
     pub tags: Option<Tags>,
+}
+
+/// What a rewind did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Rewound {
+    /// The undo point the machine is at now: the state after instruction `to` (`-1`: before
+    /// its first instruction).
+    pub to: i64,
+    /// How many instructions it marked rewound.
+    pub rewound: i64,
+}
+
+/// One instruction in a machine's history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct HistoryEntry {
+    pub seq: i64,
+    pub code: String,
+    /// Its value (the `repr` of its last expression), shortened; `None` for none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// Its error's last line (`ZeroDivisionError: division by zero`), shortened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// False while it runs or waits.
+    pub finished: bool,
+    /// Taken back by a rewind or a rollback (it stays in the history).
+    pub rewound: bool,
+    /// Whether an undo point for the state after it is kept (`rewind` to its seq).
+    pub undo_point: bool,
+}
+
+/// A machine's history: its latest instructions and which of them can be rewound to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct MachineHistory {
+    /// How many undo points the machine keeps (0: none).
+    pub keeps: u32,
+    /// Whether the state before its first instruction is kept (an undo of that instruction).
+    pub initial_point: bool,
+    /// Oldest first.
+    pub instructions: Vec<HistoryEntry>,
 }
 
 /// When a machine's state is saved to disk.
@@ -425,6 +472,12 @@ pub struct MachineInfo {
     /// not resident.
     pub resident_bytes: u64,
     pub durability: Durability,
+    /// How many undo points it keeps (0: none).
+    pub history: u32,
+    /// The machine it was forked from, and the seq of that machine's last instruction in the
+    /// fork (-1: none); `None` when it was created, not forked.
+    pub parent: Option<String>,
+    pub forked_at: Option<i64>,
     /// Its environment variables that are not secret, with their values.
     pub env: BTreeMap<String, String>,
     /// The names of its secret environment variables (never their values).

@@ -510,6 +510,9 @@ async fn machines_expire_and_lists_page_through_a_thousand() {
                     position: 0,
                     network: evervm_engine::network::NetworkPolicy::None,
                     snapshot_sha256: None,
+                    history: 0,
+                    parent: None,
+                    forked_at: None,
                 })
                 .unwrap();
         }

@@ -10,7 +10,8 @@ use crate::convert::engine::event_from_engine;
 use crate::error::Result;
 use crate::types::{
     Accepted, ByteStream, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult,
-    FileInfo, FileList, FileRead, InstallReport, MachineInfo, MachinePage, Tags, WriteFileOptions,
+    FileInfo, FileList, FileRead, InstallReport, MachineHistory, MachineInfo, MachinePage, Rewound,
+    Tags, WriteFileOptions,
 };
 use evervm_engine::{self as engine, Account, Engine, EngineConfig};
 
@@ -184,6 +185,14 @@ impl Transport for LocalTransport {
             .rollback(&self.account, name, checkpoint)
             .await?
             .into())
+    }
+
+    async fn rewind(&self, name: &str, to: i64) -> Result<Rewound> {
+        Ok(self.engine.rewind(&self.account, name, to).await?)
+    }
+
+    async fn history(&self, name: &str, limit: usize) -> Result<MachineHistory> {
+        Ok(self.engine.history(&self.account, name, limit).await?)
     }
 
     async fn delete_checkpoint(&self, name: &str, checkpoint: &str) -> Result<()> {

@@ -15,8 +15,8 @@ use futures::stream::BoxStream;
 use crate::error::{Error, ErrorKind, Result};
 use crate::types::{
     Accepted, ByteStream, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult,
-    Execution, FileInfo, FileList, FileRead, InstallReport, MachineInfo, MachinePage, OutputChunk,
-    Tags, WriteFileOptions,
+    Execution, FileInfo, FileList, FileRead, InstallReport, MachineHistory, MachineInfo,
+    MachinePage, OutputChunk, Rewound, Tags, WriteFileOptions,
 };
 
 #[cfg(feature = "local")]
@@ -26,6 +26,9 @@ pub use local::LocalOptions;
 pub type EventStream = BoxStream<'static, Result<ExecEvent>>;
 
 /// What a transport must do. One method per operation; `Client` adds only conveniences.
+/// How many instructions `Machine::history` lists when not told.
+pub const DEFAULT_HISTORY_LIST: usize = 100;
+
 #[async_trait]
 pub(crate) trait Transport: Send + Sync + 'static {
     fn describe(&self) -> String;
@@ -53,6 +56,8 @@ pub(crate) trait Transport: Send + Sync + 'static {
     ) -> Result<CheckpointInfo>;
     async fn list_checkpoints(&self, name: &str) -> Result<Vec<CheckpointInfo>>;
     async fn rollback(&self, name: &str, checkpoint: &str) -> Result<MachineInfo>;
+    async fn rewind(&self, name: &str, to: i64) -> Result<Rewound>;
+    async fn history(&self, name: &str, limit: usize) -> Result<MachineHistory>;
     async fn install(&self, name: &str, requirements: &[String]) -> Result<InstallReport>;
     async fn delete_checkpoint(&self, name: &str, checkpoint: &str) -> Result<()>;
     /// Writes `data` (of `length` bytes, when known) to `path` in the machine.
@@ -304,6 +309,27 @@ impl Machine {
     /// history, marked as rolled back.
     pub async fn rollback(&self, checkpoint: &str) -> Result<MachineInfo> {
         self.transport.rollback(&self.name, checkpoint).await
+    }
+
+    /// Makes one of the machine's undo points its state: the state right after instruction
+    /// `seq` ran. The instructions after it stay in its history, marked rewound. The machine
+    /// must keep a history (`CreateMachineOptions::history`); waits for a running instruction.
+    pub async fn rewind(&self, seq: i64) -> Result<Rewound> {
+        self.transport.rewind(&self.name, seq).await
+    }
+
+    /// Takes back the machine's last instruction: its state becomes what it was before it
+    /// (the undo point before it; see [`Machine::rewind`]).
+    pub async fn undo(&self) -> Result<Rewound> {
+        self.transport.rewind(&self.name, -1).await
+    }
+
+    /// The machine's latest instructions (at most `limit`, 100 when `None`), oldest first, each
+    /// with a short result, whether it was rewound and whether it can be rewound to.
+    pub async fn history(&self, limit: Option<usize>) -> Result<MachineHistory> {
+        self.transport
+            .history(&self.name, limit.unwrap_or(DEFAULT_HISTORY_LIST))
+            .await
     }
 
     pub async fn delete_checkpoint(&self, checkpoint: &str) -> Result<()> {

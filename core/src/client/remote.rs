@@ -18,8 +18,8 @@ use crate::protocol::{
 };
 use crate::types::{
     Accepted, ByteStream, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult,
-    FileInfo, FileKind, FileList, FileRead, InstallReport, MachineInfo, MachinePage, Tags,
-    WriteFileOptions,
+    FileInfo, FileKind, FileList, FileRead, InstallReport, MachineHistory, MachineInfo,
+    MachinePage, Rewound, Tags, WriteFileOptions,
 };
 
 pub(crate) struct RemoteTransport {
@@ -313,6 +313,7 @@ impl Transport for RemoteTransport {
             memory_mb: options.memory_mb,
             image: options.image,
             durability: options.durability,
+            history: options.history,
             env: (!options.env.is_empty()).then_some(options.env),
             secret_env: (!options.secret_env.0.is_empty()).then_some(options.secret_env),
             ttl_seconds: remote_ttl(options.ttl, options.expires_at)?,
@@ -609,6 +610,23 @@ impl Transport for RemoteTransport {
             )
             .await?;
         Ok(answer.into())
+    }
+
+    async fn rewind(&self, name: &str, to: i64) -> Result<Rewound> {
+        let request = protocol::RewindRequest { to };
+        self.call(
+            Method::POST,
+            self.machine_url(name, &["rewind"])?,
+            Some(body(&request)),
+        )
+        .await
+    }
+
+    async fn history(&self, name: &str, limit: usize) -> Result<MachineHistory> {
+        let mut url = self.machine_url(name, &["history"])?;
+        url.query_pairs_mut()
+            .append_pair("limit", &limit.to_string());
+        self.call(Method::GET, url, None).await
     }
 
     async fn delete_checkpoint(&self, name: &str, checkpoint: &str) -> Result<()> {

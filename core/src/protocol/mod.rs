@@ -91,6 +91,12 @@ pub struct CreateMachineRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "server", schemars(with = "Option<schema::Durability>"))]
     pub durability: Option<String>,
+    /// evervm: how many undo points the machine keeps (its whole state after each of its latest
+    /// `history` instructions, and before its first), to rewind to (`POST .../rewind`); the
+    /// server's default (0: none) when absent, at most its maximum (100 by default). gVisor
+    /// only: the process backend answers `501 Unsupported`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<u32>,
     /// evervm: environment variables of the machine's interpreter (`os.environ`, inherited by
     /// its subprocesses), kept across swap, restart and fork; returned by `info`. Names are
     /// letters, digits and `_`; at most 128 variables, 256 KiB together (with `secret_env`).
@@ -218,6 +224,15 @@ pub struct ApiMachine {
     /// `CreateMachineRequest.durability`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub durability: Option<String>,
+    /// evervm: how many undo points the machine keeps (0: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<u32>,
+    /// evervm: the machine it was forked from; absent when it was created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// evervm: the seq of the parent's last instruction the fork holds (-1: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_at: Option<i64>,
     /// evervm: the machine's environment variables that are not secret; absent when none.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
@@ -526,6 +541,26 @@ pub struct InstallRequest {
 
 /// What an install did: the engine's own type.
 pub use evervm_engine::InstallReport as InstallResponse;
+
+/// `POST /v1/machine/{machine_name}/rewind` (evervm): which undo point to make the machine's
+/// state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
+pub struct RewindRequest {
+    /// The seq of the instruction whose after-state to go back to; `-1` (the default) for the
+    /// state before the last instruction (an undo).
+    #[serde(default = "undo")]
+    pub to: i64,
+}
+
+fn undo() -> i64 {
+    -1
+}
+
+/// `GET /v1/machine/{machine_name}/history` (evervm): the machine's latest instructions.
+pub use evervm_engine::MachineHistory as HistoryResponse;
+/// `POST /v1/machine/{machine_name}/rewind` (evervm): what the rewind did.
+pub use evervm_engine::Rewound as RewindResponse;
 
 /// A fork's options; an empty body, `null` and `{}` all mean the defaults. Answered like a new
 /// machine, with the fork's name.

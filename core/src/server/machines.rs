@@ -12,9 +12,9 @@ use super::extract::{OptionalJsonBody, WirePath, WireQuery};
 use crate::convert::server::{create_machine_from_wire, list_filter_from_wire, machine_to_wire};
 use crate::protocol::{
     ApiCheckpoint, CreateCheckpointRequest, CreateMachineRequest, CreateMachineResponse,
-    DeleteCheckpointResponse, DeleteMachineResponse, ForkMachineRequest, InterruptResponse,
-    ListCheckpointsResponse, ListMachinesRequest, ListMachinesResponse, MachineInfoResponse,
-    SwapResponse, WhoamiResponse,
+    DeleteCheckpointResponse, DeleteMachineResponse, ForkMachineRequest, HistoryResponse,
+    InterruptResponse, ListCheckpointsResponse, ListMachinesRequest, ListMachinesResponse,
+    MachineInfoResponse, RewindRequest, RewindResponse, SwapResponse, WhoamiResponse,
 };
 
 type ApiResult<T> = Result<Json<T>, ApiFailure>;
@@ -224,6 +224,37 @@ pub(crate) async fn rollback(
 ) -> ApiResult<MachineInfoResponse> {
     let info = state.engine.rollback(&account, &name, &checkpoint).await?;
     Ok(Json(machine_to_wire(info, &state.redactor)))
+}
+
+/// `POST /v1/machine/{machine_name}/rewind` (evervm): makes one of the machine's undo points
+/// its state (`to`: an instruction's seq, or -1 for the state before the last instruction).
+pub(crate) async fn rewind(
+    State(state): State<AppState>,
+    Authed(account): Authed,
+    WirePath(name): WirePath<String>,
+    OptionalJsonBody(request): OptionalJsonBody<RewindRequest>,
+) -> ApiResult<RewindResponse> {
+    let to = request.map_or(-1, |r| r.to);
+    Ok(Json(state.engine.rewind(&account, &name, to).await?))
+}
+
+/// The query of `GET .../history`.
+#[derive(Debug, Default, serde::Deserialize)]
+pub(crate) struct HistoryQuery {
+    /// How many of the latest instructions (at most 1000; 100 when absent).
+    limit: Option<usize>,
+}
+
+/// `GET /v1/machine/{machine_name}/history?limit=N` (evervm): the machine's latest
+/// instructions, each with a short result and whether it can be rewound to.
+pub(crate) async fn history(
+    State(state): State<AppState>,
+    Authed(account): Authed,
+    WirePath(name): WirePath<String>,
+    WireQuery(query): WireQuery<HistoryQuery>,
+) -> ApiResult<HistoryResponse> {
+    let limit = query.limit.unwrap_or(crate::client::DEFAULT_HISTORY_LIST);
+    Ok(Json(state.engine.history(&account, &name, limit).await?))
 }
 
 /// `DELETE /v1/machine/{machine_name}/checkpoints/{checkpoint}` (evervm).

@@ -82,6 +82,8 @@ pub(crate) mod paths {
     pub(crate) const CHECKPOINT: &str = "/v1/machine/{machine_name}/checkpoints/{checkpoint}";
     pub(crate) const ROLLBACK: &str =
         "/v1/machine/{machine_name}/checkpoints/{checkpoint}/rollback";
+    pub(crate) const REWIND: &str = "/v1/machine/{machine_name}/rewind";
+    pub(crate) const HISTORY: &str = "/v1/machine/{machine_name}/history";
     pub(crate) const EXEC: &str = "/v1/machine/{machine_name}/exec";
     pub(crate) const RESULT: &str = "/v1/machine/{machine_name}/exec/{instruction_seq}/result";
     pub(crate) const STREAM_RESULT: &str =
@@ -114,6 +116,8 @@ pub(crate) mod paths {
         CHECKPOINTS,
         CHECKPOINT,
         ROLLBACK,
+        REWIND,
+        HISTORY,
         EXEC,
         RESULT,
         STREAM_RESULT,
@@ -175,6 +179,8 @@ pub fn router_with_metrics_token(engine: Engine, metrics_token: Option<String>) 
         )
         .route(paths::CHECKPOINT, delete(machines::delete_checkpoint))
         .route(paths::ROLLBACK, post(machines::rollback))
+        .route(paths::REWIND, post(machines::rewind))
+        .route(paths::HISTORY, get(machines::history))
         .route(paths::EXEC, post(exec::exec))
         .route(paths::RESULT, get(exec::result))
         .route(paths::STREAM_RESULT, get(exec::stream_result))

@@ -66,10 +66,11 @@ mod tests {
     use crate::protocol::{
         ApiCheckpoint, ApiError, CreateCheckpointRequest, CreateMachineRequest,
         CreateMachineResponse, DeleteCheckpointResponse, DeleteMachineResponse, ExecRequest,
-        ExecResponse, ExecResultResponse, ForkMachineRequest, HealthResponse, InstallRequest,
-        InstallResponse, InterruptResponse, ListCheckpointsResponse, ListMachinesRequest,
-        ListMachinesResponse, MachineInfoResponse, MessageFromServer, MessageToServer,
-        NodesResponse, SignupRequest, SwapResponse, WhoamiResponse,
+        ExecResponse, ExecResultResponse, ForkMachineRequest, HealthResponse, HistoryResponse,
+        InstallRequest, InstallResponse, InterruptResponse, ListCheckpointsResponse,
+        ListMachinesRequest, ListMachinesResponse, MachineInfoResponse, MessageFromServer,
+        MessageToServer, NodesResponse, RewindRequest, RewindResponse, SignupRequest, SwapResponse,
+        WhoamiResponse,
     };
     use crate::server::paths;
     use crate::types::{FileInfo, FileList};
@@ -185,6 +186,13 @@ mod tests {
                 None,
                 Json(body::<MachineInfoResponse>),
             ),
+            (
+                "post",
+                paths::REWIND,
+                Optional(body::<Option<RewindRequest>>),
+                Json(body::<RewindResponse>),
+            ),
+            ("get", paths::HISTORY, None, Json(body::<HistoryResponse>)),
             (
                 "post",
                 paths::EXEC,

@@ -50,6 +50,9 @@ const MAX_THREADS: usize = 4;
 /// A file being put back together is written in pieces of about this size.
 const WRITE_BYTES: usize = 1024 * 1024;
 
+/// A stretch of a file being put back together: where it starts, and its chunks.
+type Stretch = (u64, Vec<(Hash, u32)>);
+
 /// How a chunk is found: its pack and where in it.
 #[derive(Debug, Clone, Copy)]
 struct Location {
@@ -195,8 +198,9 @@ impl ChunkStore {
 
     /// Replaces each named file in `dir` by its recipe (`NAME.chunks`), its chunks written to
     /// the store first (those it lacks, compressed at zstd `level`, in one new pack). `dir` is
-    /// a snapshot being built; the returned pins keep its chunks from collection until the
-    /// snapshot is installed. All or nothing: on failure the files stay as they were.
+    /// a snapshot being built, which the caller seals (syncing its files); the returned pins
+    /// keep its chunks from collection until the snapshot is installed. On failure the files
+    /// stay as they were.
     pub fn put_files(self: &Arc<Self>, dir: &Path, names: &[String], level: i32) -> Result<Pinned> {
         let mut pinned = Pinned {
             store: Arc::clone(self),
@@ -239,9 +243,18 @@ impl ChunkStore {
             let path = self.packs_dir.join(format!("{pack_id:016x}.pack"));
             register(&mut lock(&self.state), pack_id, path, bytes, &entries);
         }
+        // Not synced one by one: sealing the snapshot syncs every file in it.
         for (name, recipe) in &recipes {
+            use std::os::unix::fs::OpenOptionsExt;
             let target = dir.join(format!("{name}{}", recipe::SUFFIX));
-            crate::fsutil::write_durably(&target, &recipe.encode())?;
+            let written = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&target)
+                .and_then(|mut file| std::io::Write::write_all(&mut file, &recipe.encode()));
+            written
+                .map_err(|e| Error::internal(format!("cannot write {}: {e}", target.display())))?;
         }
         for (name, _) in &recipes {
             std::fs::remove_file(dir.join(name))
@@ -333,14 +346,14 @@ impl ChunkStore {
             std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_THREADS))
         };
         let per_thread = size.div_ceil(threads as u64).max(1);
-        let mut groups: Vec<Vec<(u64, Vec<(Hash, u32)>)>> = vec![Vec::new(); threads];
+        let mut groups: Vec<Vec<Stretch>> = vec![Vec::new(); threads];
         for (start, chunks) in stretches {
             let group = usize::try_from(start / per_thread)
                 .unwrap_or(0)
                 .min(threads - 1);
             groups[group].push((start, chunks));
         }
-        let fill = |group: Vec<(u64, Vec<(Hash, u32)>)>| -> Result<()> {
+        let fill = |group: Vec<Stretch>| -> Result<()> {
             use std::os::unix::fs::FileExt;
             let mut reader = Reader::default();
             let mut buffer = Vec::with_capacity(WRITE_BYTES);

@@ -189,6 +189,10 @@ pub struct EngineConfig {
     pub backend: BackendChoice,
     /// `memory_mb` of machines created without one.
     pub default_memory_mb: u32,
+    /// Undo points kept by machines created without a `history` (`EVERVM_HISTORY`, 0: none).
+    pub default_history: u32,
+    /// The most undo points a machine may keep (`EVERVM_HISTORY_MAX`, default 100).
+    pub max_history: u32,
     /// The image of machines created without one: `data` (numpy, pandas, matplotlib,
     /// requests, ...) unless `EVERVM_DEFAULT_IMAGE` says `minimal`.
     pub default_image: Profile,
@@ -305,6 +309,10 @@ impl EngineConfig {
             images_dir,
             backend: BackendChoice::Auto,
             default_memory_mb: 512,
+            default_history: positive("EVERVM_HISTORY")
+                .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+            max_history: positive("EVERVM_HISTORY_MAX")
+                .map_or(100, |n| u32::try_from(n).unwrap_or(u32::MAX)),
             default_image,
             base_preimport: matches!(
                 std::env::var("EVERVM_BASE_PREIMPORT").as_deref(),

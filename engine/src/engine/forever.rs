@@ -42,13 +42,17 @@ impl Engine {
             last_error: None,
             unsaved_since: None,
             snapshot_at: Some(Utc::now()),
+            parent: Some(parent.name.to_string()),
+            forked_at: None,
             ..parent
         };
         let home = self.inner.config.home.clone();
         let target = crate::snapshot::snapshot_dir(&home, child.name.as_str());
         let mut child = child;
         let stored = match handle.copy_out(target.clone(), true).await {
-            Ok(_) => {
+            Ok(first_unrun) => {
+                // After the parent's last instruction that ran (-1: before any).
+                child.forked_at = Some(first_unrun - 1);
                 let area = bucketed::machine_area(child.name.as_str());
                 match bucketed::publish(&self.inner, &area, &target).await {
                     Ok(sha256) => {

@@ -60,6 +60,7 @@ impl Engine {
                 self.inner.backend.name()
             )));
         }
+        let history = self.history_for(request.history)?;
         let network = request
             .network
             .unwrap_or_else(|| self.inner.config.network_default.clone());
@@ -102,6 +103,9 @@ impl Engine {
             position: 0,
             network,
             snapshot_sha256: None,
+            history,
+            parent: None,
+            forked_at: None,
         };
         self.insert_machine(&record).await?;
         let handle = self.spawn_handle(&record, true);
@@ -210,7 +214,11 @@ impl Engine {
         Ok(self.spawn_handle(&record, false))
     }
 
-    fn cached_handle(&self, account: &Account, name: &str) -> Result<Option<Arc<MachineHandle>>> {
+    pub(super) fn cached_handle(
+        &self,
+        account: &Account,
+        name: &str,
+    ) -> Result<Option<Arc<MachineHandle>>> {
         if lock(&self.inner.deleting).contains(name) {
             return Err(Error::machine_not_found(name));
         }
@@ -427,6 +435,9 @@ pub(super) fn info_of(
         disk_bytes: facts.disk_bytes,
         resident_bytes,
         durability: record.durability,
+        history: record.history,
+        parent: record.parent.clone(),
+        forked_at: record.forked_at,
         has_pending_instruction: pending,
         instruction_count: record.next_seq,
         last_used_at: record.last_used_at,

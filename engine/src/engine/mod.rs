@@ -10,6 +10,7 @@ pub(crate) mod chunks;
 mod config;
 mod files;
 mod forever;
+mod history;
 mod home;
 mod inner;
 mod lifecycle;

@@ -4,6 +4,7 @@
 
 pub(crate) mod bucketed;
 mod files;
+mod history;
 mod live;
 mod swap;
 mod task;
@@ -113,6 +114,11 @@ enum Control {
         from: PathBuf,
         reply: oneshot::Sender<Result<()>>,
     },
+    /// Make an undo point the machine's state (see [`history::rewind`]).
+    Rewind {
+        to: i64,
+        reply: oneshot::Sender<Result<crate::types::Rewound>>,
+    },
     /// Compress the snapshot of a swapped machine; answers whether it did.
     Compress(oneshot::Sender<Result<bool>>),
     /// Remove the home's copy of a swapped machine's snapshot, if the bucket keeps it; answers
@@ -127,6 +133,11 @@ pub(crate) struct MachineHandle {
     pub shape: Shape,
     state: Mutex<MachineState>,
     pub durability: Durability,
+    /// How many undo points it keeps (0: none).
+    pub history: u32,
+    /// True while its task takes an undo point (after an instruction's result is out): a
+    /// history listing waits for it.
+    pub(crate) taking_point: tokio::sync::watch::Sender<bool>,
     /// The environment a fresh interpreter of this machine gets (secrets included).
     env: crate::types::Env,
     /// What its sandboxes may reach.
@@ -191,6 +202,8 @@ impl MachineHandle {
             account_id: record.account_id,
             shape,
             durability: record.durability,
+            history: record.history,
+            taking_point: tokio::sync::watch::Sender::new(false),
             env: record.env.clone(),
             network: record.network.clone(),
             state: Mutex::new(state),
@@ -591,6 +604,12 @@ impl MachineHandle {
     /// snapshot is in the bucket; whether it did.
     pub(crate) async fn drop_copy(&self) -> Result<bool> {
         self.control(Control::DropCopy).await
+    }
+
+    /// Makes undo point `to` (`-1`: before the last instruction) the machine's state (between
+    /// instructions).
+    pub(crate) async fn rewind(&self, to: i64) -> Result<crate::types::Rewound> {
+        self.control(|reply| Control::Rewind { to, reply }).await
     }
 
     /// Replaces the machine's state with the snapshot in `from` (between instructions).

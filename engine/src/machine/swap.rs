@@ -736,7 +736,7 @@ pub(super) async fn rollback(
 impl MachineHandle {
     /// The seq of the first instruction that has not run: the first queued one, else the next
     /// to be accepted. Only meaningful between instructions (in the machine's task).
-    async fn first_unrun_seq(&self, engine: &EngineInner) -> Result<i64> {
+    pub(super) async fn first_unrun_seq(&self, engine: &EngineInner) -> Result<i64> {
         // No instruction gets its seq meanwhile: one stored but not yet queued would be missed.
         let _order = self.enqueueing.lock().await;
         if let Some(first) = lock(&self.state).queued.iter().min() {

@@ -12,7 +12,7 @@ use super::swap::{
     Save, acquire, become_resident, compress_swapped, copy_out, recovery_note, rollback, save,
     swap_out,
 };
-use super::{Control, Job, MachineHandle, Work};
+use super::{Control, Job, MachineHandle, Work, history};
 use crate::engine::EngineInner;
 use crate::error::{Error, Result};
 use crate::guest::channel::{AgentEvent, AgentOutcome, AgentRequest};
@@ -32,6 +32,7 @@ pub(super) async fn run(
     eager: bool,
 ) {
     let mut resident: Option<Resident> = None;
+    let keeps_history = machine.history > 0 && engine.backend.capabilities().save_in_place;
     if eager {
         machine.set_busy(true);
         become_resident(&engine, &machine, &mut resident).await;
@@ -69,6 +70,13 @@ pub(super) async fn run(
             if let Some(hook) = &engine.config.hooks.before_run {
                 hook(machine.name.to_string()).await;
             }
+            // A machine with history keeps the state before its first instruction too.
+            if keeps_history && history::has_no_points(&engine, &machine).await {
+                become_resident(&engine, &machine, &mut resident).await;
+                if resident.is_some() {
+                    history::take_point(&engine, &machine, &mut resident, job.seq - 1, false).await;
+                }
+            }
             run_job(&engine, &machine, &mut resident, &job).await
         } else if machine.deleted.load(Ordering::SeqCst) {
             ExecResult::failure(
@@ -89,7 +97,18 @@ pub(super) async fn run(
         if durable && resident.is_some() {
             result.saved = Some(save_for_durability(&engine, &machine, &mut resident, &job).await);
         }
+        let saved = result.saved == Some(true);
+        // The undo point after it, once its result is out: the caller waits for it only when
+        // its next instruction comes first (a history listing waits for it too, from before
+        // the result is out).
+        let point = keeps_history && resident.is_some() && !machine.deleted.load(Ordering::SeqCst);
+        if point {
+            machine.taking_point.send_replace(true);
+        }
         finish_job(&engine, &machine, &job, result).await;
+        if point {
+            history::take_point(&engine, &machine, &mut resident, job.seq, saved).await;
+        }
         machine.set_resident(resident.as_ref());
         // A machine saved after its instruction is brought back at once, so that the next one
         // does not wait for the restore.
@@ -124,6 +143,9 @@ pub(super) async fn run(
         let gone = || Error::machine_not_found(machine.name.as_str());
         match control {
             Control::SwapOut(reply) | Control::Rollback { reply, .. } => {
+                let _ = reply.send(Err(gone()));
+            }
+            Control::Rewind { reply, .. } => {
                 let _ = reply.send(Err(gone()));
             }
             Control::CopyOut { reply, .. } => {
@@ -255,6 +277,11 @@ async fn handle_control(
                 super::bucketed::drop_copy(engine, machine.name.as_str()).await
             };
             let _ = reply.send(dropped);
+        }
+        Control::Rewind { to, reply } => {
+            let rewound = history::rewind(engine, machine, resident, to).await;
+            machine.set_resident(resident.as_ref());
+            let _ = reply.send(rewound);
         }
         Control::Rollback { from, reply } => {
             let was_resident = resident.is_some();

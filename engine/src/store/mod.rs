@@ -64,6 +64,23 @@ pub struct MachineRecord {
     /// The checksum of its snapshot in the bucket (with `--snapshots`): the one to restore.
     /// `None` when its snapshot is only on the local disk, or it has none.
     pub snapshot_sha256: Option<String>,
+    /// How many undo points (snapshots after its latest instructions) it keeps; 0: none.
+    pub history: u32,
+    /// The machine it was forked from, and the seq of that machine's instruction it was forked
+    /// after (`None`: before any); `None` for a machine that was created, not forked.
+    pub parent: Option<String>,
+    pub forked_at: Option<i64>,
+}
+
+/// An instruction as the history lists it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InstructionRow {
+    pub seq: i64,
+    pub code: String,
+    /// `None` while it has not finished.
+    pub result: Option<ExecResult>,
+    /// What took it back, when something did: a checkpoint's name, or `rewind to N`.
+    pub rolled_back_to: Option<String>,
 }
 
 /// A checkpoint's row.
@@ -206,6 +223,22 @@ pub trait Metadata: Send + Sync {
     -> Result<usize>;
     /// The checkpoint an instruction was rolled back by, if any.
     async fn rolled_back_to(&self, machine: &str, seq: i64) -> Result<Option<String>>;
+    /// Marks the instructions with `after < seq < before` not yet taken back as taken back by
+    /// `label` (a rewind); how many were marked.
+    async fn mark_rewound(
+        &self,
+        machine: &str,
+        after: i64,
+        before: i64,
+        label: &str,
+    ) -> Result<usize>;
+    /// The machine's instructions from `from_seq` on, oldest first, at most `limit`.
+    async fn instructions_from(
+        &self,
+        machine: &str,
+        from_seq: i64,
+        limit: usize,
+    ) -> Result<Vec<InstructionRow>>;
 
     // --- instructions ---------------------------------------------------------------------
 
@@ -518,7 +551,7 @@ fn decode_result(machine: &str, seq: i64, text: &str) -> Result<ExecResult> {
 /// The machine columns every query reads, in [`RawMachine`]'s order.
 const MACHINE_COLUMNS: &str = "name, account_id, created_at, tags, memory_mb, backend, \
     next_seq, last_used_at, last_error, image, durability, unsaved_since, snapshot_at, env, \
-    expires_at, position, network, snapshot_sha256";
+    expires_at, position, network, snapshot_sha256, history, parent, forked_at";
 
 /// A machine's row as read, before its columns are checked.
 pub(super) struct RawMachine {
@@ -540,6 +573,9 @@ pub(super) struct RawMachine {
     pub(super) position: i64,
     pub(super) network: String,
     pub(super) snapshot_sha256: Option<String>,
+    pub(super) history: i64,
+    pub(super) parent: Option<String>,
+    pub(super) forked_at: Option<i64>,
 }
 
 impl RawMachine {
@@ -579,6 +615,14 @@ impl RawMachine {
             position: self.position,
             network,
             snapshot_sha256: self.snapshot_sha256,
+            history: u32::try_from(self.history).map_err(|_| {
+                Error::internal(format!(
+                    "the stored history of {} ({}) is out of range",
+                    self.name, self.history
+                ))
+            })?,
+            parent: self.parent,
+            forked_at: self.forked_at,
         })
     }
 }

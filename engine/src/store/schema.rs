@@ -11,15 +11,17 @@
 //! every machine the lease of the node that runs it (`owner`, `owner_epoch`, `lease_until`).
 //! Version 8 recorded which snapshot in the bucket (`--snapshots s3://...`) is a machine's
 //! (`machines.snapshot_sha256`) and a checkpoint's (`checkpoints.sha256`): the pointer a node
-//! restores from, moved only once the snapshot is whole in the bucket.
+//! restores from, moved only once the snapshot is whole in the bucket. Version 9 gave machines
+//! a history (`history`: how many undo points they keep) and a lineage (`parent`, the machine a
+//! fork was made from, and `forked_at`, the instruction of the parent's it was made after).
 
 /// The schema version this engine writes.
-pub(super) const VERSION: i64 = 8;
+pub(super) const VERSION: i64 = 9;
 
 /// Changes after version 6: `(the version it makes, statements)`, applied in order to both
 /// databases, in the template's words. A new database is made from the tables below, which are
 /// always the latest version's.
-pub(super) const MIGRATIONS: &[(i64, &str)] = &[(7, LEASES_7), (8, BUCKET_8)];
+pub(super) const MIGRATIONS: &[(i64, &str)] = &[(7, LEASES_7), (8, BUCKET_8), (9, HISTORY_9)];
 
 /// Version 7: nodes, and machines' leases.
 const LEASES_7: &str = "
@@ -38,6 +40,13 @@ CREATE TABLE IF NOT EXISTS nodes (
 const BUCKET_8: &str = "
 ALTER TABLE machines ADD COLUMN snapshot_sha256 TEXT;
 ALTER TABLE checkpoints ADD COLUMN sha256 TEXT;
+";
+
+/// Version 9: undo points kept per machine, and where a fork came from.
+const HISTORY_9: &str = "
+ALTER TABLE machines ADD COLUMN history {int} NOT NULL DEFAULT 0;
+ALTER TABLE machines ADD COLUMN parent TEXT;
+ALTER TABLE machines ADD COLUMN forked_at {int};
 ";
 
 /// The database a statement is written for.
@@ -68,7 +77,8 @@ CREATE TABLE IF NOT EXISTS tokens (
 -- A machine's last three columns are the lease of the node that runs it: the node, the lease's
 -- number (one more at every change of owner: a write that carries an older one is refused) and
 -- until when it holds. The last is the checksum of its snapshot in the bucket, when snapshots are
--- kept in one. (SQLite keeps a table's text: comments stay outside it.)
+-- kept in one. Then how many undo points it keeps, and the machine it was forked from and after
+-- which of that machine's instructions. (SQLite keeps a table's text: comments stay outside it.)
 CREATE TABLE IF NOT EXISTS machines (
     position {serial},
     name TEXT NOT NULL UNIQUE,
@@ -90,7 +100,10 @@ CREATE TABLE IF NOT EXISTS machines (
     owner TEXT,
     owner_epoch {int} NOT NULL DEFAULT 0,
     lease_until TEXT,
-    snapshot_sha256 TEXT
+    snapshot_sha256 TEXT,
+    history {int} NOT NULL DEFAULT 0,
+    parent TEXT,
+    forked_at {int}
 );
 -- The evervm servers sharing this database: where the others reach each one, and when it last
 -- said it was alive.

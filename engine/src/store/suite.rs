@@ -46,6 +46,9 @@ pub(super) fn record(name: &str, account: &Account) -> MachineRecord {
         position: 0,
         network: NetworkPolicy::Public,
         snapshot_sha256: None,
+        history: 5,
+        parent: Some("m-parent".into()),
+        forked_at: Some(3),
     }
 }
 
@@ -114,6 +117,11 @@ async fn machines(store: &dyn Metadata) {
     assert_eq!(read.network, NetworkPolicy::Public);
     assert_eq!(read.durability, Durability::Instruction);
     assert_eq!(read.memory_mb, 256);
+    assert_eq!(read.history, 5);
+    assert_eq!(
+        (read.parent.as_deref(), read.forked_at),
+        (Some("m-parent"), Some(3))
+    );
     // Times read back as written, to the microsecond.
     assert_eq!(
         read.created_at.timestamp_micros(),
@@ -327,6 +335,30 @@ async fn history(store: &dyn Metadata) {
         Some("before")
     );
     assert_eq!(store.rolled_back_to("m-history", 0).await.unwrap(), None);
+    // A rewind marks what ran after its point and before the first unrun instruction, and
+    // nothing already taken back; the history lists instructions with their marks.
+    assert_eq!(
+        store
+            .mark_rewound("m-history", -1, 1, "rewind to -1")
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store
+            .mark_rewound("m-history", -1, 100, "rewind to -1")
+            .await
+            .unwrap(),
+        0
+    );
+    let rows = store.instructions_from("m-history", 0, 10).await.unwrap();
+    assert_eq!(rows.iter().map(|r| r.seq).collect::<Vec<_>>(), [0, 1]);
+    assert_eq!(rows[0].code, "1 + 1");
+    assert_eq!(rows[0].rolled_back_to.as_deref(), Some("rewind to -1"));
+    assert_eq!(rows[1].rolled_back_to.as_deref(), Some("before"));
+    assert!(rows[0].result.is_none() && rows[1].result.is_some());
+    let later = store.instructions_from("m-history", 1, 1).await.unwrap();
+    assert_eq!(later.iter().map(|r| r.seq).collect::<Vec<_>>(), [1]);
     assert!(
         store
             .delete_checkpoint("m-history", "before")

@@ -225,6 +225,9 @@ async fn postgres_leases_hold() {
 
 /// What versions 7 and 8 added, taken away again: a store as version 6 left it.
 const BACK_TO_6: &str = "
+ALTER TABLE machines DROP COLUMN history;
+ALTER TABLE machines DROP COLUMN parent;
+ALTER TABLE machines DROP COLUMN forked_at;
 ALTER TABLE machines DROP COLUMN snapshot_sha256;
 ALTER TABLE checkpoints DROP COLUMN sha256;
 DROP INDEX IF EXISTS machines_by_owner;
@@ -239,6 +242,11 @@ UPDATE meta SET value = '6' WHERE key = 'schema_version';
 async fn upgraded_from_6(store: Arc<dyn Metadata>) {
     let machine = store.machine("m-old").await.unwrap().unwrap();
     assert_eq!(machine.memory_mb, 256);
+    // Version 9's columns, with what a machine before them had: no history, no parent.
+    assert_eq!(
+        (machine.history, machine.parent, machine.forked_at),
+        (0, None, None)
+    );
     assert_eq!(store.lease("m-old").await.unwrap(), None);
     store
         .register_node("node-a", "http://127.0.0.1:1")

@@ -71,6 +71,9 @@ fn populate(home: &std::path::Path, count: usize, runtime: &str) -> Result<Vec<S
             position: 0,
             network: evervm::NetworkPolicy::None,
             snapshot_sha256: None,
+            history: 0,
+            parent: None,
+            forked_at: None,
         })?;
         let dir = evervm::engine::snapshot::snapshot_dir(home, &name);
         std::fs::create_dir_all(&dir)?;

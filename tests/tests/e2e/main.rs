@@ -9,6 +9,7 @@ mod faults;
 mod files;
 mod forever;
 mod gvisor;
+mod history;
 mod isolation;
 mod network;
 mod nodes;

@@ -16,10 +16,10 @@ mod leases;
 use super::output::{StoredBatch, decode_output};
 use super::schema::{self, Dialect, VERSION};
 use super::{
-    CheckpointRecord, Lease, LeaseOutcome, MACHINE_COLUMNS, MachineRecord, Metadata, NodeRecord,
-    OutputBatches, RawMachine, TokenRecord, Unfinished, checkpoint_exists, decode_result,
-    encode_result, machine_exists, machine_json, new_token, no_such_token, now, parse_time, stored,
-    token_expiry, too_many_machines,
+    CheckpointRecord, InstructionRow, Lease, LeaseOutcome, MACHINE_COLUMNS, MachineRecord,
+    Metadata, NodeRecord, OutputBatches, RawMachine, TokenRecord, Unfinished, checkpoint_exists,
+    decode_result, encode_result, machine_exists, machine_json, new_token, no_such_token, now,
+    parse_time, stored, token_expiry, too_many_machines,
 };
 use crate::error::{Error, Result};
 use crate::types::{Account, ExecResult, FailureCause, OutputChunk, TokenInfo};
@@ -168,6 +168,9 @@ fn raw_machine(row: &tokio_postgres::Row) -> Result<RawMachine> {
         position: column(row, 15)?,
         network: column(row, 16)?,
         snapshot_sha256: column(row, 17)?,
+        history: column(row, 18)?,
+        parent: column(row, 19)?,
+        forked_at: column(row, 20)?,
     })
 }
 
@@ -492,8 +495,9 @@ impl Metadata for PostgresStore {
         }
         tx.execute(
             "INSERT INTO machines (name, account_id, created_at, tags, memory_mb, image, backend,
-             next_seq, durability, snapshot_at, env, expires_at, network, snapshot_sha256)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, $9, $10, $11, $12, $13)",
+             next_seq, durability, snapshot_at, env, expires_at, network, snapshot_sha256,
+             history, parent, forked_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
             &[
                 &record.name.as_str(),
                 &record.account_id,
@@ -508,6 +512,9 @@ impl Metadata for PostgresStore {
                 &record.expires_at.map(stored),
                 &network,
                 &record.snapshot_sha256,
+                &i64::from(record.history),
+                &record.parent,
+                &record.forked_at,
             ],
         )
         .await
@@ -737,6 +744,53 @@ impl Metadata for PostgresStore {
             .map(|row| column::<Option<String>>(&row, 0))
             .transpose()?
             .flatten())
+    }
+
+    async fn mark_rewound(
+        &self,
+        machine: &str,
+        after: i64,
+        before: i64,
+        label: &str,
+    ) -> Result<usize> {
+        let marked = self
+            .execute(
+                "UPDATE instructions SET rolled_back_to = $4
+                 WHERE machine = $1 AND seq > $2 AND seq < $3 AND rolled_back_to IS NULL",
+                &[&machine, &after, &before, &label],
+            )
+            .await?;
+        Ok(usize::try_from(marked).unwrap_or(usize::MAX))
+    }
+
+    async fn instructions_from(
+        &self,
+        machine: &str,
+        from_seq: i64,
+        limit: usize,
+    ) -> Result<Vec<InstructionRow>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .query(
+                "SELECT seq, code, result, rolled_back_to FROM instructions
+                 WHERE machine = $1 AND seq >= $2 ORDER BY seq LIMIT $3",
+                &[&machine, &from_seq, &limit],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let seq: i64 = column(row, 0)?;
+                let result: Option<String> = column(row, 2)?;
+                Ok(InstructionRow {
+                    seq,
+                    code: column(row, 1)?,
+                    result: result
+                        .map(|text| super::decode_result(machine, seq, &text))
+                        .transpose()?,
+                    rolled_back_to: column(row, 3)?,
+                })
+            })
+            .collect()
     }
 
     async fn insert_instruction(&self, machine: &str, code: &str, timeout_ms: u64) -> Result<i64> {

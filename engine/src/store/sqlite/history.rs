@@ -6,8 +6,8 @@ use super::{Store, machine_gone};
 use crate::error::{Error, Result};
 use crate::store::output::{StoredBatch, decode_output};
 use crate::store::{
-    CheckpointRecord, OutputBatches, Unfinished, checkpoint_exists, decode_result, encode_result,
-    now, parse_time, stored,
+    CheckpointRecord, InstructionRow, OutputBatches, Unfinished, checkpoint_exists, decode_result,
+    encode_result, now, parse_time, stored,
 };
 use crate::types::{ExecResult, FailureCause, OutputChunk};
 
@@ -126,6 +126,57 @@ impl Store {
             )
             .optional()?
             .flatten())
+    }
+
+    /// Marks the instructions with `after < seq < before` not yet taken back as taken back by
+    /// `label`; how many were marked.
+    pub fn mark_rewound(
+        &mut self,
+        machine: &str,
+        after: i64,
+        before: i64,
+        label: &str,
+    ) -> Result<usize> {
+        Ok(self.conn.execute(
+            "UPDATE instructions SET rolled_back_to = ?4
+             WHERE machine = ?1 AND seq > ?2 AND seq < ?3 AND rolled_back_to IS NULL",
+            params![machine, after, before, label],
+        )?)
+    }
+
+    /// The machine's instructions from `from_seq` on, oldest first, at most `limit`.
+    pub fn instructions_from(
+        &self,
+        machine: &str,
+        from_seq: i64,
+        limit: usize,
+    ) -> Result<Vec<InstructionRow>> {
+        let mut statement = self.conn.prepare_cached(
+            "SELECT seq, code, result, rolled_back_to FROM instructions
+             WHERE machine = ?1 AND seq >= ?2 ORDER BY seq LIMIT ?3",
+        )?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = statement.query_map(params![machine, from_seq, limit], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, Option<String>>(2)?,
+                r.get::<_, Option<String>>(3)?,
+            ))
+        })?;
+        let mut found = Vec::new();
+        for row in rows {
+            let (seq, code, result, rolled_back_to) = row?;
+            found.push(InstructionRow {
+                seq,
+                code,
+                result: result
+                    .map(|text| decode_result(machine, seq, &text))
+                    .transpose()?,
+                rolled_back_to,
+            });
+        }
+        Ok(found)
     }
 
     // --- instructions ---------------------------------------------------------------------

@@ -5,6 +5,7 @@ use chrono::{DateTime, Utc};
 
 use super::StoreThread;
 use crate::error::Result;
+use crate::store::InstructionRow;
 use crate::store::{
     CheckpointRecord, Lease, LeaseOutcome, MachineRecord, Metadata, NodeRecord, OutputBatches,
     TokenRecord, Unfinished,
@@ -152,6 +153,29 @@ impl Metadata for StoreThread {
     async fn rolled_back_to(&self, machine: &str, seq: i64) -> Result<Option<String>> {
         let machine = machine.to_owned();
         self.call(move |s| s.rolled_back_to(&machine, seq)).await
+    }
+
+    async fn mark_rewound(
+        &self,
+        machine: &str,
+        after: i64,
+        before: i64,
+        label: &str,
+    ) -> Result<usize> {
+        let (machine, label) = (machine.to_owned(), label.to_owned());
+        self.call(move |s| s.mark_rewound(&machine, after, before, &label))
+            .await
+    }
+
+    async fn instructions_from(
+        &self,
+        machine: &str,
+        from_seq: i64,
+        limit: usize,
+    ) -> Result<Vec<InstructionRow>> {
+        let machine = machine.to_owned();
+        self.call(move |s| s.instructions_from(&machine, from_seq, limit))
+            .await
     }
 
     async fn insert_instruction(&self, machine: &str, code: &str, timeout_ms: u64) -> Result<i64> {

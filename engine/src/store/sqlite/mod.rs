@@ -205,8 +205,9 @@ impl Store {
         let (tags, env, network) = machine_json(record)?;
         self.conn.execute(
             "INSERT INTO machines (name, account_id, created_at, tags, memory_mb, image, backend,
-             next_seq, durability, snapshot_at, env, expires_at, network, snapshot_sha256)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 0, ?8, ?9, ?10, ?11, ?12, ?13)",
+             next_seq, durability, snapshot_at, env, expires_at, network, snapshot_sha256,
+             history, parent, forked_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 0, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
             params![
                 record.name.as_str(),
                 record.account_id,
@@ -220,7 +221,10 @@ impl Store {
                 env,
                 record.expires_at.map(stored),
                 network,
-                record.snapshot_sha256
+                record.snapshot_sha256,
+                i64::from(record.history),
+                record.parent,
+                record.forked_at
             ],
         )
         .map_err(|e| match e {
@@ -254,6 +258,9 @@ impl Store {
             position: row.get(15)?,
             network: row.get(16)?,
             snapshot_sha256: row.get(17)?,
+            history: row.get(18)?,
+            parent: row.get(19)?,
+            forked_at: row.get(20)?,
         })
     }
 
