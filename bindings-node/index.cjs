@@ -114,7 +114,8 @@ class Client {
     return this.#native.describe()
   }
 
-  /** A new machine: `{ tags, memoryMb, image, durability, env, secretEnv, ttlSeconds }`. */
+  /** A new machine: `{ tags, memoryMb, image, durability, history, env, secretEnv, ttlSeconds,
+   * network }`. */
   async createMachine(options) {
     return new Machine(await call(this.#native.createMachine(defined(options))))
   }
@@ -233,6 +234,27 @@ class Machine {
 
   async rollback(checkpoint) {
     return call(this.#native.rollback(String(checkpoint)))
+  }
+
+  /** Takes back the last instruction: the machine's state becomes what it was before it. The
+   * machine must keep a history (`createMachine({ history })`). Resolves to `{ to, rewound }`. */
+  async undo() {
+    return call(this.#native.undo())
+  }
+
+  /** Makes the state right after instruction `seq` the machine's state (one of its undo
+   * points); the instructions after it stay in its history, marked rewound. */
+  async rewind(seq) {
+    if (!Number.isSafeInteger(seq)) {
+      throw new errorClasses.InvalidInput(`seq must be an instruction's seq (an integer), not ${seq}`, 'InvalidInput')
+    }
+    return call(this.#native.rewind(seq))
+  }
+
+  /** The latest instructions (at most `limit`, 100 by default), oldest first, and which of
+   * them can be rewound to: `{ keeps, initialPoint, instructions }`. */
+  async history(limit) {
+    return call(this.#native.history(limit ?? null))
   }
 
   async deleteCheckpoint(checkpoint) {

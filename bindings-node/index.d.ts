@@ -8,11 +8,14 @@ import type {
   ExecResult,
   FileInfo,
   FileList,
+  HistoryEntry,
   InstalledPackage,
   InstallReport,
   LocalOptions,
+  MachineHistory,
   MachineInfo,
   OutputChunk,
+  Rewound,
   RichResult,
   SatisfiedPackage,
   WriteOptions,
@@ -25,11 +28,14 @@ export type {
   ExecResult,
   FileInfo,
   FileList,
+  HistoryEntry,
   InstalledPackage,
   InstallReport,
   LocalOptions,
+  MachineHistory,
   MachineInfo,
   OutputChunk,
+  Rewound,
   RichResult,
   SatisfiedPackage,
   WriteOptions,
@@ -86,6 +92,12 @@ export declare class Machine {
   checkpoint(name?: string): Promise<Checkpoint>
   checkpoints(): Promise<Checkpoint[]>
   rollback(checkpoint: string): Promise<MachineInfo>
+  /** Takes back the last instruction (the machine must keep a history). */
+  undo(): Promise<Rewound>
+  /** Makes the state right after instruction `seq` the machine's state. */
+  rewind(seq: number): Promise<Rewound>
+  /** The latest instructions (at most `limit`, 100 by default), oldest first. */
+  history(limit?: number): Promise<MachineHistory>
   deleteCheckpoint(checkpoint: string): Promise<void>
   delete(): Promise<void>
 }

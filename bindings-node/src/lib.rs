@@ -181,13 +181,13 @@ impl NativeClient {
             memory_mb: options.memory_mb,
             image: options.image,
             durability: options.durability,
+            history: options.history,
             env: options.env.unwrap_or_default().into_iter().collect(),
             secret_env: evervm::SecretEnv(
                 options.secret_env.unwrap_or_default().into_iter().collect(),
             ),
             ttl,
             expires_at: None,
-            history: None,
             network: options
                 .network
                 .map(|network| match network {
@@ -333,6 +333,29 @@ impl NativeMachine {
             .await
             .map_err(to_js)?
             .into())
+    }
+
+    /// Takes back the last instruction: the state becomes what it was before it.
+    #[napi]
+    pub async fn undo(&self) -> Result<Rewound> {
+        Ok(self.machine.undo().await.map_err(to_js)?.into())
+    }
+
+    /// Makes the state right after instruction `seq` the machine's state (an undo point).
+    #[napi]
+    pub async fn rewind(&self, seq: i64) -> Result<Rewound> {
+        Ok(self.machine.rewind(seq).await.map_err(to_js)?.into())
+    }
+
+    /// The latest instructions (at most `limit`, 100 when absent), oldest first.
+    #[napi]
+    pub async fn history(&self, limit: Option<u32>) -> Result<MachineHistory> {
+        let history = self
+            .machine
+            .history(limit.map(|n| n as usize))
+            .await
+            .map_err(to_js)?;
+        Ok(history.into())
     }
 
     #[napi]

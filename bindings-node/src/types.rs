@@ -39,6 +39,9 @@ pub struct CreateMachineOptions {
     pub image: Option<String>,
     /// `idle` (default: saved at swap-out) or `instruction` (saved after every instruction).
     pub durability: Option<String>,
+    /// How many undo points it keeps, to `undo` or `rewind` to (the server's default, 0, when
+    /// absent); gVisor only.
+    pub history: Option<u32>,
     /// Environment variables its interpreter starts with.
     pub env: Option<HashMap<String, String>>,
     /// Environment variables whose values `info` and lists never show.
@@ -258,6 +261,12 @@ pub struct MachineInfo {
     pub disk_bytes: Option<i64>,
     pub resident_bytes: Option<i64>,
     pub durability: Option<String>,
+    /// How many undo points it keeps (0: none).
+    pub history: Option<u32>,
+    /// The machine it was forked from; absent when it was created.
+    pub parent: Option<String>,
+    /// The seq of the parent's last instruction the fork holds (-1: none).
+    pub forked_at: Option<i64>,
     /// Its environment variables that are not secret.
     pub env: HashMap<String, String>,
     /// The names of its secret environment variables (never their values).
@@ -351,6 +360,9 @@ impl From<evervm::MachineInfo> for MachineInfo {
             disk_bytes: m.disk_bytes.map(number),
             resident_bytes: m.resident_bytes.map(number),
             durability: m.durability,
+            history: m.history,
+            parent: m.parent,
+            forked_at: m.forked_at,
             env: m.env.into_iter().collect(),
             secret_env: m.secret_env,
             expires_at: m.expires_at.map(time),
@@ -380,6 +392,77 @@ impl From<evervm::CheckpointInfo> for Checkpoint {
             created_at: time(c.created_at),
             instruction_count: c.instruction_count,
             disk_bytes: number(c.disk_bytes),
+        }
+    }
+}
+
+/// What a rewind (`rewind`, `undo`) did.
+#[napi(object)]
+pub struct Rewound {
+    /// The undo point the machine is at now: the state after instruction `to` (-1: before its
+    /// first instruction).
+    pub to: i64,
+    /// How many instructions it marked rewound.
+    pub rewound: i64,
+}
+
+impl From<evervm::Rewound> for Rewound {
+    fn from(r: evervm::Rewound) -> Self {
+        Self {
+            to: r.to,
+            rewound: r.rewound,
+        }
+    }
+}
+
+/// One instruction in a machine's history.
+#[napi(object)]
+pub struct HistoryEntry {
+    pub seq: i64,
+    pub code: String,
+    /// Its value (the `repr` of its last expression), shortened; absent for none.
+    pub value: Option<String>,
+    /// Its error's last line (`ZeroDivisionError: division by zero`), shortened.
+    pub error: Option<String>,
+    /// False while it runs or waits.
+    pub finished: bool,
+    /// Taken back by a rewind or a rollback (it stays in the history).
+    pub rewound: bool,
+    /// Whether an undo point for the state after it is kept (`rewind` to its seq).
+    pub undo_point: bool,
+}
+
+impl From<evervm::HistoryEntry> for HistoryEntry {
+    fn from(e: evervm::HistoryEntry) -> Self {
+        Self {
+            seq: e.seq,
+            code: e.code,
+            value: e.value,
+            error: e.error,
+            finished: e.finished,
+            rewound: e.rewound,
+            undo_point: e.undo_point,
+        }
+    }
+}
+
+/// A machine's history: its latest instructions and which of them can be rewound to.
+#[napi(object)]
+pub struct MachineHistory {
+    /// How many undo points the machine keeps (0: none).
+    pub keeps: u32,
+    /// Whether the state before its first instruction is kept (an undo of that instruction).
+    pub initial_point: bool,
+    /// Oldest first.
+    pub instructions: Vec<HistoryEntry>,
+}
+
+impl From<evervm::MachineHistory> for MachineHistory {
+    fn from(h: evervm::MachineHistory) -> Self {
+        Self {
+            keeps: h.keeps,
+            initial_point: h.initial_point,
+            instructions: h.instructions.into_iter().map(Into::into).collect(),
         }
     }
 }

@@ -11,7 +11,10 @@ use pyo3::prelude::*;
 
 use crate::error::{invalid_input, to_py};
 use crate::runtime::{awaitable, wait};
-use crate::types::{Checkpoint, ExecResult, InstallReport, MachineInfo, MachinePage, OutputChunk};
+use crate::types::{
+    Checkpoint, ExecResult, InstallReport, MachineHistory, MachineInfo, MachinePage, OutputChunk,
+    Rewound,
+};
 
 type Tags = BTreeMap<String, String>;
 
@@ -175,6 +178,18 @@ async fn checkpoints(machine: evervm::Machine) -> PyResult<Vec<Checkpoint>> {
     Ok(list.into_iter().map(Into::into).collect())
 }
 
+async fn rewind(machine: evervm::Machine, seq: i64) -> PyResult<Rewound> {
+    machine.rewind(seq).await.map(Into::into).map_err(to_py)
+}
+
+async fn undo(machine: evervm::Machine) -> PyResult<Rewound> {
+    machine.undo().await.map(Into::into).map_err(to_py)
+}
+
+async fn history(machine: evervm::Machine, limit: Option<usize>) -> PyResult<MachineHistory> {
+    machine.history(limit).await.map(Into::into).map_err(to_py)
+}
+
 /// `network=`: a mode (`"none"`, `"public"`) or the rules of an allow list.
 #[derive(FromPyObject)]
 pub(crate) enum NetworkArg {
@@ -203,6 +218,7 @@ fn create_options(
     memory_mb: Option<u32>,
     image: Option<String>,
     durability: Option<String>,
+    history: Option<u32>,
     env: Option<Tags>,
     secret_env: Option<Tags>,
     ttl_seconds: Option<f64>,
@@ -230,7 +246,7 @@ fn create_options(
         ttl,
         expires_at: None,
         network: network.map(NetworkArg::policy).transpose()?,
-        history: None,
+        history,
     })
 }
 
@@ -289,7 +305,7 @@ impl Client {
 
     // One parameter per keyword argument of the Python method.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (*, tags=None, memory_mb=None, image=None, durability=None, env=None, secret_env=None, ttl_seconds=None, network=None))]
+    #[pyo3(signature = (*, tags=None, memory_mb=None, image=None, durability=None, history=None, env=None, secret_env=None, ttl_seconds=None, network=None))]
     fn create_machine(
         &self,
         py: Python<'_>,
@@ -297,6 +313,7 @@ impl Client {
         memory_mb: Option<u32>,
         image: Option<String>,
         durability: Option<String>,
+        history: Option<u32>,
         env: Option<Tags>,
         secret_env: Option<Tags>,
         ttl_seconds: Option<f64>,
@@ -307,6 +324,7 @@ impl Client {
             memory_mb,
             image,
             durability,
+            history,
             env,
             secret_env,
             ttl_seconds,
@@ -544,6 +562,25 @@ impl Machine {
         wait(py, rollback(self.checked()?, checkpoint), None)
     }
 
+    /// Takes back the last instruction: the machine's state becomes what it was before it. The
+    /// machine must keep a history (`create_machine(history=N)`).
+    fn undo(&self, py: Python<'_>) -> PyResult<Rewound> {
+        wait(py, undo(self.checked()?), None)
+    }
+
+    /// Makes the state right after instruction `seq` the machine's state (one of its undo
+    /// points); the instructions after it stay in its history, marked rewound.
+    fn rewind(&self, py: Python<'_>, seq: i64) -> PyResult<Rewound> {
+        wait(py, rewind(self.checked()?, seq), None)
+    }
+
+    /// The machine's latest instructions (at most `limit`, 100 by default), oldest first, and
+    /// which of them can be rewound to.
+    #[pyo3(signature = (limit=None))]
+    fn history(&self, py: Python<'_>, limit: Option<usize>) -> PyResult<MachineHistory> {
+        wait(py, history(self.checked()?, limit), None)
+    }
+
     fn delete_checkpoint(&self, py: Python<'_>, checkpoint: String) -> PyResult<()> {
         let machine = self.checked()?;
         wait(
@@ -734,7 +771,7 @@ impl AsyncClient {
 
     // One parameter per keyword argument of the Python method.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (*, tags=None, memory_mb=None, image=None, durability=None, env=None, secret_env=None, ttl_seconds=None, network=None))]
+    #[pyo3(signature = (*, tags=None, memory_mb=None, image=None, durability=None, history=None, env=None, secret_env=None, ttl_seconds=None, network=None))]
     fn create_machine<'py>(
         &self,
         py: Python<'py>,
@@ -742,6 +779,7 @@ impl AsyncClient {
         memory_mb: Option<u32>,
         image: Option<String>,
         durability: Option<String>,
+        history: Option<u32>,
         env: Option<Tags>,
         secret_env: Option<Tags>,
         ttl_seconds: Option<f64>,
@@ -752,6 +790,7 @@ impl AsyncClient {
             memory_mb,
             image,
             durability,
+            history,
             env,
             secret_env,
             ttl_seconds,
@@ -960,6 +999,19 @@ impl AsyncMachine {
 
     fn rollback<'py>(&self, py: Python<'py>, checkpoint: String) -> PyResult<Bound<'py, PyAny>> {
         awaitable(py, rollback(self.checked()?, checkpoint))
+    }
+
+    fn undo<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        awaitable(py, undo(self.checked()?))
+    }
+
+    fn rewind<'py>(&self, py: Python<'py>, seq: i64) -> PyResult<Bound<'py, PyAny>> {
+        awaitable(py, rewind(self.checked()?, seq))
+    }
+
+    #[pyo3(signature = (limit=None))]
+    fn history<'py>(&self, py: Python<'py>, limit: Option<usize>) -> PyResult<Bound<'py, PyAny>> {
+        awaitable(py, history(self.checked()?, limit))
     }
 
     fn delete_checkpoint<'py>(

@@ -24,6 +24,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<types::MachineInfo>()?;
     m.add_class::<types::MachinePage>()?;
     m.add_class::<types::Checkpoint>()?;
+    m.add_class::<types::Rewound>()?;
+    m.add_class::<types::MachineHistory>()?;
+    m.add_class::<types::HistoryEntry>()?;
     m.add_class::<types::InstallReport>()?;
     m.add_class::<types::InstalledPackage>()?;
     m.add_class::<types::SatisfiedPackage>()?;

@@ -317,6 +317,12 @@ pub(crate) struct MachineInfo {
     pub disk_bytes: Option<u64>,
     pub resident_bytes: Option<u64>,
     pub durability: Option<String>,
+    /// How many undo points it keeps (`0`: none; see `Machine.undo`).
+    pub history: Option<u32>,
+    /// The machine it was forked from; `None` when it was created.
+    pub parent: Option<String>,
+    /// The seq of the parent's last instruction the fork holds (`-1`: none).
+    pub forked_at: Option<i64>,
     /// Its environment variables that are not secret.
     pub env: Py<PyDict>,
     /// The names of its secret environment variables (never their values).
@@ -393,6 +399,9 @@ impl MachineInfo {
             disk_bytes: m.disk_bytes,
             resident_bytes: m.resident_bytes,
             durability: m.durability,
+            history: m.history,
+            parent: m.parent,
+            forked_at: m.forked_at,
             env: env.unbind(),
             secret_env: m.secret_env,
             expires_at: m.expires_at.map(|t| t.to_rfc3339()),
@@ -561,6 +570,115 @@ impl From<evervm::CheckpointInfo> for Checkpoint {
             created_at: c.created_at.to_rfc3339(),
             instruction_count: c.instruction_count,
             disk_bytes: c.disk_bytes,
+        }
+    }
+}
+
+/// A bool as Python writes it, for `__repr__`.
+fn py_bool(b: bool) -> &'static str {
+    if b { "True" } else { "False" }
+}
+
+/// What a rewind (`Machine.rewind`, `Machine.undo`) did.
+#[pyclass(module = "evervm", frozen, get_all)]
+pub(crate) struct Rewound {
+    /// The undo point the machine is at now: the state after instruction `to` (`-1`: before
+    /// its first instruction).
+    pub to: i64,
+    /// How many instructions it marked rewound.
+    pub rewound: i64,
+}
+
+#[pymethods]
+impl Rewound {
+    fn __repr__(&self) -> String {
+        format!("Rewound(to={}, rewound={})", self.to, self.rewound)
+    }
+}
+
+impl From<evervm::Rewound> for Rewound {
+    fn from(r: evervm::Rewound) -> Self {
+        Self {
+            to: r.to,
+            rewound: r.rewound,
+        }
+    }
+}
+
+/// One instruction in a machine's history.
+#[pyclass(module = "evervm", frozen, get_all)]
+#[derive(Clone)]
+pub(crate) struct HistoryEntry {
+    pub seq: i64,
+    pub code: String,
+    /// Its value (the `repr` of its last expression), shortened; `None` for none.
+    pub value: Option<String>,
+    /// Its error's last line (`"ZeroDivisionError: division by zero"`), shortened.
+    pub error: Option<String>,
+    /// False while it runs or waits.
+    pub finished: bool,
+    /// Taken back by a rewind or a rollback (it stays in the history).
+    pub rewound: bool,
+    /// Whether an undo point for the state after it is kept (`rewind` to its seq).
+    pub undo_point: bool,
+}
+
+#[pymethods]
+impl HistoryEntry {
+    fn __repr__(&self) -> String {
+        format!(
+            "HistoryEntry(seq={}, code={:?}, rewound={}, undo_point={})",
+            self.seq,
+            self.code,
+            py_bool(self.rewound),
+            py_bool(self.undo_point)
+        )
+    }
+}
+
+impl From<evervm::HistoryEntry> for HistoryEntry {
+    fn from(e: evervm::HistoryEntry) -> Self {
+        Self {
+            seq: e.seq,
+            code: e.code,
+            value: e.value,
+            error: e.error,
+            finished: e.finished,
+            rewound: e.rewound,
+            undo_point: e.undo_point,
+        }
+    }
+}
+
+/// A machine's history: its latest instructions and which of them can be rewound to.
+#[pyclass(module = "evervm", frozen, get_all)]
+pub(crate) struct MachineHistory {
+    /// How many undo points the machine keeps (`0`: none).
+    pub keeps: u32,
+    /// Whether the state before its first instruction is kept (an undo of that instruction).
+    pub initial_point: bool,
+    /// Oldest first.
+    pub instructions: Vec<HistoryEntry>,
+}
+
+#[pymethods]
+impl MachineHistory {
+    fn __repr__(&self) -> String {
+        format!(
+            "MachineHistory(keeps={}, initial_point={}, instructions={})",
+            self.keeps,
+            py_bool(self.initial_point),
+            self.instructions.len()
+        )
+    }
+}
+
+impl From<evervm::MachineHistory> for MachineHistory {
+    fn from(h: evervm::MachineHistory) -> Self {
+        Self {
+            keeps: h.keeps,
+            initial_point: h.initial_point,
+            instructions: h.instructions.into_iter().map(Into::into).collect(),
         }
     }
 }

@@ -111,12 +111,14 @@ impl Client {
     }
 
     /// Creates a machine. `memoryMb`, `image` (`data`, `minimal`), `durability` (`idle`,
-    /// `instruction`) and `ttlSeconds` take the server's defaults when nil.
+    /// `instruction`), `history` (how many undo points it keeps; gVisor only) and `ttlSeconds`
+    /// take the server's defaults when nil.
     #[uniffi::method(default(
         tags = None,
         memory_mb = None,
         image = None,
         durability = None,
+        history = None,
         env = None,
         secret_env = None,
         ttl_seconds = None,
@@ -130,6 +132,7 @@ impl Client {
         memory_mb: Option<u32>,
         image: Option<String>,
         durability: Option<String>,
+        history: Option<u32>,
         env: Option<HashMap<String, String>>,
         secret_env: Option<HashMap<String, String>>,
         ttl_seconds: Option<f64>,
@@ -167,6 +170,7 @@ impl Client {
             memory_mb,
             image,
             durability,
+            history,
             env: env.unwrap_or_default().into_iter().collect(),
             secret_env: evervm::SecretEnv(secret_env.unwrap_or_default().into_iter().collect()),
             ttl,
@@ -427,6 +431,35 @@ impl Machine {
                 .await?
                 .into(),
         )
+    }
+
+    /// Takes back the last instruction: the state becomes what it was before it. The machine
+    /// must keep a history (`createMachine(history:)`).
+    pub async fn undo(&self) -> Result<Rewound> {
+        let machine = self.machine.clone();
+        Ok(on_runtime(async move { Ok(machine.undo().await?) })
+            .await?
+            .into())
+    }
+
+    /// Makes the state right after instruction `seq` the machine's state (one of its undo
+    /// points); the instructions after it stay in its history, marked rewound.
+    pub async fn rewind(&self, seq: i64) -> Result<Rewound> {
+        let machine = self.machine.clone();
+        Ok(on_runtime(async move { Ok(machine.rewind(seq).await?) })
+            .await?
+            .into())
+    }
+
+    /// The latest instructions (at most `limit`, 100 when nil), oldest first, and which of them
+    /// can be rewound to.
+    #[uniffi::method(default(limit = None))]
+    pub async fn history(&self, limit: Option<u32>) -> Result<MachineHistory> {
+        let machine = self.machine.clone();
+        let limit = limit.map(|n| n as usize);
+        Ok(on_runtime(async move { Ok(machine.history(limit).await?) })
+            .await?
+            .into())
     }
 
     pub async fn delete_checkpoint(&self, checkpoint: String) -> Result<()> {

@@ -102,6 +102,12 @@ pub struct MachineInfo {
     pub disk_bytes: Option<u64>,
     /// `idle` or `instruction`.
     pub durability: Option<String>,
+    /// How many undo points it keeps (0: none).
+    pub history: Option<u32>,
+    /// The machine it was forked from; nil when it was created.
+    pub parent: Option<String>,
+    /// The seq of the parent's last instruction the fork holds (-1: none).
+    pub forked_at: Option<i64>,
     /// Its environment variables that are not secret.
     pub env: HashMap<String, String>,
     /// The names of its secret environment variables.
@@ -131,6 +137,9 @@ impl From<evervm::MachineInfo> for MachineInfo {
             last_error: m.last_error,
             disk_bytes: m.disk_bytes,
             durability: m.durability,
+            history: m.history,
+            parent: m.parent,
+            forked_at: m.forked_at,
             env: m.env.into_iter().collect(),
             secret_env: m.secret_env,
             expires_at: m.expires_at.map(time),
@@ -374,6 +383,77 @@ impl From<evervm::CheckpointInfo> for Checkpoint {
             created_at: time(c.created_at),
             instruction_count: c.instruction_count,
             disk_bytes: c.disk_bytes,
+        }
+    }
+}
+
+/// What a rewind (`rewind`, `undo`) did.
+#[derive(Debug, Clone, uniffi::Record)]
+pub struct Rewound {
+    /// The undo point the machine is at now: the state after instruction `to` (-1: before its
+    /// first instruction).
+    pub to: i64,
+    /// How many instructions it marked rewound.
+    pub rewound: i64,
+}
+
+impl From<evervm::Rewound> for Rewound {
+    fn from(r: evervm::Rewound) -> Self {
+        Self {
+            to: r.to,
+            rewound: r.rewound,
+        }
+    }
+}
+
+/// One instruction in a machine's history.
+#[derive(Debug, Clone, uniffi::Record)]
+pub struct HistoryEntry {
+    pub seq: i64,
+    pub code: String,
+    /// Its value (the `repr` of its last expression), shortened; nil for none.
+    pub value: Option<String>,
+    /// Its error's last line (`ZeroDivisionError: division by zero`), shortened.
+    pub error: Option<String>,
+    /// False while it runs or waits.
+    pub finished: bool,
+    /// Taken back by a rewind or a rollback (it stays in the history).
+    pub rewound: bool,
+    /// Whether an undo point for the state after it is kept (`rewind` to its seq).
+    pub undo_point: bool,
+}
+
+impl From<evervm::HistoryEntry> for HistoryEntry {
+    fn from(e: evervm::HistoryEntry) -> Self {
+        Self {
+            seq: e.seq,
+            code: e.code,
+            value: e.value,
+            error: e.error,
+            finished: e.finished,
+            rewound: e.rewound,
+            undo_point: e.undo_point,
+        }
+    }
+}
+
+/// A machine's history: its latest instructions and which of them can be rewound to.
+#[derive(Debug, Clone, uniffi::Record)]
+pub struct MachineHistory {
+    /// How many undo points the machine keeps (0: none).
+    pub keeps: u32,
+    /// Whether the state before its first instruction is kept (an undo of that instruction).
+    pub initial_point: bool,
+    /// Oldest first.
+    pub instructions: Vec<HistoryEntry>,
+}
+
+impl From<evervm::MachineHistory> for MachineHistory {
+    fn from(h: evervm::MachineHistory) -> Self {
+        Self {
+            keeps: h.keeps,
+            initial_point: h.initial_point,
+            instructions: h.instructions.into_iter().map(Into::into).collect(),
         }
     }
 }

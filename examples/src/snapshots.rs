@@ -145,3 +145,131 @@ pub async fn chunk_figures(machines: usize) -> Result<()> {
     }
     Ok(())
 }
+
+/// What history costs (gVisor, chunks at the home): the time of an instruction back to back and
+/// one second apart, with and without a history; an undo plus the next instruction; and the
+/// disk 100 undo points take on a machine that imported pandas and holds a 10 MB DataFrame,
+/// against one whole snapshot of it.
+#[allow(clippy::print_stdout)]
+pub async fn history_figures() -> Result<()> {
+    let home = tempfile::tempdir()?;
+    let (engine, client) = engine(home.path(), Kept::Chunked).await?;
+    println!("history (undo points after every instruction, chunked into the home's store)");
+    for history in [None, Some(100)] {
+        let machine = client
+            .create_machine(CreateMachineOptions {
+                history,
+                image: Some("minimal".into()),
+                ..CreateMachineOptions::default()
+            })
+            .await?;
+        machine.exec("n = 0").await?;
+        let label = if history.is_some() {
+            "history 100"
+        } else {
+            "no history"
+        };
+        let mut back_to_back = Vec::new();
+        for _ in 0..30 {
+            let started = Instant::now();
+            machine.exec("n += 1").await?;
+            back_to_back.push(started.elapsed());
+        }
+        report(&format!("`n += 1` back to back, {label}"), back_to_back);
+        let mut apart = Vec::new();
+        for _ in 0..15 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let started = Instant::now();
+            machine.exec("n += 1").await?;
+            apart.push(started.elapsed());
+        }
+        report(&format!("`n += 1` 1 s apart, {label}"), apart);
+        if history.is_some() {
+            let mut undos = Vec::new();
+            for _ in 0..20 {
+                machine.exec("n += 1").await?;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let started = Instant::now();
+                machine.undo().await?;
+                let run = machine.exec("n").await?;
+                undos.push(started.elapsed());
+                if run.result.error.is_some() {
+                    anyhow::bail!("an undo broke the machine: {:?}", run.result);
+                }
+            }
+            report("undo + the next instruction's result", undos);
+        }
+        machine.delete().await?;
+    }
+    engine.collect_snapshot_chunks().await?;
+
+    // 100 instructions of history on a machine with pandas and a 10 MB DataFrame.
+    let data_home = tempfile::tempdir()?;
+    let mut config = EngineConfig::new(data_home.path());
+    config.backend = BackendChoice::parse("gvisor");
+    config.pool_size = 1;
+    config.idle_swap = None;
+    config.compress_after = Duration::ZERO;
+    let data_engine = Engine::open(config).await?;
+    let account = data_engine.ensure_account("bench").await?;
+    let data_client = Client::from_engine(data_engine.clone(), account);
+    let machine = data_client
+        .create_machine(CreateMachineOptions {
+            history: Some(100),
+            image: Some("data".into()),
+            ..CreateMachineOptions::default()
+        })
+        .await?;
+    machine
+        .exec(
+            "import numpy as np, pandas as pd\n\
+             df = pd.DataFrame(np.random.default_rng(1).random((131072, 10)))\n\
+             df.memory_usage().sum()",
+        )
+        .await?;
+    let before = snapshot_usage(data_home.path()).0;
+    let started = Instant::now();
+    for i in 0..100 {
+        machine
+            .exec(&format!(
+                "df.iat[{i}, 0] = -1.0; total = float(df[0].sum())"
+            ))
+            .await?;
+    }
+    let elapsed = started.elapsed();
+    let history = machine.history(Some(1000)).await?;
+    let kept = history.instructions.iter().filter(|i| i.undo_point).count();
+    let after = snapshot_usage(data_home.path()).0;
+    // Its whole snapshot, uncompressed (as runsc writes it) and compressed whole (zstd 3).
+    let whole = whole_snapshot_bytes(&machine, data_home.path()).await?;
+    println!(
+        "  100 instructions on pandas + a 10 MB DataFrame: {kept} undo points, {:.1} MB on disk \
+         ({:.1} MB for the first point and the base); one snapshot of it is {:.1} MB \
+         uncompressed, {:.1} MB compressed whole; {:.1} s for the 100",
+        (after - before) as f64 / 1e6,
+        before as f64 / 1e6,
+        whole.0 as f64 / 1e6,
+        whole.1 as f64 / 1e6,
+        elapsed.as_secs_f64()
+    );
+    data_engine.shutdown().await;
+    engine.shutdown().await;
+    Ok(())
+}
+
+/// One whole snapshot of the machine: its size as runsc writes it, and compressed with zstd.
+async fn whole_snapshot_bytes(machine: &evervm::Machine, home: &Path) -> Result<(u64, u64)> {
+    let fork = machine.fork(None).await?;
+    let dir = home.join("machines").join(fork.name()).join("snapshot");
+    let pages = std::fs::read(dir.join("pages.img")).unwrap_or_default();
+    let state = std::fs::read(dir.join("checkpoint.img")).unwrap_or_default();
+    let plain = (pages.len() + state.len()) as u64;
+    let packed = tokio::task::spawn_blocking(move || {
+        let a = zstd::bulk::compress(&pages, 3).map_or(0, |c| c.len());
+        let b = zstd::bulk::compress(&state, 3).map_or(0, |c| c.len());
+        (a + b) as u64
+    })
+    .await?;
+    fork.delete().await?;
+    Ok((plain, packed))
+}

@@ -13,8 +13,8 @@ pytestmark = pytest.mark.anyio
 FOREVERVM_TOOLS = {"create-python-repl", "run-python-in-repl"}
 OUR_TOOLS = {
     "list-python-repls", "fork-python-repl", "create-checkpoint", "list-checkpoints",
-    "rollback-to-checkpoint", "swap-out-python-repl", "interrupt-python-repl",
-    "write-file-to-repl", "read-file-from-repl",
+    "rollback-to-checkpoint", "undo-last-instruction", "rewind-python-repl",
+    "swap-out-python-repl", "interrupt-python-repl", "write-file-to-repl", "read-file-from-repl",
 }
 
 
@@ -130,6 +130,38 @@ async def test_fork_checkpoint_and_rollback(connect) -> None:
         swapped = await client.call_tool("swap-out-python-repl", {"replId": copy})
         assert not swapped.is_error, text_of(swapped)
         assert (await run(client, copy, "n + 1")).structured_content["result"] == "3"
+
+
+async def test_a_model_breaks_its_state_undoes_it_and_carries_on(connect) -> None:
+    """The call sequence a model makes: build state, break it by mistake, undo the breaking
+    call, carry on; then rewind several calls at once by an instruction number it was given."""
+    async with connect() as client:
+        repl = await create(client)
+        built = await run(client, repl, "rows = [{'city': c, 'n': i} for i, c in enumerate('abc')]")
+        assert not built.is_error, text_of(built)
+        total = await run(client, repl, "sum(r['n'] for r in rows)")
+        assert total.structured_content["result"] == "3"
+        good = total.structured_content["instruction"]
+        # The mistake: the data is overwritten.
+        await run(client, repl, "rows = rows[0]['city']")
+        broken = await run(client, repl, "sum(r['n'] for r in rows)")
+        assert broken.is_error
+        # Undo the failed call, then the one that broke the data.
+        for _ in range(2):
+            undone = await client.call_tool("undo-last-instruction", {"replId": repl})
+            assert not undone.is_error, text_of(undone)
+        assert undone.structured_content["backToInstruction"] == good
+        fixed = await run(client, repl, "rows.append({'city': 'd', 'n': 3}); len(rows)")
+        assert fixed.structured_content["result"] == "4"
+        # Several calls back at once, by the number a result gave.
+        back = await client.call_tool(
+            "rewind-python-repl", {"replId": repl, "instruction": good})
+        assert not back.is_error, text_of(back)
+        assert back.structured_content["takenBack"] == 1
+        assert (await run(client, repl, "len(rows)")).structured_content["result"] == "3"
+        # A number it does not keep is a tool error the model can read.
+        far = await client.call_tool("rewind-python-repl", {"replId": repl, "instruction": 999})
+        assert far.is_error and "undo point" in text_of(far)
 
 
 async def test_a_csv_in_and_a_result_file_out(connect) -> None:

@@ -13,8 +13,8 @@ use serde::de::DeserializeOwned;
 use super::catalog::{
     Checkpoint, CheckpointArgs, CheckpointList, CheckpointMade, CreateReplArgs, CreatedRepl,
     FILE_LIMIT_BYTES, FileContent, FileWritten, ForkArgs, Forked, Interrupted, ListArgs,
-    ReadFileArgs, ReplArgs, ReplList, ReplNetwork, ReplSummary, RollbackArgs, RolledBack, RunArgs,
-    RunOutput, SwappedOut, ToolName, WriteFileArgs,
+    ReadFileArgs, ReplArgs, ReplList, ReplNetwork, ReplSummary, RewindArgs, Rewound, RollbackArgs,
+    RolledBack, RunArgs, RunOutput, SwappedOut, ToolName, WriteFileArgs,
 };
 use super::tool_error;
 use crate::tool::{TEXT_LIMIT, shorten};
@@ -55,6 +55,10 @@ pub(super) async fn call(
         ToolName::CreateCheckpoint => with!(|args| checkpoint(client, args)),
         ToolName::ListCheckpoints => with!(|args| checkpoints(client, args)),
         ToolName::Rollback => with!(|args| rollback(client, args)),
+        ToolName::Undo => with!(|args: ReplArgs| rewind(client, args.repl_id, -1)),
+        ToolName::Rewind => {
+            with!(|args: RewindArgs| rewind(client, args.repl_id, args.instruction))
+        }
         ToolName::SwapOut => with!(|args| swap_out(client, args)),
         ToolName::Interrupt => with!(|args| interrupt(client, args)),
         ToolName::WriteFile => with!(|args| write_file(client, args)),
@@ -96,19 +100,33 @@ fn structured(value: &impl Serialize, more: Vec<ContentBlock>) -> Answer {
     Ok(result)
 }
 
+/// The undo points of a REPL the MCP server creates (the tools' descriptions say the number).
+const REPL_HISTORY: u32 = 10;
+
 async fn create(client: &Client, args: CreateReplArgs) -> Answer {
-    let machine = client
-        .create_machine(CreateMachineOptions {
-            tags: args.tags.unwrap_or_default(),
-            network: args
-                .network
-                .map(ReplNetwork::policy)
-                .transpose()
-                .map_err(failed)?,
-            ..CreateMachineOptions::default()
-        })
-        .await
-        .map_err(failed)?;
+    let options = CreateMachineOptions {
+        tags: args.tags.unwrap_or_default(),
+        network: args
+            .network
+            .map(ReplNetwork::policy)
+            .transpose()
+            .map_err(failed)?,
+        // A model undoes what broke its REPL (undo-last-instruction, rewind-python-repl).
+        history: Some(REPL_HISTORY),
+        ..CreateMachineOptions::default()
+    };
+    let machine = match client.create_machine(options.clone()).await {
+        // A server that keeps no history (the process backend, a lower maximum): a REPL
+        // without undo points rather than none.
+        Err(e) if matches!(e.kind(), ErrorKind::Unsupported | ErrorKind::InvalidInput) => client
+            .create_machine(CreateMachineOptions {
+                history: None,
+                ..options
+            })
+            .await
+            .map_err(failed)?,
+        created => created.map_err(failed)?,
+    };
     let repl_id = machine.name().to_owned();
     // ForeverVM's server answers with the name alone as the text.
     let mut result = structured(
@@ -369,6 +387,18 @@ async fn rollback(client: &Client, args: RollbackArgs) -> Answer {
         &RolledBack {
             repl_id: args.repl_id,
             checkpoint: args.checkpoint,
+        },
+        Vec::new(),
+    )
+}
+
+async fn rewind(client: &Client, repl_id: String, to: i64) -> Answer {
+    let rewound = client.machine(&repl_id).rewind(to).await.map_err(failed)?;
+    structured(
+        &Rewound {
+            repl_id,
+            back_to_instruction: rewound.to,
+            taken_back: rewound.rewound,
         },
         Vec::new(),
     )

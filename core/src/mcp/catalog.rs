@@ -19,6 +19,8 @@ pub(crate) enum ToolName {
     CreateCheckpoint,
     ListCheckpoints,
     Rollback,
+    Undo,
+    Rewind,
     SwapOut,
     Interrupt,
     WriteFile,
@@ -34,6 +36,8 @@ impl ToolName {
         ToolName::CreateCheckpoint,
         ToolName::ListCheckpoints,
         ToolName::Rollback,
+        ToolName::Undo,
+        ToolName::Rewind,
         ToolName::SwapOut,
         ToolName::Interrupt,
         ToolName::WriteFile,
@@ -50,6 +54,8 @@ impl ToolName {
             ToolName::CreateCheckpoint => "create-checkpoint",
             ToolName::ListCheckpoints => "list-checkpoints",
             ToolName::Rollback => "rollback-to-checkpoint",
+            ToolName::Undo => "undo-last-instruction",
+            ToolName::Rewind => "rewind-python-repl",
             ToolName::SwapOut => "swap-out-python-repl",
             ToolName::Interrupt => "interrupt-python-repl",
             ToolName::WriteFile => "write-file-to-repl",
@@ -83,6 +89,10 @@ impl ToolName {
                 .with_output_schema::<CheckpointList>(),
             ToolName::Rollback => Tool::new(self.as_str(), description, input::<RollbackArgs>())
                 .with_output_schema::<RolledBack>(),
+            ToolName::Undo => Tool::new(self.as_str(), description, input::<ReplArgs>())
+                .with_output_schema::<Rewound>(),
+            ToolName::Rewind => Tool::new(self.as_str(), description, input::<RewindArgs>())
+                .with_output_schema::<Rewound>(),
             ToolName::SwapOut => Tool::new(self.as_str(), description, input::<ReplArgs>())
                 .with_output_schema::<SwappedOut>(),
             ToolName::Interrupt => Tool::new(self.as_str(), description, input::<ReplArgs>())
@@ -111,13 +121,16 @@ impl ToolName {
             ToolName::CreateRepl | ToolName::ForkRepl | ToolName::CreateCheckpoint => {
                 (false, false, false)
             }
-            ToolName::RunPython => (false, true, false),
+            // Code does anything; an undo again goes one further back.
+            ToolName::RunPython | ToolName::Undo => (false, true, false),
             ToolName::ListRepls | ToolName::ListCheckpoints | ToolName::ReadFile => {
                 (true, false, true)
             }
-            // What the instruction would still have done is lost; what a rollback or a
-            // written file replaces is gone.
-            ToolName::Rollback | ToolName::Interrupt | ToolName::WriteFile => (false, true, true),
+            // What the instruction would still have done is lost; what a rollback, a rewind
+            // or a written file replaces is gone.
+            ToolName::Rollback | ToolName::Rewind | ToolName::Interrupt | ToolName::WriteFile => {
+                (false, true, true)
+            }
             // The machine's state is kept; only its memory is released.
             ToolName::SwapOut => (false, false, true),
         };
@@ -177,6 +190,26 @@ impl ToolName {
                 "Roll a REPL back to a checkpoint",
                 "Returns a REPL to the state it had when a checkpoint was made: everything done \
                  since (variables, files) is gone. The checkpoint is kept."
+                    .to_owned(),
+            ),
+            ToolName::Undo => (
+                "Undo the last instruction in a REPL",
+                "Takes back the last run-python-in-repl call on a REPL: its variables, imports \
+                 and files become exactly what they were before that call. Use it when a call \
+                 broke the REPL's state (overwrote a DataFrame, half-ran a loop, patched a \
+                 module, deleted a file) instead of rebuilding the state by hand or starting a \
+                 new REPL; then carry on with a corrected call. Called again, it goes one more \
+                 call back, as far as the REPL keeps undo points (its latest 10 calls). The \
+                 calls taken back stay listed, marked rewound."
+                    .to_owned(),
+            ),
+            ToolName::Rewind => (
+                "Rewind a REPL to an earlier instruction",
+                "Returns a REPL to its state right after an earlier run-python-in-repl call, \
+                 given that call's `instruction` number (from its result): everything done \
+                 after it is taken back. Use it to go back several calls at once, to a state \
+                 you know was good; for the last call alone, undo-last-instruction is simpler. \
+                 Only the REPL's latest 10 calls can be rewound to."
                     .to_owned(),
             ),
             ToolName::SwapOut => (
@@ -351,6 +384,16 @@ pub(crate) struct RollbackArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+pub(crate) struct RewindArgs {
+    /// The REPL to rewind.
+    pub(crate) repl_id: String,
+    /// The `instruction` number of the call whose after-state to return to, as its
+    /// run-python-in-repl result gave it.
+    pub(crate) instruction: i64,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
 pub(crate) struct WriteFileArgs {
     /// The REPL to write into.
     pub(crate) repl_id: String,
@@ -471,6 +514,16 @@ pub(crate) struct CheckpointList {
 pub(crate) struct RolledBack {
     pub(crate) repl_id: String,
     pub(crate) checkpoint: String,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Rewound {
+    pub(crate) repl_id: String,
+    /// The REPL is now as it was right after this instruction (-1: before its first).
+    pub(crate) back_to_instruction: i64,
+    /// How many calls were taken back.
+    pub(crate) taken_back: i64,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
