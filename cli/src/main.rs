@@ -295,6 +295,10 @@ enum MachineCommand {
         /// The fork's tags, KEY=VALUE (repeatable); the parent's when none are given.
         #[arg(long = "tag", value_name = "KEY=VALUE")]
         tags: Vec<String>,
+        /// Fork from the parent's undo point after instruction SEQ (`evervm history` lists
+        /// them; -1: before its first) instead of its current state.
+        #[arg(long, value_name = "SEQ", allow_negative_numbers = true)]
+        at: Option<i64>,
     },
     /// Named, kept snapshots of a machine (gVisor).
     #[command(subcommand)]
@@ -859,13 +863,17 @@ async fn machine(command: MachineCommand, client: &Client) -> Result<ExitCode> {
             client.machine(&name).swap_out().await?;
             eprintln!("swapped out {name}");
         }
-        MachineCommand::Fork { name, tags } => {
+        MachineCommand::Fork { name, tags, at } => {
             let tags = if tags.is_empty() {
                 None
             } else {
                 Some(parse_tags(&tags)?)
             };
-            let fork = client.machine(&name).fork(tags).await?;
+            let machine = client.machine(&name);
+            let fork = match at {
+                Some(seq) => machine.fork_at(seq, tags).await?,
+                None => machine.fork(tags).await?,
+            };
             println!("{}", fork.name());
         }
         MachineCommand::Checkpoint(command) => checkpoint(command, client).await?,

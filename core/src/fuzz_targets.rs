@@ -346,7 +346,10 @@ pub fn request_body(data: &[u8]) {
             }
         }
         3 => {
-            if let Ok(Some(ForkMachineRequest { tags: Some(tags) })) = optional(body) {
+            if let Ok(Some(ForkMachineRequest {
+                tags: Some(tags), ..
+            })) = optional(body)
+            {
                 checked(engine::validate_tags(&tags));
             }
         }

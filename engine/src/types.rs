@@ -314,6 +314,9 @@ impl InterpreterStart {
 pub struct ForkMachine {
     /// The fork's tags; the parent's when `None`.
     pub tags: Option<Tags>,
+    /// Fork from the parent's undo point after this instruction (`-1`: before its first)
+    /// instead of its current state; the parent is not touched.
+    pub at: Option<i64>,
 }
 
 /// What a rewind did.

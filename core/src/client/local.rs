@@ -142,10 +142,10 @@ impl Transport for LocalTransport {
         Ok(self.engine.swap_out(&self.account, name).await?)
     }
 
-    async fn fork(&self, name: &str, tags: Option<Tags>) -> Result<String> {
+    async fn fork(&self, name: &str, tags: Option<Tags>, at: Option<i64>) -> Result<String> {
         let info = self
             .engine
-            .fork_machine(&self.account, name, engine::ForkMachine { tags })
+            .fork_machine(&self.account, name, engine::ForkMachine { tags, at })
             .await?;
         Ok(info.name.to_string())
     }

@@ -48,7 +48,7 @@ pub(crate) trait Transport: Send + Sync + 'static {
     async fn interrupt(&self, name: &str) -> Result<bool>;
     async fn delete_machine(&self, name: &str) -> Result<()>;
     async fn swap_out(&self, name: &str) -> Result<()>;
-    async fn fork(&self, name: &str, tags: Option<Tags>) -> Result<String>;
+    async fn fork(&self, name: &str, tags: Option<Tags>, at: Option<i64>) -> Result<String>;
     async fn create_checkpoint(
         &self,
         name: &str,
@@ -279,7 +279,18 @@ impl Machine {
     /// tags (this machine's when `None`). Both carry on independently; the fork's `random` is
     /// reseeded. Not available on the process backend.
     pub async fn fork(&self, tags: Option<Tags>) -> Result<Machine> {
-        let name = self.transport.fork(&self.name, tags).await?;
+        let name = self.transport.fork(&self.name, tags, None).await?;
+        Ok(Machine {
+            transport: Arc::clone(&self.transport),
+            name,
+        })
+    }
+
+    /// A new machine from one of this machine's undo points: its state right after
+    /// instruction `seq` (`-1`: before its first), with its own tags (this one's when `None`).
+    /// This machine is not touched.
+    pub async fn fork_at(&self, seq: i64, tags: Option<Tags>) -> Result<Machine> {
+        let name = self.transport.fork(&self.name, tags, Some(seq)).await?;
         Ok(Machine {
             transport: Arc::clone(&self.transport),
             name,

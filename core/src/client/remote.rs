@@ -463,8 +463,8 @@ impl Transport for RemoteTransport {
         Ok(())
     }
 
-    async fn fork(&self, name: &str, tags: Option<Tags>) -> Result<String> {
-        let request = protocol::ForkMachineRequest { tags };
+    async fn fork(&self, name: &str, tags: Option<Tags>, at: Option<i64>) -> Result<String> {
+        let request = protocol::ForkMachineRequest { tags, at };
         let answer: CreateMachineResponse = self
             .call(
                 Method::POST,

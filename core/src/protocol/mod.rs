@@ -571,6 +571,11 @@ pub struct ForkMachineRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "server", schemars(with = "Option<schema::Tags>"))]
     pub tags: Option<WireTags>,
+    /// evervm: fork from the machine's undo point after this instruction (`-1`: before its
+    /// first; `GET .../history` lists the kept ones) instead of its current state. The
+    /// machine itself is not touched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<i64>,
 }
 
 /// A new checkpoint's options; an empty body, `null` and `{}` all mean the defaults.

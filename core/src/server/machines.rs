@@ -181,8 +181,10 @@ pub(crate) async fn fork(
     WirePath(name): WirePath<String>,
     OptionalJsonBody(request): OptionalJsonBody<ForkMachineRequest>,
 ) -> ApiResult<CreateMachineResponse> {
+    let request = request.unwrap_or_default();
     let request = evervm_engine::ForkMachine {
-        tags: request.and_then(|r| r.tags),
+        tags: request.tags,
+        at: request.at,
     };
     let info = state.engine.fork_machine(&account, &name, request).await?;
     Ok(Json(CreateMachineResponse {

@@ -18,8 +18,32 @@ impl Engine {
         self.handle(account, name).await?.swap_out().await
     }
 
+    /// An undo point of machine `name` (the state after instruction `at`) copied to `to`,
+    /// checked first, marked to reseed its random generators.
+    async fn copy_point(&self, name: &str, at: i64, to: &std::path::Path) -> Result<()> {
+        let home = self.inner.config.home.clone();
+        let dir = crate::snapshot::point_dir(&home, name, at);
+        let restorable = self.inner.restorable();
+        let chunks = std::sync::Arc::clone(&self.inner.chunks);
+        let (machine, to) = (name.to_owned(), to.to_path_buf());
+        tokio::task::spawn_blocking(move || {
+            if crate::snapshot::verify_dir(&dir, &*restorable)?.is_none() {
+                return Err(Error::new(
+                    ErrorKind::NotFound,
+                    format!(
+                        "machine {machine} keeps no undo point after instruction {at} (see its \
+                         history)"
+                    ),
+                ));
+            }
+            super::chunks::copy_snapshot(&chunks, &dir, &to, true)
+        })
+        .await
+        .map_err(|e| Error::internal(format!("copying an undo point stopped: {e}")))?
+    }
+
     /// A new machine from another's current state (memory, files, everything), with its own
-    /// tags (the parent's when `None`). The parent waits for its running instruction, is saved,
+    /// tags (the parent's when `None`); with `at`, from one of its undo points instead. The parent waits for its running instruction, is saved,
     /// and carries on where it was; the fork's random generators are reseeded, so the two never
     /// draw the same numbers.
     pub async fn fork_machine(
@@ -49,7 +73,11 @@ impl Engine {
         let home = self.inner.config.home.clone();
         let target = crate::snapshot::snapshot_dir(&home, child.name.as_str());
         let mut child = child;
-        let stored = match handle.copy_out(target.clone(), true).await {
+        let copied = match request.at {
+            None => handle.copy_out(target.clone(), true).await,
+            Some(at) => self.copy_point(name, at, &target).await.map(|()| at + 1),
+        };
+        let stored = match copied {
             Ok(first_unrun) => {
                 // After the parent's last instruction that ran (-1: before any).
                 child.forked_at = Some(first_unrun - 1);

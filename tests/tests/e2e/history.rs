@@ -112,6 +112,19 @@ async fn undo_and_rewind_go_back_to_kept_points_across_swap_and_restart() {
     assert_eq!(m.rewind(12).await.unwrap().to, 12);
     assert_eq!(value(&m, "n, len(frame['a'])").await, "(8, 1000)");
 
+    // A fork from a kept point: that point's state, its own seqs, the parent untouched.
+    let fork = m.fork_at(12, None).await.unwrap();
+    let info = fork.info().await.unwrap();
+    assert_eq!(
+        (info.parent.as_deref(), info.forked_at),
+        (Some(name.as_str()), Some(12))
+    );
+    assert_eq!(value(&fork, "n").await, "8");
+    value(&fork, "n = -1").await;
+    assert_eq!(value(&m, "n").await, "8");
+    assert!(m.fork_at(2, None).await.is_err());
+    fork.delete().await.unwrap();
+
     // Deleting the machine gives its chunks back.
     let before = engine.snapshot_chunk_stats();
     assert!(before.chunks > 0);
