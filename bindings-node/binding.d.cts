@@ -63,6 +63,12 @@ export declare class NativeMachine {
   checkpoint(name?: string | undefined | null): Promise<Checkpoint>
   checkpoints(): Promise<Array<Checkpoint>>
   rollback(checkpoint: string): Promise<MachineInfo>
+  /** Takes back the last instruction: the state becomes what it was before it. */
+  undo(): Promise<Rewound>
+  /** Makes the state right after instruction `seq` the machine's state (an undo point). */
+  rewind(seq: number): Promise<Rewound>
+  /** The latest instructions (at most `limit`, 100 when absent), oldest first. */
+  history(limit?: number | undefined | null): Promise<MachineHistory>
   deleteCheckpoint(checkpoint: string): Promise<void>
   delete(): Promise<void>
   writeFile(path: string, data: Buffer, options?: WriteOptions | undefined | null): Promise<FileInfo>
@@ -112,6 +118,11 @@ export interface CreateMachineOptions {
   image?: string
   /** `idle` (default: saved at swap-out) or `instruction` (saved after every instruction). */
   durability?: string
+  /**
+   * How many undo points it keeps, to `undo` or `rewind` to (the server's default, 0, when
+   * absent); gVisor only.
+   */
+  history?: number
   /** Environment variables its interpreter starts with. */
   env?: Record<string, string>
   /** Environment variables whose values `info` and lists never show. */
@@ -224,6 +235,22 @@ export interface FileList {
   truncated: boolean
 }
 
+/** One instruction in a machine's history. */
+export interface HistoryEntry {
+  seq: number
+  code: string
+  /** Its value (the `repr` of its last expression), shortened; absent for none. */
+  value?: string
+  /** Its error's last line (`ZeroDivisionError: division by zero`), shortened. */
+  error?: string
+  /** False while it runs or waits. */
+  finished: boolean
+  /** Taken back by a rewind or a rollback (it stays in the history). */
+  rewound: boolean
+  /** Whether an undo point for the state after it is kept (`rewind` to its seq). */
+  undoPoint: boolean
+}
+
 /** A package `install` put into the machine. */
 export interface InstalledPackage {
   name: string
@@ -256,6 +283,16 @@ export interface LocalOptions {
   poolSize?: number
 }
 
+/** A machine's history: its latest instructions and which of them can be rewound to. */
+export interface MachineHistory {
+  /** How many undo points the machine keeps (0: none). */
+  keeps: number
+  /** Whether the state before its first instruction is kept (an undo of that instruction). */
+  initialPoint: boolean
+  /** Oldest first. */
+  instructions: Array<HistoryEntry>
+}
+
 /** What is known about a machine. */
 export interface MachineInfo {
   name: string
@@ -276,6 +313,12 @@ export interface MachineInfo {
   diskBytes?: number
   residentBytes?: number
   durability?: string
+  /** How many undo points it keeps (0: none). */
+  history?: number
+  /** The machine it was forked from; absent when it was created. */
+  parent?: string
+  /** The seq of the parent's last instruction the fork holds (-1: none). */
+  forkedAt?: number
   /** Its environment variables that are not secret. */
   env: Record<string, string>
   /** The names of its secret environment variables (never their values). */
@@ -308,6 +351,17 @@ export interface OutputChunk {
   /** `"stdout"` or `"stderr"`. */
   stream: 'stdout' | 'stderr'
   data: string
+}
+
+/** What a rewind (`rewind`, `undo`) did. */
+export interface Rewound {
+  /**
+   * The undo point the machine is at now: the state after instruction `to` (-1: before its
+   * first instruction).
+   */
+  to: number
+  /** How many instructions it marked rewound. */
+  rewound: number
 }
 
 /** A rich result (Jupyter's display protocol): a MIME bundle. */

@@ -1,4 +1,5 @@
-"""What needs snapshots: swap, fork, checkpoints (gVisor, over HTTP); rich output."""
+"""What needs snapshots: swap, fork, checkpoints, undo points (gVisor, over HTTP); rich
+output."""
 
 import pytest
 
@@ -32,6 +33,67 @@ def test_swap_fork_and_checkpoints(gvisor_server) -> None:  # type: ignore[no-un
     assert machine.exec("items").value == "[1]"
     machine.delete_checkpoint("before")
     assert machine.checkpoints() == []
+
+
+def machine_with_history(client: evervm.Client, history: int) -> evervm.Machine:
+    """A machine keeping `history` undo points; the test is skipped, saying why, where the
+    server's runsc cannot keep them."""
+    try:
+        return client.create_machine(image="minimal", history=history)
+    except evervm.UnsupportedError as error:
+        pytest.skip(f"the server cannot keep undo points here: {error}")
+
+
+def test_undo_rewind_and_history(gvisor_server) -> None:  # type: ignore[no-untyped-def]
+    client = evervm.Client(gvisor_server.url, gvisor_server.token)
+    machine = machine_with_history(client, 3)
+    info = machine.info()
+    assert (info.history, info.parent, info.forked_at) == (3, None, None)
+    machine.exec("x = 1")
+    machine.exec("x = 2")
+
+    undone = machine.undo()
+    assert (undone.to, undone.rewound) == (0, 1)
+    assert repr(undone) == "Rewound(to=0, rewound=1)"
+    history = machine.history()
+    assert (history.keeps, history.initial_point) == (3, True)
+    assert [(i.seq, i.code, i.finished, i.rewound) for i in history.instructions] == [
+        (0, "x = 1", True, False),
+        (1, "x = 2", True, True),
+    ]
+    assert history.instructions[0].undo_point
+    assert [i.seq for i in machine.history(limit=1).instructions] == [1]
+    looked = machine.exec("x")
+    assert looked.value == "1"
+
+    rewound = machine.rewind(0)
+    assert (rewound.to, rewound.rewound) == (0, 1)
+    assert machine.exec("x").value == "1"
+    assert machine.history().instructions[looked.seq].rewound
+
+    fork = machine.fork()
+    assert (fork.info().parent, fork.info().forked_at) == (machine.name, looked.seq + 1)
+    fork.delete()
+    machine.delete()
+
+
+async def test_undo_rewind_and_history_in_asyncio(gvisor_server) -> None:  # type: ignore[no-untyped-def]
+    async with evervm.AsyncClient(gvisor_server.url, gvisor_server.token) as client:
+        try:
+            machine = await client.create_machine(image="minimal", history=3)
+        except evervm.UnsupportedError as error:
+            pytest.skip(f"the server cannot keep undo points here: {error}")
+        assert (await machine.info()).history == 3
+        await machine.exec("x = 1")
+        await machine.exec("x = 2")
+        undone = await machine.undo()
+        assert (undone.to, undone.rewound) == (0, 1)
+        history = await machine.history()
+        assert [(i.seq, i.rewound) for i in history.instructions] == [(0, False), (1, True)]
+        assert (await machine.exec("x")).value == "1"
+        assert (await machine.rewind(0)).to == 0
+        assert (await machine.exec("x")).value == "1"
+        await machine.delete()
 
 
 def test_a_figure_comes_back_as_data(gvisor_server) -> None:  # type: ignore[no-untyped-def]
@@ -87,3 +149,16 @@ def test_a_network_policy_is_chosen_at_creation_and_kept(gvisor_server) -> None:
 def test_the_process_backend_refuses_a_network(client: evervm.Client) -> None:
     with pytest.raises(evervm.UnsupportedError):
         client.create_machine(network="public")
+
+
+def test_a_machine_without_history_refuses_undo(client: evervm.Client) -> None:
+    with pytest.raises(evervm.UnsupportedError):
+        client.create_machine(history=3)
+    machine = client.create_machine()
+    machine.exec("x = 1")
+    assert machine.info().history == 0
+    with pytest.raises(evervm.InvalidInputError, match="history"):
+        machine.undo()
+    with pytest.raises(evervm.InvalidInputError):
+        machine.rewind(0)
+    machine.delete()

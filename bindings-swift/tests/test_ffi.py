@@ -4,6 +4,8 @@ a cancelled Swift Task calls `cancel`)."""
 
 import asyncio
 
+import pytest
+
 
 def run(coroutine):
     return asyncio.run(coroutine)
@@ -168,6 +170,45 @@ def test_fork_checkpoints_rollback_and_swap(ffi, server) -> None:
         assert (await copy.info()).state == "swapped"
         assert (await copy.start_exec("n + 1", None).result()).value == "3"
         await copy.delete()
+        await machine.delete()
+
+    run(scenario())
+
+
+def test_undo_rewind_and_history(ffi, server) -> None:
+    async def scenario() -> None:
+        client = ffi.Client(server.url, server.token)
+        try:
+            machine = await client.create_machine(image="minimal", history=3)
+        except ffi.EvervmError.Unsupported as e:
+            pytest.skip(f"the server cannot keep undo points here: {e.message}")
+        info = await machine.info()
+        assert (info.history, info.parent, info.forked_at) == (3, None, None)
+        await machine.start_exec("x = 1", None).result()
+        await machine.start_exec("x = 2", None).result()
+        undone = await machine.undo()
+        assert (undone.to, undone.rewound) == (0, 1)
+        history = await machine.history(None)
+        assert (history.keeps, history.initial_point) == (3, True)
+        assert [(i.seq, i.code, i.rewound) for i in history.instructions] == [
+            (0, "x = 1", False), (1, "x = 2", True)]
+        assert history.instructions[0].undo_point
+        assert [i.seq for i in (await machine.history(1)).instructions] == [1]
+        looked = await machine.start_exec("x", None).result()
+        assert looked.value == "1"
+        assert (await machine.rewind(0)).to == 0
+        assert (await machine.start_exec("x", None).result()).value == "1"
+        copy = await machine.fork(None)
+        copied = await copy.info()
+        assert (copied.parent, copied.forked_at) == (machine.name(), looked.seq + 1)
+        await copy.delete()
+        plain = await client.create_machine(image="minimal")
+        try:
+            await plain.undo()
+            raise AssertionError("a machine without history undid")
+        except ffi.EvervmError.InvalidInput as e:
+            assert "history" in e.message
+        await plain.delete()
         await machine.delete()
 
     run(scenario())

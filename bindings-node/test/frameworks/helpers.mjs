@@ -1,27 +1,6 @@
 // The framework tests run a real model loop (the SDKs' scripted models, no network) against a
 // gVisor machine on the `data` image, so that a matplotlib plot is real.
-import { mkdtempSync, rmSync } from 'node:fs'
-import { tmpdir } from 'node:os'
-import { join } from 'node:path'
-
-import { Client } from 'evervm'
-
-/** `test(client)` with an in-process engine on gVisor, cleaned up after. */
-export async function withGvisor(t, test) {
-  const backends = process.env.EVERVM_TEST_BACKENDS
-  if (backends && !backends.split(',').includes('gvisor')) {
-    t.skip(`gVisor is not among EVERVM_TEST_BACKENDS (${backends})`)
-    return
-  }
-  const home = mkdtempSync(join(tmpdir(), 'evervm-node-gvisor-'))
-  const client = await Client.local({ home, backend: 'gvisor', poolSize: 0 })
-  try {
-    await test(client)
-  } finally {
-    await client.close()
-    rmSync(home, { recursive: true, force: true })
-  }
-}
+export { withGvisor } from '../helpers.mjs'
 
 /** Two steps that share state (the second uses the first's variable) and draw a plot. */
 export const FIRST_CODE = 'total = sum(i * i for i in range(10))\ntotal'

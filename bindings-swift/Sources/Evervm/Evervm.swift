@@ -667,9 +667,10 @@ public protocol ClientProtocol: AnyObject, Sendable {
     
     /**
      * Creates a machine. `memoryMb`, `image` (`data`, `minimal`), `durability` (`idle`,
-     * `instruction`) and `ttlSeconds` take the server's defaults when nil.
+     * `instruction`), `history` (how many undo points it keeps; gVisor only) and `ttlSeconds`
+     * take the server's defaults when nil.
      */
-    func createMachine(tags: [String: String]?, memoryMb: UInt32?, image: String?, durability: String?, env: [String: String]?, secretEnv: [String: String]?, ttlSeconds: Double?, network: String?, networkAllow: [String]?) async throws  -> Machine
+    func createMachine(tags: [String: String]?, memoryMb: UInt32?, image: String?, durability: String?, history: UInt32?, env: [String: String]?, secretEnv: [String: String]?, ttlSeconds: Double?, network: String?, networkAllow: [String]?) async throws  -> Machine
     
     /**
      * The machines, newest first; with `tags`, those carrying all of them.
@@ -769,14 +770,15 @@ public static func fromEnvironment()throws  -> Client  {
     
     /**
      * Creates a machine. `memoryMb`, `image` (`data`, `minimal`), `durability` (`idle`,
-     * `instruction`) and `ttlSeconds` take the server's defaults when nil.
+     * `instruction`), `history` (how many undo points it keeps; gVisor only) and `ttlSeconds`
+     * take the server's defaults when nil.
      */
-open func createMachine(tags: [String: String]? = nil, memoryMb: UInt32? = nil, image: String? = nil, durability: String? = nil, env: [String: String]? = nil, secretEnv: [String: String]? = nil, ttlSeconds: Double? = nil, network: String? = nil, networkAllow: [String]? = nil)async throws  -> Machine  {
+open func createMachine(tags: [String: String]? = nil, memoryMb: UInt32? = nil, image: String? = nil, durability: String? = nil, history: UInt32? = nil, env: [String: String]? = nil, secretEnv: [String: String]? = nil, ttlSeconds: Double? = nil, network: String? = nil, networkAllow: [String]? = nil)async throws  -> Machine  {
     return
         try  await uniffiRustCallAsync(
             rustFutureFunc: {
                 uniffi_evervm_ffi_fn_method_client_create_machine(
-                        self.uniffiCloneHandle(),FfiConverterOptionDictionaryStringString.lower(tags),FfiConverterOptionUInt32.lower(memoryMb),FfiConverterOptionString.lower(image),FfiConverterOptionString.lower(durability),FfiConverterOptionDictionaryStringString.lower(env),FfiConverterOptionDictionaryStringString.lower(secretEnv),FfiConverterOptionDouble.lower(ttlSeconds),FfiConverterOptionString.lower(network),FfiConverterOptionSequenceString.lower(networkAllow)
+                        self.uniffiCloneHandle(),FfiConverterOptionDictionaryStringString.lower(tags),FfiConverterOptionUInt32.lower(memoryMb),FfiConverterOptionString.lower(image),FfiConverterOptionString.lower(durability),FfiConverterOptionUInt32.lower(history),FfiConverterOptionDictionaryStringString.lower(env),FfiConverterOptionDictionaryStringString.lower(secretEnv),FfiConverterOptionDouble.lower(ttlSeconds),FfiConverterOptionString.lower(network),FfiConverterOptionSequenceString.lower(networkAllow)
                 )
             },
             pollFunc: ffi_evervm_ffi_rust_future_poll_u64,
@@ -1069,6 +1071,12 @@ public protocol MachineProtocol: AnyObject, Sendable {
      */
     func fork(tags: [String: String]?) async throws  -> Machine
     
+    /**
+     * The latest instructions (at most `limit`, 100 when nil), oldest first, and which of them
+     * can be rewound to.
+     */
+    func history(limit: UInt32?) async throws  -> MachineHistory
+    
     func info() async throws  -> MachineInfo
     
     /**
@@ -1098,6 +1106,12 @@ public protocol MachineProtocol: AnyObject, Sendable {
     func removeFile(path: String, recursive: Bool) async throws  -> FileInfo
     
     /**
+     * Makes the state right after instruction `seq` the machine's state (one of its undo
+     * points); the instructions after it stay in its history, marked rewound.
+     */
+    func rewind(seq: Int64) async throws  -> Rewound
+    
+    /**
      * Returns the machine to a checkpoint's state.
      */
     func rollback(checkpoint: String) async throws  -> MachineInfo
@@ -1119,6 +1133,12 @@ public protocol MachineProtocol: AnyObject, Sendable {
      * Saves the machine to disk and releases its memory; its next instruction restores it.
      */
     func swapOut() async throws 
+    
+    /**
+     * Takes back the last instruction: the state becomes what it was before it. The machine
+     * must keep a history (`createMachine(history:)`).
+     */
+    func undo() async throws  -> Rewound
     
     /**
      * Writes `data` to `path` (relative paths are under the machine's home), whole or not at
@@ -1275,6 +1295,26 @@ open func fork(tags: [String: String]? = nil)async throws  -> Machine  {
         )
 }
     
+    /**
+     * The latest instructions (at most `limit`, 100 when nil), oldest first, and which of them
+     * can be rewound to.
+     */
+open func history(limit: UInt32? = nil)async throws  -> MachineHistory  {
+    return
+        try  await uniffiRustCallAsync(
+            rustFutureFunc: {
+                uniffi_evervm_ffi_fn_method_machine_history(
+                        self.uniffiCloneHandle(),FfiConverterOptionUInt32.lower(limit)
+                )
+            },
+            pollFunc: ffi_evervm_ffi_rust_future_poll_rust_buffer,
+            completeFunc: ffi_evervm_ffi_rust_future_complete_rust_buffer,
+            freeFunc: ffi_evervm_ffi_rust_future_free_rust_buffer,
+            liftFunc: FfiConverterTypeMachineHistory_lift,
+            errorHandler: FfiConverterTypeEvervmError_lift
+        )
+}
+    
 open func info()async throws  -> MachineInfo  {
     return
         try  await uniffiRustCallAsync(
@@ -1409,6 +1449,26 @@ open func removeFile(path: String, recursive: Bool = false)async throws  -> File
 }
     
     /**
+     * Makes the state right after instruction `seq` the machine's state (one of its undo
+     * points); the instructions after it stay in its history, marked rewound.
+     */
+open func rewind(seq: Int64)async throws  -> Rewound  {
+    return
+        try  await uniffiRustCallAsync(
+            rustFutureFunc: {
+                uniffi_evervm_ffi_fn_method_machine_rewind(
+                        self.uniffiCloneHandle(),FfiConverterInt64.lower(seq)
+                )
+            },
+            pollFunc: ffi_evervm_ffi_rust_future_poll_rust_buffer,
+            completeFunc: ffi_evervm_ffi_rust_future_complete_rust_buffer,
+            freeFunc: ffi_evervm_ffi_rust_future_free_rust_buffer,
+            liftFunc: FfiConverterTypeRewound_lift,
+            errorHandler: FfiConverterTypeEvervmError_lift
+        )
+}
+    
+    /**
      * Returns the machine to a checkpoint's state.
      */
 open func rollback(checkpoint: String)async throws  -> MachineInfo  {
@@ -1487,6 +1547,26 @@ open func swapOut()async throws   {
             completeFunc: ffi_evervm_ffi_rust_future_complete_void,
             freeFunc: ffi_evervm_ffi_rust_future_free_void,
             liftFunc: { $0 },
+            errorHandler: FfiConverterTypeEvervmError_lift
+        )
+}
+    
+    /**
+     * Takes back the last instruction: the state becomes what it was before it. The machine
+     * must keep a history (`createMachine(history:)`).
+     */
+open func undo()async throws  -> Rewound  {
+    return
+        try  await uniffiRustCallAsync(
+            rustFutureFunc: {
+                uniffi_evervm_ffi_fn_method_machine_undo(
+                        self.uniffiCloneHandle()
+                )
+            },
+            pollFunc: ffi_evervm_ffi_rust_future_poll_rust_buffer,
+            completeFunc: ffi_evervm_ffi_rust_future_complete_rust_buffer,
+            freeFunc: ffi_evervm_ffi_rust_future_free_rust_buffer,
+            liftFunc: FfiConverterTypeRewound_lift,
             errorHandler: FfiConverterTypeEvervmError_lift
         )
 }
@@ -2175,6 +2255,113 @@ public func FfiConverterTypeFileList_lower(_ value: FileList) -> RustBuffer {
 
 
 /**
+ * One instruction in a machine's history.
+ */
+public struct HistoryEntry: Equatable, Hashable {
+    public var seq: Int64
+    public var code: String
+    /**
+     * Its value (the `repr` of its last expression), shortened; nil for none.
+     */
+    public var value: String?
+    /**
+     * Its error's last line (`ZeroDivisionError: division by zero`), shortened.
+     */
+    public var error: String?
+    /**
+     * False while it runs or waits.
+     */
+    public var finished: Bool
+    /**
+     * Taken back by a rewind or a rollback (it stays in the history).
+     */
+    public var rewound: Bool
+    /**
+     * Whether an undo point for the state after it is kept (`rewind` to its seq).
+     */
+    public var undoPoint: Bool
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(seq: Int64, code: String, 
+        /**
+         * Its value (the `repr` of its last expression), shortened; nil for none.
+         */value: String?, 
+        /**
+         * Its error's last line (`ZeroDivisionError: division by zero`), shortened.
+         */error: String?, 
+        /**
+         * False while it runs or waits.
+         */finished: Bool, 
+        /**
+         * Taken back by a rewind or a rollback (it stays in the history).
+         */rewound: Bool, 
+        /**
+         * Whether an undo point for the state after it is kept (`rewind` to its seq).
+         */undoPoint: Bool) {
+        self.seq = seq
+        self.code = code
+        self.value = value
+        self.error = error
+        self.finished = finished
+        self.rewound = rewound
+        self.undoPoint = undoPoint
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension HistoryEntry: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeHistoryEntry: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> HistoryEntry {
+        return
+            try HistoryEntry(
+                seq: FfiConverterInt64.read(from: &buf), 
+                code: FfiConverterString.read(from: &buf), 
+                value: FfiConverterOptionString.read(from: &buf), 
+                error: FfiConverterOptionString.read(from: &buf), 
+                finished: FfiConverterBool.read(from: &buf), 
+                rewound: FfiConverterBool.read(from: &buf), 
+                undoPoint: FfiConverterBool.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: HistoryEntry, into buf: inout [UInt8]) {
+        FfiConverterInt64.write(value.seq, into: &buf)
+        FfiConverterString.write(value.code, into: &buf)
+        FfiConverterOptionString.write(value.value, into: &buf)
+        FfiConverterOptionString.write(value.error, into: &buf)
+        FfiConverterBool.write(value.finished, into: &buf)
+        FfiConverterBool.write(value.rewound, into: &buf)
+        FfiConverterBool.write(value.undoPoint, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeHistoryEntry_lift(_ buf: RustBuffer) throws -> HistoryEntry {
+    return try FfiConverterTypeHistoryEntry.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeHistoryEntry_lower(_ value: HistoryEntry) -> RustBuffer {
+    return FfiConverterTypeHistoryEntry.lower(value)
+}
+
+
+/**
  * What `install` did.
  */
 public struct InstallReport: Equatable, Hashable {
@@ -2331,6 +2518,85 @@ public func FfiConverterTypeInstalledPackage_lower(_ value: InstalledPackage) ->
 
 
 /**
+ * A machine's history: its latest instructions and which of them can be rewound to.
+ */
+public struct MachineHistory: Equatable, Hashable {
+    /**
+     * How many undo points the machine keeps (0: none).
+     */
+    public var keeps: UInt32
+    /**
+     * Whether the state before its first instruction is kept (an undo of that instruction).
+     */
+    public var initialPoint: Bool
+    /**
+     * Oldest first.
+     */
+    public var instructions: [HistoryEntry]
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(
+        /**
+         * How many undo points the machine keeps (0: none).
+         */keeps: UInt32, 
+        /**
+         * Whether the state before its first instruction is kept (an undo of that instruction).
+         */initialPoint: Bool, 
+        /**
+         * Oldest first.
+         */instructions: [HistoryEntry]) {
+        self.keeps = keeps
+        self.initialPoint = initialPoint
+        self.instructions = instructions
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension MachineHistory: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeMachineHistory: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> MachineHistory {
+        return
+            try MachineHistory(
+                keeps: FfiConverterUInt32.read(from: &buf), 
+                initialPoint: FfiConverterBool.read(from: &buf), 
+                instructions: FfiConverterSequenceTypeHistoryEntry.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: MachineHistory, into buf: inout [UInt8]) {
+        FfiConverterUInt32.write(value.keeps, into: &buf)
+        FfiConverterBool.write(value.initialPoint, into: &buf)
+        FfiConverterSequenceTypeHistoryEntry.write(value.instructions, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeMachineHistory_lift(_ buf: RustBuffer) throws -> MachineHistory {
+    return try FfiConverterTypeMachineHistory.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeMachineHistory_lower(_ value: MachineHistory) -> RustBuffer {
+    return FfiConverterTypeMachineHistory.lower(value)
+}
+
+
+/**
  * What a machine is and how it is.
  */
 public struct MachineInfo: Equatable, Hashable {
@@ -2362,6 +2628,18 @@ public struct MachineInfo: Equatable, Hashable {
      * `idle` or `instruction`.
      */
     public var durability: String?
+    /**
+     * How many undo points it keeps (0: none).
+     */
+    public var history: UInt32?
+    /**
+     * The machine it was forked from; nil when it was created.
+     */
+    public var parent: String?
+    /**
+     * The seq of the parent's last instruction the fork holds (-1: none).
+     */
+    public var forkedAt: Int64?
     /**
      * Its environment variables that are not secret.
      */
@@ -2402,6 +2680,15 @@ public struct MachineInfo: Equatable, Hashable {
          * `idle` or `instruction`.
          */durability: String?, 
         /**
+         * How many undo points it keeps (0: none).
+         */history: UInt32?, 
+        /**
+         * The machine it was forked from; nil when it was created.
+         */parent: String?, 
+        /**
+         * The seq of the parent's last instruction the fork holds (-1: none).
+         */forkedAt: Int64?, 
+        /**
          * Its environment variables that are not secret.
          */env: [String: String], 
         /**
@@ -2429,6 +2716,9 @@ public struct MachineInfo: Equatable, Hashable {
         self.lastError = lastError
         self.diskBytes = diskBytes
         self.durability = durability
+        self.history = history
+        self.parent = parent
+        self.forkedAt = forkedAt
         self.env = env
         self.secretEnv = secretEnv
         self.expiresAt = expiresAt
@@ -2465,6 +2755,9 @@ public struct FfiConverterTypeMachineInfo: FfiConverterRustBuffer {
                 lastError: FfiConverterOptionString.read(from: &buf), 
                 diskBytes: FfiConverterOptionUInt64.read(from: &buf), 
                 durability: FfiConverterOptionString.read(from: &buf), 
+                history: FfiConverterOptionUInt32.read(from: &buf), 
+                parent: FfiConverterOptionString.read(from: &buf), 
+                forkedAt: FfiConverterOptionInt64.read(from: &buf), 
                 env: FfiConverterDictionaryStringString.read(from: &buf), 
                 secretEnv: FfiConverterSequenceString.read(from: &buf), 
                 expiresAt: FfiConverterOptionTimestamp.read(from: &buf), 
@@ -2487,6 +2780,9 @@ public struct FfiConverterTypeMachineInfo: FfiConverterRustBuffer {
         FfiConverterOptionString.write(value.lastError, into: &buf)
         FfiConverterOptionUInt64.write(value.diskBytes, into: &buf)
         FfiConverterOptionString.write(value.durability, into: &buf)
+        FfiConverterOptionUInt32.write(value.history, into: &buf)
+        FfiConverterOptionString.write(value.parent, into: &buf)
+        FfiConverterOptionInt64.write(value.forkedAt, into: &buf)
         FfiConverterDictionaryStringString.write(value.env, into: &buf)
         FfiConverterSequenceString.write(value.secretEnv, into: &buf)
         FfiConverterOptionTimestamp.write(value.expiresAt, into: &buf)
@@ -2569,6 +2865,77 @@ public func FfiConverterTypeOutputChunk_lift(_ buf: RustBuffer) throws -> Output
 #endif
 public func FfiConverterTypeOutputChunk_lower(_ value: OutputChunk) -> RustBuffer {
     return FfiConverterTypeOutputChunk.lower(value)
+}
+
+
+/**
+ * What a rewind (`rewind`, `undo`) did.
+ */
+public struct Rewound: Equatable, Hashable {
+    /**
+     * The undo point the machine is at now: the state after instruction `to` (-1: before its
+     * first instruction).
+     */
+    public var to: Int64
+    /**
+     * How many instructions it marked rewound.
+     */
+    public var rewound: Int64
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(
+        /**
+         * The undo point the machine is at now: the state after instruction `to` (-1: before its
+         * first instruction).
+         */to: Int64, 
+        /**
+         * How many instructions it marked rewound.
+         */rewound: Int64) {
+        self.to = to
+        self.rewound = rewound
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension Rewound: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeRewound: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> Rewound {
+        return
+            try Rewound(
+                to: FfiConverterInt64.read(from: &buf), 
+                rewound: FfiConverterInt64.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: Rewound, into buf: inout [UInt8]) {
+        FfiConverterInt64.write(value.to, into: &buf)
+        FfiConverterInt64.write(value.rewound, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeRewound_lift(_ buf: RustBuffer) throws -> Rewound {
+    return try FfiConverterTypeRewound.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeRewound_lower(_ value: Rewound) -> RustBuffer {
+    return FfiConverterTypeRewound.lower(value)
 }
 
 
@@ -3609,6 +3976,31 @@ fileprivate struct FfiConverterSequenceTypeFileInfo: FfiConverterRustBuffer {
 #if swift(>=5.8)
 @_documentation(visibility: private)
 #endif
+fileprivate struct FfiConverterSequenceTypeHistoryEntry: FfiConverterRustBuffer {
+    typealias SwiftType = [HistoryEntry]
+
+    public static func write(_ value: [HistoryEntry], into buf: inout [UInt8]) {
+        let len = Int32(value.count)
+        writeInt(&buf, len)
+        for item in value {
+            FfiConverterTypeHistoryEntry.write(item, into: &buf)
+        }
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> [HistoryEntry] {
+        let len: Int32 = try readInt(&buf)
+        var seq = [HistoryEntry]()
+        seq.reserveCapacity(Int(len))
+        for _ in 0 ..< len {
+            seq.append(try FfiConverterTypeHistoryEntry.read(from: &buf))
+        }
+        return seq
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
 fileprivate struct FfiConverterSequenceTypeInstalledPackage: FfiConverterRustBuffer {
     typealias SwiftType = [InstalledPackage]
 
@@ -3820,7 +4212,7 @@ private let initializationResult: InitializationResult = {
     if bindings_contract_version != scaffolding_contract_version {
         return InitializationResult.contractVersionMismatch
     }
-    if (uniffi_evervm_ffi_checksum_method_client_create_machine() != 30153) {
+    if (uniffi_evervm_ffi_checksum_method_client_create_machine() != 51173) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_evervm_ffi_checksum_method_client_list_machines() != 12622) {
@@ -3853,6 +4245,9 @@ private let initializationResult: InitializationResult = {
     if (uniffi_evervm_ffi_checksum_method_machine_fork() != 26898) {
         return InitializationResult.apiChecksumMismatch
     }
+    if (uniffi_evervm_ffi_checksum_method_machine_history() != 5630) {
+        return InitializationResult.apiChecksumMismatch
+    }
     if (uniffi_evervm_ffi_checksum_method_machine_info() != 22307) {
         return InitializationResult.apiChecksumMismatch
     }
@@ -3877,6 +4272,9 @@ private let initializationResult: InitializationResult = {
     if (uniffi_evervm_ffi_checksum_method_machine_remove_file() != 24185) {
         return InitializationResult.apiChecksumMismatch
     }
+    if (uniffi_evervm_ffi_checksum_method_machine_rewind() != 44133) {
+        return InitializationResult.apiChecksumMismatch
+    }
     if (uniffi_evervm_ffi_checksum_method_machine_rollback() != 15615) {
         return InitializationResult.apiChecksumMismatch
     }
@@ -3890,6 +4288,9 @@ private let initializationResult: InitializationResult = {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_evervm_ffi_checksum_method_machine_swap_out() != 44732) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_evervm_ffi_checksum_method_machine_undo() != 59799) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_evervm_ffi_checksum_method_machine_write_file() != 57436) {

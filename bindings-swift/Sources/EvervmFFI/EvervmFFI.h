@@ -266,7 +266,7 @@ uint64_t uniffi_evervm_ffi_fn_constructor_client_new(RustBuffer url, RustBuffer 
 #endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_CLIENT_CREATE_MACHINE
 #define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_CLIENT_CREATE_MACHINE
-uint64_t uniffi_evervm_ffi_fn_method_client_create_machine(uint64_t ptr, RustBuffer tags, RustBuffer memory_mb, RustBuffer image, RustBuffer durability, RustBuffer env, RustBuffer secret_env, RustBuffer ttl_seconds, RustBuffer network, RustBuffer network_allow
+uint64_t uniffi_evervm_ffi_fn_method_client_create_machine(uint64_t ptr, RustBuffer tags, RustBuffer memory_mb, RustBuffer image, RustBuffer durability, RustBuffer history, RustBuffer env, RustBuffer secret_env, RustBuffer ttl_seconds, RustBuffer network, RustBuffer network_allow
 );
 #endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_CLIENT_LIST_MACHINES
@@ -339,6 +339,11 @@ uint64_t uniffi_evervm_ffi_fn_method_machine_delete_checkpoint(uint64_t ptr, Rus
 uint64_t uniffi_evervm_ffi_fn_method_machine_fork(uint64_t ptr, RustBuffer tags
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_HISTORY
+#define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_HISTORY
+uint64_t uniffi_evervm_ffi_fn_method_machine_history(uint64_t ptr, RustBuffer limit
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_INFO
 #define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_INFO
 uint64_t uniffi_evervm_ffi_fn_method_machine_info(uint64_t ptr
@@ -379,6 +384,11 @@ uint64_t uniffi_evervm_ffi_fn_method_machine_read_file(uint64_t ptr, RustBuffer 
 uint64_t uniffi_evervm_ffi_fn_method_machine_remove_file(uint64_t ptr, RustBuffer path, int8_t recursive
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_REWIND
+#define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_REWIND
+uint64_t uniffi_evervm_ffi_fn_method_machine_rewind(uint64_t ptr, int64_t seq
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_ROLLBACK
 #define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_ROLLBACK
 uint64_t uniffi_evervm_ffi_fn_method_machine_rollback(uint64_t ptr, RustBuffer checkpoint
@@ -402,6 +412,11 @@ uint64_t uniffi_evervm_ffi_fn_method_machine_stream(uint64_t ptr, RustBuffer cod
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_SWAP_OUT
 #define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_SWAP_OUT
 uint64_t uniffi_evervm_ffi_fn_method_machine_swap_out(uint64_t ptr
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_UNDO
+#define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_UNDO
+uint64_t uniffi_evervm_ffi_fn_method_machine_undo(uint64_t ptr
 );
 #endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_WRITE_FILE
@@ -755,6 +770,12 @@ uint16_t uniffi_evervm_ffi_checksum_method_machine_fork(void
     
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_HISTORY
+#define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_HISTORY
+uint16_t uniffi_evervm_ffi_checksum_method_machine_history(void
+    
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_INFO
 #define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_INFO
 uint16_t uniffi_evervm_ffi_checksum_method_machine_info(void
@@ -803,6 +824,12 @@ uint16_t uniffi_evervm_ffi_checksum_method_machine_remove_file(void
     
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_REWIND
+#define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_REWIND
+uint16_t uniffi_evervm_ffi_checksum_method_machine_rewind(void
+    
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_ROLLBACK
 #define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_ROLLBACK
 uint16_t uniffi_evervm_ffi_checksum_method_machine_rollback(void
@@ -830,6 +857,12 @@ uint16_t uniffi_evervm_ffi_checksum_method_machine_stream(void
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_SWAP_OUT
 #define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_SWAP_OUT
 uint16_t uniffi_evervm_ffi_checksum_method_machine_swap_out(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_UNDO
+#define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_UNDO
+uint16_t uniffi_evervm_ffi_checksum_method_machine_undo(void
     
 );
 #endif
