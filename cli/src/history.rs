@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use clap::Args;
-use evervm::{Client, MachineHistory, Rewound};
+use evervm::{Client, Lineage, MachineHistory, Rewound};
 
 #[derive(Args)]
 pub(crate) struct UndoArgs {
@@ -31,6 +31,72 @@ pub(crate) struct HistoryArgs {
     /// Print it as JSON.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct LineageArgs {
+    /// The machine.
+    machine: String,
+    /// Print it as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `evervm lineage MACHINE`: the tree of forks it is in, one machine a line, indented under its
+/// parent, with where it was forked, its checkpoints and what rewinds took back.
+pub(crate) async fn lineage(client: &Client, args: LineageArgs) -> Result<()> {
+    let lineage = client.machine(&args.machine).lineage().await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&lineage)?);
+        return Ok(());
+    }
+    print!("{}", render_lineage(&lineage, &args.machine));
+    Ok(())
+}
+
+fn render_lineage(lineage: &Lineage, asked: &str) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let mut depth: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for node in &lineage.machines {
+        let level = node
+            .parent
+            .as_deref()
+            .and_then(|p| depth.get(p))
+            .map_or(0, |d| d + 1);
+        depth.insert(&node.name, level);
+        let indent = "  ".repeat(level);
+        let here = if node.name == asked { "  <-" } else { "" };
+        let forked = match (level, node.forked_at) {
+            (0, _) | (_, None) => String::new(),
+            (_, Some(at)) => format!(" (forked after its parent's instruction {at})"),
+        };
+        let _ = writeln!(
+            out,
+            "{indent}{} [{} instructions]{forked}{here}",
+            node.name, node.instruction_count
+        );
+        for checkpoint in &node.checkpoints {
+            let _ = writeln!(
+                out,
+                "{indent}    checkpoint {} (after {} instructions)",
+                checkpoint.name, checkpoint.instruction_count
+            );
+        }
+        for run in &node.taken_back {
+            let seqs = if run.first == run.last {
+                format!("{}", run.first)
+            } else {
+                format!("{} to {}", run.first, run.last)
+            };
+            let _ = writeln!(
+                out,
+                "{indent}    instructions {seqs} taken back ({})",
+                run.by
+            );
+        }
+    }
+    out
 }
 
 fn say(machine: &str, rewound: &Rewound) {
@@ -113,6 +179,36 @@ fn render(history: &MachineHistory) -> String {
 mod tests {
     use super::*;
     use evervm::HistoryEntry;
+
+    #[test]
+    fn the_lineage_is_a_tree() {
+        let node = |name: &str, parent: Option<&str>| evervm::LineageNode {
+            name: name.into(),
+            created_at: chrono::Utc::now(),
+            parent: parent.map(Into::into),
+            forked_at: parent.map(|_| 2),
+            instruction_count: 3,
+            checkpoints: Vec::new(),
+            taken_back: Vec::new(),
+        };
+        let mut root = node("a", None);
+        root.taken_back.push(evervm::TakenBack {
+            first: 1,
+            last: 2,
+            by: "rewind to 0".into(),
+        });
+        let lineage = Lineage {
+            root: "a".into(),
+            machines: vec![root, node("b", Some("a")), node("c", Some("b"))],
+        };
+        let lines = [
+            "a [3 instructions]",
+            "    instructions 1 to 2 taken back (rewind to 0)",
+            "  b [3 instructions] (forked after its parent's instruction 2)  <-",
+            "    c [3 instructions] (forked after its parent's instruction 2)",
+        ];
+        assert_eq!(render_lineage(&lineage, "b"), lines.join("\n") + "\n");
+    }
 
     #[test]
     fn the_history_shows_points_results_and_rewinds() {

@@ -144,6 +144,8 @@ enum Command {
     Rewind(history::RewindArgs),
     /// A machine's latest instructions with their results, and which can be rewound to (`*`).
     History(history::HistoryArgs),
+    /// The tree of forks a machine is in, with checkpoints and what rewinds took back.
+    Lineage(history::LineageArgs),
     /// The MCP server on stdin and stdout, for an AI assistant that starts it: its tools act on
     /// the engine in this process, or on the server given by --url and --token (or
     /// EVERVM_URL and EVERVM_TOKEN). `evervm mcp install --claude-code` (or --claude-desktop,
@@ -492,6 +494,9 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
         }
         Command::History(args) => {
             with_client(target, |c| async move { history::history(&c, args).await }).await
+        }
+        Command::Lineage(args) => {
+            with_client(target, |c| async move { history::lineage(&c, args).await }).await
         }
         Command::Mkdir(args) => {
             with_client(target, |c| async move { files::make_dir(&c, args).await }).await

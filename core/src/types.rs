@@ -300,6 +300,8 @@ pub use evervm_engine::ExceptionInfo;
 
 /// What a rewind did, a machine's history, and one instruction in it.
 pub use evervm_engine::{HistoryEntry, MachineHistory, Rewound};
+/// A machine's family tree of forks, with checkpoints and what rewinds took back.
+pub use evervm_engine::{Lineage, LineageCheckpoint, LineageNode, TakenBack};
 
 /// How an instruction's code runs: the engine's type, the one definition.
 pub use evervm_engine::Dialect;

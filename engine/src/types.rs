@@ -362,6 +362,55 @@ pub struct MachineHistory {
     pub instructions: Vec<HistoryEntry>,
 }
 
+/// A machine's family: the machine a lineage was asked for, its ancestors up to the first
+/// that was created rather than forked, and every machine forked from them since.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Lineage {
+    /// The oldest ancestor (the tree's root; the machine itself when it was not forked).
+    pub root: String,
+    /// Every machine of the tree, parents before their children.
+    pub machines: Vec<LineageNode>,
+}
+
+/// One machine in a [`Lineage`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct LineageNode {
+    pub name: String,
+    pub created_at: DateTime<Utc>,
+    /// The machine it was forked from; `None` for the root. A parent deleted since is named
+    /// here but not in the tree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// The parent's last instruction the fork holds (-1: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_at: Option<i64>,
+    pub instruction_count: i64,
+    /// Its checkpoints: name and the instruction count when it was taken.
+    pub checkpoints: Vec<LineageCheckpoint>,
+    /// The runs of its instructions that a rewind or rollback took back.
+    pub taken_back: Vec<TakenBack>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct LineageCheckpoint {
+    pub name: String,
+    pub instruction_count: i64,
+}
+
+/// Consecutive instructions taken back by one rewind or rollback.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct TakenBack {
+    /// The first and last seq taken back.
+    pub first: i64,
+    pub last: i64,
+    /// What took them back: `rewind to N` or a checkpoint's name.
+    pub by: String,
+}
+
 /// When a machine's state is saved to disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

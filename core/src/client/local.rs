@@ -10,8 +10,8 @@ use crate::convert::engine::event_from_engine;
 use crate::error::Result;
 use crate::types::{
     Accepted, ByteStream, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult,
-    FileInfo, FileList, FileRead, InstallReport, MachineHistory, MachineInfo, MachinePage, Rewound,
-    Tags, WriteFileOptions,
+    FileInfo, FileList, FileRead, InstallReport, Lineage, MachineHistory, MachineInfo, MachinePage,
+    Rewound, Tags, WriteFileOptions,
 };
 use evervm_engine::{self as engine, Account, Engine, EngineConfig};
 
@@ -189,6 +189,10 @@ impl Transport for LocalTransport {
 
     async fn rewind(&self, name: &str, to: i64) -> Result<Rewound> {
         Ok(self.engine.rewind(&self.account, name, to).await?)
+    }
+
+    async fn lineage(&self, name: &str) -> Result<Lineage> {
+        Ok(self.engine.lineage(&self.account, name).await?)
     }
 
     async fn history(&self, name: &str, limit: usize) -> Result<MachineHistory> {

@@ -15,7 +15,7 @@ use futures::stream::BoxStream;
 use crate::error::{Error, ErrorKind, Result};
 use crate::types::{
     Accepted, ByteStream, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult,
-    Execution, FileInfo, FileList, FileRead, InstallReport, MachineHistory, MachineInfo,
+    Execution, FileInfo, FileList, FileRead, InstallReport, Lineage, MachineHistory, MachineInfo,
     MachinePage, OutputChunk, Rewound, Tags, WriteFileOptions,
 };
 
@@ -58,6 +58,7 @@ pub(crate) trait Transport: Send + Sync + 'static {
     async fn rollback(&self, name: &str, checkpoint: &str) -> Result<MachineInfo>;
     async fn rewind(&self, name: &str, to: i64) -> Result<Rewound>;
     async fn history(&self, name: &str, limit: usize) -> Result<MachineHistory>;
+    async fn lineage(&self, name: &str) -> Result<Lineage>;
     async fn install(&self, name: &str, requirements: &[String]) -> Result<InstallReport>;
     async fn delete_checkpoint(&self, name: &str, checkpoint: &str) -> Result<()>;
     /// Writes `data` (of `length` bytes, when known) to `path` in the machine.
@@ -341,6 +342,13 @@ impl Machine {
         self.transport
             .history(&self.name, limit.unwrap_or(DEFAULT_HISTORY_LIST))
             .await
+    }
+
+    /// The tree of forks this machine is in: its oldest ancestor still there and every machine
+    /// forked from it since (parents first), each with its checkpoints and the instructions
+    /// rewinds and rollbacks took back.
+    pub async fn lineage(&self) -> Result<Lineage> {
+        self.transport.lineage(&self.name).await
     }
 
     pub async fn delete_checkpoint(&self, checkpoint: &str) -> Result<()> {

@@ -18,7 +18,7 @@ use crate::protocol::{
 };
 use crate::types::{
     Accepted, ByteStream, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult,
-    FileInfo, FileKind, FileList, FileRead, InstallReport, MachineHistory, MachineInfo,
+    FileInfo, FileKind, FileList, FileRead, InstallReport, Lineage, MachineHistory, MachineInfo,
     MachinePage, Rewound, Tags, WriteFileOptions,
 };
 
@@ -620,6 +620,11 @@ impl Transport for RemoteTransport {
             Some(body(&request)),
         )
         .await
+    }
+
+    async fn lineage(&self, name: &str) -> Result<Lineage> {
+        self.call(Method::GET, self.machine_url(name, &["lineage"])?, None)
+            .await
     }
 
     async fn history(&self, name: &str, limit: usize) -> Result<MachineHistory> {

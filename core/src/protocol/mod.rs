@@ -557,6 +557,8 @@ fn undo() -> i64 {
     -1
 }
 
+/// `GET /v1/machine/{machine_name}/lineage` (evervm): the tree of forks the machine is in.
+pub use evervm_engine::Lineage as LineageResponse;
 /// `GET /v1/machine/{machine_name}/history` (evervm): the machine's latest instructions.
 pub use evervm_engine::MachineHistory as HistoryResponse;
 /// `POST /v1/machine/{machine_name}/rewind` (evervm): what the rewind did.

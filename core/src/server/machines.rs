@@ -13,8 +13,9 @@ use crate::convert::server::{create_machine_from_wire, list_filter_from_wire, ma
 use crate::protocol::{
     ApiCheckpoint, CreateCheckpointRequest, CreateMachineRequest, CreateMachineResponse,
     DeleteCheckpointResponse, DeleteMachineResponse, ForkMachineRequest, HistoryResponse,
-    InterruptResponse, ListCheckpointsResponse, ListMachinesRequest, ListMachinesResponse,
-    MachineInfoResponse, RewindRequest, RewindResponse, SwapResponse, WhoamiResponse,
+    InterruptResponse, LineageResponse, ListCheckpointsResponse, ListMachinesRequest,
+    ListMachinesResponse, MachineInfoResponse, RewindRequest, RewindResponse, SwapResponse,
+    WhoamiResponse,
 };
 
 type ApiResult<T> = Result<Json<T>, ApiFailure>;
@@ -257,6 +258,15 @@ pub(crate) async fn history(
 ) -> ApiResult<HistoryResponse> {
     let limit = query.limit.unwrap_or(crate::client::DEFAULT_HISTORY_LIST);
     Ok(Json(state.engine.history(&account, &name, limit).await?))
+}
+
+/// `GET /v1/machine/{machine_name}/lineage` (evervm): the tree of forks the machine is in.
+pub(crate) async fn lineage(
+    State(state): State<AppState>,
+    Authed(account): Authed,
+    WirePath(name): WirePath<String>,
+) -> ApiResult<LineageResponse> {
+    Ok(Json(state.engine.lineage(&account, &name).await?))
 }
 
 /// `DELETE /v1/machine/{machine_name}/checkpoints/{checkpoint}` (evervm).

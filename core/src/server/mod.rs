@@ -84,6 +84,7 @@ pub(crate) mod paths {
         "/v1/machine/{machine_name}/checkpoints/{checkpoint}/rollback";
     pub(crate) const REWIND: &str = "/v1/machine/{machine_name}/rewind";
     pub(crate) const HISTORY: &str = "/v1/machine/{machine_name}/history";
+    pub(crate) const LINEAGE: &str = "/v1/machine/{machine_name}/lineage";
     pub(crate) const EXEC: &str = "/v1/machine/{machine_name}/exec";
     pub(crate) const RESULT: &str = "/v1/machine/{machine_name}/exec/{instruction_seq}/result";
     pub(crate) const STREAM_RESULT: &str =
@@ -118,6 +119,7 @@ pub(crate) mod paths {
         ROLLBACK,
         REWIND,
         HISTORY,
+        LINEAGE,
         EXEC,
         RESULT,
         STREAM_RESULT,
@@ -181,6 +183,7 @@ pub fn router_with_metrics_token(engine: Engine, metrics_token: Option<String>) 
         .route(paths::ROLLBACK, post(machines::rollback))
         .route(paths::REWIND, post(machines::rewind))
         .route(paths::HISTORY, get(machines::history))
+        .route(paths::LINEAGE, get(machines::lineage))
         .route(paths::EXEC, post(exec::exec))
         .route(paths::RESULT, get(exec::result))
         .route(paths::STREAM_RESULT, get(exec::stream_result))

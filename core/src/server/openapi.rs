@@ -67,10 +67,10 @@ mod tests {
         ApiCheckpoint, ApiError, CreateCheckpointRequest, CreateMachineRequest,
         CreateMachineResponse, DeleteCheckpointResponse, DeleteMachineResponse, ExecRequest,
         ExecResponse, ExecResultResponse, ForkMachineRequest, HealthResponse, HistoryResponse,
-        InstallRequest, InstallResponse, InterruptResponse, ListCheckpointsResponse,
-        ListMachinesRequest, ListMachinesResponse, MachineInfoResponse, MessageFromServer,
-        MessageToServer, NodesResponse, RewindRequest, RewindResponse, SignupRequest, SwapResponse,
-        WhoamiResponse,
+        InstallRequest, InstallResponse, InterruptResponse, LineageResponse,
+        ListCheckpointsResponse, ListMachinesRequest, ListMachinesResponse, MachineInfoResponse,
+        MessageFromServer, MessageToServer, NodesResponse, RewindRequest, RewindResponse,
+        SignupRequest, SwapResponse, WhoamiResponse,
     };
     use crate::server::paths;
     use crate::types::{FileInfo, FileList};
@@ -193,6 +193,7 @@ mod tests {
                 Json(body::<RewindResponse>),
             ),
             ("get", paths::HISTORY, None, Json(body::<HistoryResponse>)),
+            ("get", paths::LINEAGE, None, Json(body::<LineageResponse>)),
             (
                 "post",
                 paths::EXEC,

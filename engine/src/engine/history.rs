@@ -5,7 +5,8 @@
 use super::Engine;
 use crate::error::{Error, Result};
 use crate::types::{
-    Account, ExecResult, HistoryEntry, MachineHistory, MachineName, Outcome, Rewound,
+    Account, ExecResult, HistoryEntry, Lineage, LineageCheckpoint, LineageNode, MachineHistory,
+    MachineName, Outcome, Rewound, TakenBack,
 };
 
 /// The most instructions one history listing holds.
@@ -134,5 +135,108 @@ fn shorten(text: &str) -> String {
     match text.char_indices().nth(SHORT) {
         Some((at, _)) => format!("{}…", &text[..at]),
         None => text.to_owned(),
+    }
+}
+
+/// The most machines a lineage holds, and the deepest chain of parents it follows.
+const MAX_LINEAGE: usize = 1000;
+
+impl Engine {
+    /// The tree of forks `name` belongs to (see [`Lineage`]), with each machine's checkpoints
+    /// and the instructions rewinds and rollbacks took back. Only the account's machines.
+    pub async fn lineage(&self, account: &Account, name: &str) -> Result<Lineage> {
+        let record = self.record(account, name).await?;
+        let family = self.inner.store.machines(account.id).await?;
+        let by_name: std::collections::HashMap<&str, &crate::store::MachineRecord> =
+            family.iter().map(|m| (m.name.as_str(), m)).collect();
+        // Up to the oldest ancestor still here.
+        let mut root = record.name.as_str().to_owned();
+        for _ in 0..MAX_LINEAGE {
+            match by_name.get(root.as_str()).and_then(|m| m.parent.as_deref()) {
+                Some(parent) if by_name.contains_key(parent) => root = parent.to_owned(),
+                _ => break,
+            }
+        }
+        // Then down, parents before children.
+        let mut order = vec![root.clone()];
+        let mut at = 0;
+        while at < order.len() && order.len() < MAX_LINEAGE {
+            let parent = order[at].clone();
+            let mut children: Vec<&crate::store::MachineRecord> = family
+                .iter()
+                .filter(|m| m.parent.as_deref() == Some(parent.as_str()))
+                .collect();
+            children.sort_by_key(|m| m.position);
+            order.extend(children.into_iter().map(|m| m.name.to_string()));
+            at += 1;
+        }
+        order.truncate(MAX_LINEAGE);
+        let mut machines = Vec::with_capacity(order.len());
+        for name in order {
+            let Some(m) = by_name.get(name.as_str()) else {
+                continue;
+            };
+            let checkpoints = self.inner.store.checkpoints(&name).await?;
+            let taken = self.inner.store.taken_back(&name, MAX_TAKEN_BACK).await?;
+            machines.push(LineageNode {
+                name: name.clone(),
+                created_at: m.created_at,
+                parent: m.parent.clone(),
+                forked_at: m.forked_at,
+                instruction_count: m.next_seq,
+                checkpoints: checkpoints
+                    .into_iter()
+                    .map(|c| LineageCheckpoint {
+                        name: c.name,
+                        instruction_count: c.instruction_count,
+                    })
+                    .collect(),
+                taken_back: runs(&taken),
+            });
+        }
+        Ok(Lineage { root, machines })
+    }
+}
+
+/// At most this many taken-back instructions are read per machine for a lineage.
+const MAX_TAKEN_BACK: usize = 100_000;
+
+/// Consecutive seqs taken back by the same thing, as runs.
+fn runs(taken: &[(i64, String)]) -> Vec<TakenBack> {
+    let mut runs: Vec<TakenBack> = Vec::new();
+    for (seq, by) in taken {
+        match runs.last_mut() {
+            Some(run) if run.last + 1 == *seq && run.by == *by => run.last = *seq,
+            _ => runs.push(TakenBack {
+                first: *seq,
+                last: *seq,
+                by: by.clone(),
+            }),
+        }
+    }
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn taken_back_instructions_group_into_runs() {
+        let taken = [
+            (3, "rewind to 2".to_owned()),
+            (4, "rewind to 2".to_owned()),
+            (5, "before".to_owned()),
+            (7, "before".to_owned()),
+        ];
+        let grouped = runs(&taken);
+        let found: Vec<(i64, i64, &str)> = grouped
+            .iter()
+            .map(|r| (r.first, r.last, r.by.as_str()))
+            .collect();
+        assert_eq!(
+            found,
+            [(3, 4, "rewind to 2"), (5, 5, "before"), (7, 7, "before")]
+        );
     }
 }

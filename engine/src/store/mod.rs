@@ -232,6 +232,9 @@ pub trait Metadata: Send + Sync {
         before: i64,
         label: &str,
     ) -> Result<usize>;
+    /// The machine's instructions a rewind or rollback took back (seq and what took it
+    /// back), oldest first, at most `limit`.
+    async fn taken_back(&self, machine: &str, limit: usize) -> Result<Vec<(i64, String)>>;
     /// The machine's instructions from `from_seq` on, oldest first, at most `limit`.
     async fn instructions_from(
         &self,

@@ -357,6 +357,10 @@ async fn history(store: &dyn Metadata) {
     assert_eq!(rows[0].rolled_back_to.as_deref(), Some("rewind to -1"));
     assert_eq!(rows[1].rolled_back_to.as_deref(), Some("before"));
     assert!(rows[0].result.is_none() && rows[1].result.is_some());
+    assert_eq!(
+        store.taken_back("m-history", 10).await.unwrap(),
+        [(0, "rewind to -1".to_owned()), (1, "before".to_owned())]
+    );
     let later = store.instructions_from("m-history", 1, 1).await.unwrap();
     assert_eq!(later.iter().map(|r| r.seq).collect::<Vec<_>>(), [1]);
     assert!(

@@ -123,7 +123,35 @@ async fn undo_and_rewind_go_back_to_kept_points_across_swap_and_restart() {
     value(&fork, "n = -1").await;
     assert_eq!(value(&m, "n").await, "8");
     assert!(m.fork_at(2, None).await.is_err());
-    fork.delete().await.unwrap();
+
+    // The lineage of the parent, two forks (one from its current state, one from a point),
+    // a checkpoint and the rewinds.
+    m.checkpoint(Some("kept")).await.unwrap();
+    let second = m.fork(None).await.unwrap();
+    let grandchild = second.fork(None).await.unwrap();
+    let lineage = fork.lineage().await.unwrap();
+    assert_eq!(lineage.root, name);
+    let names: Vec<&str> = lineage.machines.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [name.as_str(), fork.name(), second.name(), grandchild.name()]
+    );
+    let parent = &lineage.machines[0];
+    assert_eq!(parent.parent, None);
+    assert_eq!(parent.checkpoints.len(), 1);
+    assert_eq!(parent.checkpoints[0].name, "kept");
+    let rewinds: Vec<(i64, i64, &str)> = parent
+        .taken_back
+        .iter()
+        .map(|r| (r.first, r.last, r.by.as_str()))
+        .collect();
+    assert!(rewinds.contains(&(9, 9, "rewind to 8")), "{rewinds:?}");
+    // 13 by the undo to 12, 14 by the rewind to 12 after the restart: one run.
+    assert!(rewinds.contains(&(13, 14, "rewind to 12")), "{rewinds:?}");
+    assert_eq!(lineage.machines[3].parent.as_deref(), Some(second.name()));
+    for machine in [grandchild, second, fork] {
+        machine.delete().await.unwrap();
+    }
 
     // Deleting the machine gives its chunks back.
     let before = engine.snapshot_chunk_stats();

@@ -763,6 +763,20 @@ impl Metadata for PostgresStore {
         Ok(usize::try_from(marked).unwrap_or(usize::MAX))
     }
 
+    async fn taken_back(&self, machine: &str, limit: usize) -> Result<Vec<(i64, String)>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .query(
+                "SELECT seq, rolled_back_to FROM instructions
+                 WHERE machine = $1 AND rolled_back_to IS NOT NULL ORDER BY seq LIMIT $2",
+                &[&machine, &limit],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| Ok((column(row, 0)?, column(row, 1)?)))
+            .collect()
+    }
+
     async fn instructions_from(
         &self,
         machine: &str,

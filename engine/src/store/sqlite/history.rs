@@ -144,6 +144,17 @@ impl Store {
         )?)
     }
 
+    /// The instructions a rewind or rollback took back, oldest first, at most `limit`.
+    pub fn taken_back(&self, machine: &str, limit: usize) -> Result<Vec<(i64, String)>> {
+        let mut statement = self.conn.prepare_cached(
+            "SELECT seq, rolled_back_to FROM instructions
+             WHERE machine = ?1 AND rolled_back_to IS NOT NULL ORDER BY seq LIMIT ?2",
+        )?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = statement.query_map(params![machine, limit], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+    }
+
     /// The machine's instructions from `from_seq` on, oldest first, at most `limit`.
     pub fn instructions_from(
         &self,

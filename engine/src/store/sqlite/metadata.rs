@@ -167,6 +167,11 @@ impl Metadata for StoreThread {
             .await
     }
 
+    async fn taken_back(&self, machine: &str, limit: usize) -> Result<Vec<(i64, String)>> {
+        let machine = machine.to_owned();
+        self.call(move |s| s.taken_back(&machine, limit)).await
+    }
+
     async fn instructions_from(
         &self,
         machine: &str,
