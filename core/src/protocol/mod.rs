@@ -95,7 +95,12 @@ pub struct CreateMachineRequest {
     /// `history` instructions, and before its first), to rewind to (`POST .../rewind`); the
     /// server's default (0: none) when absent, at most its maximum (100 by default). gVisor
     /// only: the process backend answers `501 Unsupported`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "integral::optional"
+    )]
+    #[cfg_attr(feature = "server", schemars(range(max = 100)))]
     pub history: Option<u32>,
     /// evervm: environment variables of the machine's interpreter (`os.environ`, inherited by
     /// its subprocesses), kept across swap, restart and fork; returned by `info`. Names are
@@ -549,7 +554,8 @@ pub use evervm_engine::InstallReport as InstallResponse;
 pub struct RewindRequest {
     /// The seq of the instruction whose after-state to go back to; `-1` (the default) for the
     /// state before the last instruction (an undo).
-    #[serde(default = "undo")]
+    #[serde(default = "undo", deserialize_with = "integral::required")]
+    #[cfg_attr(feature = "server", schemars(range(min = -1)))]
     pub to: i64,
 }
 
@@ -576,7 +582,12 @@ pub struct ForkMachineRequest {
     /// evervm: fork from the machine's undo point after this instruction (`-1`: before its
     /// first; `GET .../history` lists the kept ones) instead of its current state. The
     /// machine itself is not touched.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "integral::optional"
+    )]
+    #[cfg_attr(feature = "server", schemars(range(min = -1)))]
     pub at: Option<i64>,
 }
 

@@ -257,6 +257,13 @@ pub(crate) async fn history(
     WireQuery(query): WireQuery<HistoryQuery>,
 ) -> ApiResult<HistoryResponse> {
     let limit = query.limit.unwrap_or(crate::client::DEFAULT_HISTORY_LIST);
+    if !(1..=evervm_engine::MAX_HISTORY_LIST).contains(&limit) {
+        return Err(evervm_engine::Error::invalid(format!(
+            "limit={limit}: give 1 to {} instructions",
+            evervm_engine::MAX_HISTORY_LIST
+        ))
+        .into());
+    }
     Ok(Json(state.engine.history(&account, &name, limit).await?))
 }
 

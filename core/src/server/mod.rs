@@ -155,7 +155,7 @@ pub fn router(engine: Engine) -> Router {
 pub fn router_with_metrics_token(engine: Engine, metrics_token: Option<String>) -> Router {
     let state = AppState {
         redactor: Arc::new(Redactor::for_engine(&engine)),
-        openapi: openapi::document_for(engine.limits()).into(),
+        openapi: openapi::document_for(engine.limits(), engine.max_history()).into(),
         metrics_token: metrics_token.map(Into::into),
         engine,
     };

@@ -32,8 +32,9 @@ pub(crate) async fn openapi(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
-/// The document for a server with these limits: `memory_mb` takes exactly the sizes it offers.
-pub(crate) fn document_for(limits: &Limits) -> String {
+/// The document for a server with these limits: `memory_mb` takes exactly the sizes it offers,
+/// `history` at most the undo points it keeps per machine.
+pub(crate) fn document_for(limits: &Limits, max_history: u32) -> String {
     let Ok(mut document) = serde_json::from_str::<serde_json::Value>(DOCUMENT) else {
         return DOCUMENT.to_owned();
     };
@@ -49,6 +50,11 @@ pub(crate) fn document_for(limits: &Limits) -> String {
             .collect();
         offered.push(serde_json::Value::Null);
         schema.insert("enum".to_owned(), offered.into());
+    }
+    let history =
+        &mut document["components"]["schemas"]["CreateMachineRequest"]["properties"]["history"];
+    if let Some(schema) = history.as_object_mut() {
+        schema.insert("maximum".to_owned(), max_history.into());
     }
     serde_json::to_string_pretty(&document).unwrap_or_else(|_| DOCUMENT.to_owned())
 }
@@ -423,11 +429,14 @@ mod tests {
             allowed_memory_mb: vec![256, 1024],
             ..evervm_engine::Limits::default()
         };
-        let document: Value = serde_json::from_str(&super::document_for(&limits)).unwrap();
+        let document: Value = serde_json::from_str(&super::document_for(&limits, 7)).unwrap();
         let memory =
             &document["components"]["schemas"]["CreateMachineRequest"]["properties"]["memory_mb"];
         assert_eq!(memory["enum"], json!([256, 1024, null]));
         assert!(memory.get("minimum").is_none(), "{memory}");
+        let history =
+            &document["components"]["schemas"]["CreateMachineRequest"]["properties"]["history"];
+        assert_eq!(history["maximum"], json!(7));
     }
 
     #[test]

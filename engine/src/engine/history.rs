@@ -3,7 +3,7 @@
 //! taken).
 
 use super::Engine;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::types::{
     Account, ExecResult, HistoryEntry, Lineage, LineageCheckpoint, LineageNode, MachineHistory,
     MachineName, Outcome, Rewound, TakenBack,
@@ -15,6 +15,11 @@ pub const MAX_HISTORY_LIST: usize = 1000;
 const SHORT: usize = 200;
 
 impl Engine {
+    /// The most undo points a machine may keep here.
+    pub fn max_history(&self) -> u32 {
+        self.inner.config.max_history
+    }
+
     /// The undo points a new machine keeps: `requested`, or the engine's default; refused
     /// above the engine's maximum, or where the backend cannot save a machine and leave it
     /// running.
@@ -49,9 +54,12 @@ impl Engine {
     pub async fn rewind(&self, account: &Account, name: &str, to: i64) -> Result<Rewound> {
         let record = self.record(account, name).await?;
         if record.history == 0 {
-            return Err(Error::invalid(format!(
-                "machine {name} keeps no undo points: create it with a history (history = N)"
-            )));
+            return Err(Error::new(
+                ErrorKind::Conflict,
+                format!(
+                    "machine {name} keeps no undo points: create it with a history (history = N)"
+                ),
+            ));
         }
         let handle = self.handle(account, name).await?;
         let rewound = handle.rewind(to).await?;

@@ -11,6 +11,7 @@ mod config;
 mod files;
 mod forever;
 mod history;
+pub use history::MAX_HISTORY_LIST;
 mod home;
 mod inner;
 mod lifecycle;

@@ -181,10 +181,13 @@ fn target_of(
                 .find(|row| row.seq < first_unrun && row.rolled_back_to.is_none())
                 .map(|row| row.seq)
                 .ok_or_else(|| {
-                    Error::invalid(format!(
-                        "machine {name} has no instruction to undo (none has run since its \
-                         oldest undo point, or all were rewound)"
-                    ))
+                    Error::new(
+                        ErrorKind::Conflict,
+                        format!(
+                            "machine {name} has no instruction to undo (none has run since its \
+                             oldest undo point, or all were rewound)"
+                        ),
+                    )
                 })?;
             points
                 .iter()
@@ -208,10 +211,13 @@ fn target_of(
                  {keeps}; see its history)"
             ),
         )),
-        std::cmp::Ordering::Greater if !on_timeline(to) => Err(Error::invalid(format!(
-            "instruction {to} of machine {name} was rewound or has not run: its state is not \
-             the machine's past"
-        ))),
+        std::cmp::Ordering::Greater if !on_timeline(to) => Err(Error::new(
+            ErrorKind::Conflict,
+            format!(
+                "instruction {to} of machine {name} was rewound or has not run: its state is \
+                 not the machine's past"
+            ),
+        )),
         std::cmp::Ordering::Greater => Ok(to),
     }
 }
@@ -238,7 +244,7 @@ mod tests {
         assert_eq!(target(-1).unwrap(), 2);
         assert_eq!(target(1).unwrap(), 1);
         assert_eq!(target(5).unwrap(), 5);
-        assert_eq!(target(3).unwrap_err().kind(), ErrorKind::InvalidInput);
+        assert_eq!(target(3).unwrap_err().kind(), ErrorKind::Conflict);
         assert_eq!(target(0).unwrap_err().kind(), ErrorKind::NotFound);
         assert_eq!(target(-2).unwrap_err().kind(), ErrorKind::InvalidInput);
         // Only the first ran: undone to before it; nothing ran: nothing to undo.
@@ -247,7 +253,7 @@ mod tests {
             -1
         );
         let none = target_of(-1, &[-1], &[], 0, "m", 5).unwrap_err();
-        assert_eq!(none.kind(), ErrorKind::InvalidInput);
+        assert_eq!(none.kind(), ErrorKind::Conflict);
         // A queued instruction (seq 6, not run) is not the one an undo takes back.
         let mut queued = rows.clone();
         queued.push(row(6, false));

@@ -179,7 +179,7 @@ async fn undoing_the_first_instruction_gives_the_fresh_interpreter_and_machines_
     // A machine that ran nothing has nothing to undo.
     let idle = machine_with_history(&client, 3).await;
     let err = idle.undo().await.unwrap_err();
-    assert_eq!(err.kind(), evervm::ErrorKind::InvalidInput, "{err}");
+    assert_eq!(err.kind(), evervm::ErrorKind::Conflict, "{err}");
 
     let plain = client
         .create_machine(CreateMachineOptions {
@@ -190,7 +190,7 @@ async fn undoing_the_first_instruction_gives_the_fresh_interpreter_and_machines_
         .unwrap();
     value(&plain, "y = 2").await;
     let err = plain.undo().await.unwrap_err();
-    assert_eq!(err.kind(), evervm::ErrorKind::InvalidInput, "{err}");
+    assert_eq!(err.kind(), evervm::ErrorKind::Conflict, "{err}");
     assert!(err.to_string().contains("history"), "{err}");
     engine.shutdown().await;
 }
