@@ -9,28 +9,12 @@ use evervm::Client;
 
 use crate::value;
 
-/// An engine that chunks every swap-out at once; `None` (with the reason printed) where
-/// gVisor is not here or its runsc writes compressed snapshots itself (nothing to chunk).
+/// An engine that chunks every swap-out at once (see [`crate::engine_saving_in_place`]).
 async fn chunking_engine(home: &Path) -> Option<(evervm::engine::Engine, Client)> {
-    if !evervm_tests::backends().iter().any(|b| b == "gvisor") {
-        eprintln!("skipping: the gVisor backend is not available here");
-        return None;
-    }
     let mut config = crate::gvisor_config(home);
     config.compress_swaps = true;
     config.compress_after = Duration::ZERO;
-    let engine = evervm::engine::Engine::open(config).await.unwrap();
-    if !engine.saves_in_place() {
-        eprintln!(
-            "skipping: {} writes its snapshots compressed itself",
-            engine.backend_description()
-        );
-        engine.shutdown().await;
-        return None;
-    }
-    let account = engine.ensure_account("local").await.unwrap();
-    let client = Client::from_engine(engine.clone(), account);
-    Some((engine, client))
+    crate::engine_saving_in_place(config).await
 }
 
 fn snapshot(home: &Path, machine: &evervm::Machine) -> std::path::PathBuf {

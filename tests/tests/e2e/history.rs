@@ -8,27 +8,9 @@ use evervm::{Client, CreateMachineOptions, Machine};
 
 use crate::value;
 
-/// An engine on `home` that saves machines in place (history needs it); `None`, with the
-/// reason printed, where it cannot.
+/// An engine on `home` that saves machines in place (history needs it).
 async fn history_engine(home: &Path) -> Option<(evervm::engine::Engine, Client)> {
-    if !evervm_tests::backends().iter().any(|b| b == "gvisor") {
-        eprintln!("skipping: the gVisor backend is not available here");
-        return None;
-    }
-    let engine = evervm::engine::Engine::open(crate::gvisor_config(home))
-        .await
-        .unwrap();
-    if !engine.saves_in_place() {
-        eprintln!(
-            "skipping: {} cannot save a machine and leave it running",
-            engine.backend_description()
-        );
-        engine.shutdown().await;
-        return None;
-    }
-    let account = engine.ensure_account("local").await.unwrap();
-    let client = Client::from_engine(engine.clone(), account);
-    Some((engine, client))
+    crate::engine_saving_in_place(crate::gvisor_config(home)).await
 }
 
 async fn machine_with_history(client: &Client, history: u32) -> Machine {

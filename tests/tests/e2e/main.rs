@@ -37,6 +37,30 @@ async fn open_gvisor(home: &std::path::Path) -> (evervm::engine::Engine, evervm:
     (engine, client)
 }
 
+/// An engine with `config` on the current runsc (it saves machines in place, and writes its
+/// snapshots uncompressed for the engine to chunk: history and the chunk store need both), and
+/// an in-process client of it as account `local`; `None`, with the reason printed, elsewhere.
+async fn engine_saving_in_place(
+    config: evervm::engine::EngineConfig,
+) -> Option<(evervm::engine::Engine, evervm::Client)> {
+    if !evervm_tests::backends().iter().any(|b| b == "gvisor") {
+        eprintln!("skipping: the gVisor backend is not available here");
+        return None;
+    }
+    let engine = evervm::engine::Engine::open(config).await.unwrap();
+    if !engine.saves_in_place() {
+        eprintln!(
+            "skipping: {} cannot save a machine in place (an older runsc)",
+            engine.backend_description()
+        );
+        engine.shutdown().await;
+        return None;
+    }
+    let account = engine.ensure_account("local").await.unwrap();
+    let client = evervm::Client::from_engine(engine.clone(), account);
+    Some((engine, client))
+}
+
 /// A new machine on `client` with `image` (the default one when `None`).
 async fn new_machine(client: &evervm::Client, image: Option<&str>) -> evervm::Machine {
     client
