@@ -137,19 +137,32 @@ pub(super) async fn rewind(
         .await?;
     let target = target_of(to, &points, &rows, first_unrun, &name, machine.history)?;
     let dir = snapshot::point_dir(&home, &name, target);
-    let was_resident = resident.is_some();
-    rollback(engine, machine, resident, dir).await?;
-    let marked = engine
-        .store
-        .mark_rewound(&name, target, first_unrun, &format!("rewind to {target}"))
-        .await?;
-    // Brought back at once where it was running: the caller's next instruction is likely.
-    if was_resident {
-        super::swap::become_resident(engine, machine, resident).await;
-    }
+    // The old sandbox is stopped while the point is copied and restored, not before: its
+    // state is not needed any more, and its stop (runsc's kill and delete) takes as long as
+    // the rest.
+    let old = resident.take();
+    let was_resident = old.is_some();
+    let stopping = async move {
+        if let Some(old) = old {
+            old.kill().await;
+        }
+    };
+    let going_back = async {
+        rollback(engine, machine, resident, dir).await?;
+        let marked = engine
+            .store
+            .mark_rewound(&name, target, first_unrun, &format!("rewind to {target}"))
+            .await?;
+        // Brought back at once where it was running: the caller's next instruction is likely.
+        if was_resident {
+            super::swap::become_resident(engine, machine, resident).await;
+        }
+        Ok::<_, Error>(marked)
+    };
+    let ((), marked) = tokio::join!(stopping, going_back);
     Ok(Rewound {
         to: target,
-        rewound: i64::try_from(marked).unwrap_or(i64::MAX),
+        rewound: i64::try_from(marked?).unwrap_or(i64::MAX),
     })
 }
 
