@@ -59,7 +59,11 @@ export declare class NativeMachine {
   /** Installs packages from the server's package index (see `Machine.install`). */
   install(requirements: Array<string>): Promise<InstallReport>
   swapOut(): Promise<void>
-  fork(tags?: Record<string, string> | undefined | null): Promise<NativeMachine>
+  /**
+   * A new machine from this one's current state, or with `at` from its undo point after
+   * instruction `at` (-1: before its first), which leaves this machine untouched.
+   */
+  fork(tags?: Record<string, string> | undefined | null, at?: number | undefined | null): Promise<NativeMachine>
   checkpoint(name?: string | undefined | null): Promise<Checkpoint>
   checkpoints(): Promise<Array<Checkpoint>>
   rollback(checkpoint: string): Promise<MachineInfo>
@@ -69,6 +73,8 @@ export declare class NativeMachine {
   rewind(seq: number): Promise<Rewound>
   /** The latest instructions (at most `limit`, 100 when absent), oldest first. */
   history(limit?: number | undefined | null): Promise<MachineHistory>
+  /** The tree of forks this machine is in, parents first. */
+  lineage(): Promise<Lineage>
   deleteCheckpoint(checkpoint: string): Promise<void>
   delete(): Promise<void>
   writeFile(path: string, data: Buffer, options?: WriteOptions | undefined | null): Promise<FileInfo>
@@ -271,6 +277,42 @@ export interface InstallReport {
   satisfied: Array<SatisfiedPackage>
 }
 
+/**
+ * A machine's family tree of forks: its oldest ancestor still there and every machine forked
+ * from it since.
+ */
+export interface Lineage {
+  /** The oldest ancestor (the machine itself when it was not forked). */
+  root: string
+  /** Every machine of the tree, parents before their children. */
+  machines: Array<LineageNode>
+}
+
+/** A checkpoint in a lineage: its name and the instruction count when it was taken. */
+export interface LineageCheckpoint {
+  name: string
+  instructionCount: number
+}
+
+/** One machine in a lineage. */
+export interface LineageNode {
+  name: string
+  /** ISO 8601, UTC. */
+  createdAt: string
+  /**
+   * The machine it was forked from; absent for the root. A parent deleted since is named
+   * here but not in the tree.
+   */
+  parent?: string
+  /** The parent's last instruction the fork holds (-1: none). */
+  forkedAt?: number
+  instructionCount: number
+  /** Its checkpoints, with the instruction count when each was taken. */
+  checkpoints: Array<LineageCheckpoint>
+  /** The runs of its instructions that a rewind or rollback took back. */
+  takenBack: Array<TakenBack>
+}
+
 /** `Client.local()`'s options. */
 export interface LocalOptions {
   /** The engine's home (default: `$EVERVM_HOME` or `~/.local/share/evervm`). */
@@ -387,6 +429,15 @@ export interface RichResult {
 export interface SatisfiedPackage {
   name: string
   version: string
+}
+
+/** Consecutive instructions taken back by one rewind or rollback. */
+export interface TakenBack {
+  /** The first and last seq taken back. */
+  first: number
+  last: number
+  /** What took them back: `rewind to N` or a checkpoint's name. */
+  by: string
 }
 
 /** The Python tool as a model sees it (the same in every evervm tool helper). */

@@ -219,9 +219,14 @@ class Machine {
     return call(this.#native.swapOut())
   }
 
-  /** A new machine from this one's current state: `{ tags }`. */
+  /** A new machine from this one's current state: `{ tags }`; with `at`, from its undo point
+   * after instruction `at` (-1: before its first), which leaves this machine untouched. */
   async fork(options) {
-    return new Machine(await call(this.#native.fork(options?.tags ?? null)))
+    const at = options?.at ?? null
+    if (at !== null && !Number.isSafeInteger(at)) {
+      throw new errorClasses.InvalidInput(`at must be an instruction's seq (an integer), not ${at}`, 'InvalidInput')
+    }
+    return new Machine(await call(this.#native.fork(options?.tags ?? null, at)))
   }
 
   async checkpoint(name) {
@@ -255,6 +260,12 @@ class Machine {
    * them can be rewound to: `{ keeps, initialPoint, instructions }`. */
   async history(limit) {
     return call(this.#native.history(limit ?? null))
+  }
+
+  /** The tree of forks this machine is in: `{ root, machines }`, parents first, each machine
+   * `{ name, createdAt, parent, forkedAt, instructionCount, checkpoints, takenBack }`. */
+  async lineage() {
+    return call(this.#native.lineage())
   }
 
   async deleteCheckpoint(checkpoint) {

@@ -11,6 +11,9 @@ import type {
   HistoryEntry,
   InstalledPackage,
   InstallReport,
+  Lineage,
+  LineageCheckpoint,
+  LineageNode,
   LocalOptions,
   MachineHistory,
   MachineInfo,
@@ -18,6 +21,7 @@ import type {
   Rewound,
   RichResult,
   SatisfiedPackage,
+  TakenBack,
   WriteOptions,
 } from './binding.cjs'
 
@@ -31,6 +35,9 @@ export type {
   HistoryEntry,
   InstalledPackage,
   InstallReport,
+  Lineage,
+  LineageCheckpoint,
+  LineageNode,
   LocalOptions,
   MachineHistory,
   MachineInfo,
@@ -38,6 +45,7 @@ export type {
   Rewound,
   RichResult,
   SatisfiedPackage,
+  TakenBack,
   WriteOptions,
 }
 
@@ -88,7 +96,8 @@ export declare class Machine {
   /** Installs packages from the server's package index (binary wheels, hash-checked). */
   install(requirements: string[]): Promise<InstallReport>
   swapOut(): Promise<void>
-  fork(options?: { tags?: Record<string, string> }): Promise<Machine>
+  /** With `at`, from the undo point after instruction `at` (this machine is not touched). */
+  fork(options?: { tags?: Record<string, string>; at?: number }): Promise<Machine>
   checkpoint(name?: string): Promise<Checkpoint>
   checkpoints(): Promise<Checkpoint[]>
   rollback(checkpoint: string): Promise<MachineInfo>
@@ -98,6 +107,8 @@ export declare class Machine {
   rewind(seq: number): Promise<Rewound>
   /** The latest instructions (at most `limit`, 100 by default), oldest first. */
   history(limit?: number): Promise<MachineHistory>
+  /** The tree of forks this machine is in, parents first. */
+  lineage(): Promise<Lineage>
   deleteCheckpoint(checkpoint: string): Promise<void>
   delete(): Promise<void>
 }

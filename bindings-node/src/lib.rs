@@ -302,10 +302,20 @@ impl NativeMachine {
         self.machine.swap_out().await.map_err(to_js)
     }
 
+    /// A new machine from this one's current state, or with `at` from its undo point after
+    /// instruction `at` (-1: before its first), which leaves this machine untouched.
     #[napi]
-    pub async fn fork(&self, tags: Option<HashMap<String, String>>) -> Result<NativeMachine> {
+    pub async fn fork(
+        &self,
+        tags: Option<HashMap<String, String>>,
+        at: Option<i64>,
+    ) -> Result<NativeMachine> {
         let tags = tags.map(|t| self::tags(Some(t)));
-        let machine = self.machine.fork(tags).await.map_err(to_js)?;
+        let machine = match at {
+            Some(seq) => self.machine.fork_at(seq, tags).await,
+            None => self.machine.fork(tags).await,
+        }
+        .map_err(to_js)?;
         Ok(NativeMachine { machine })
     }
 
@@ -356,6 +366,12 @@ impl NativeMachine {
             .await
             .map_err(to_js)?;
         Ok(history.into())
+    }
+
+    /// The tree of forks this machine is in, parents first.
+    #[napi]
+    pub async fn lineage(&self) -> Result<Lineage> {
+        Ok(self.machine.lineage().await.map_err(to_js)?.into())
     }
 
     #[napi]

@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict'
 import { test } from 'node:test'
 
-import { InvalidInputError, UnsupportedError } from 'evervm'
+import { ConflictError, InvalidInputError, UnsupportedError } from 'evervm'
 import { bothTransports, withGvisor } from './helpers.mjs'
 
 test('undo, rewind and history on a machine that keeps undo points (gVisor)', async (t) => {
@@ -45,6 +45,25 @@ test('undo, rewind and history on a machine that keeps undo points (gVisor)', as
     assert.equal(forked.parent, machine.name)
     assert.equal(forked.forkedAt, looked.seq + 1)
     await fork.delete()
+
+    await machine.exec('x = 5')
+    const early = await machine.fork({ at: 0 }) // right after instruction 0; machine untouched
+    const earlyInfo = await early.info()
+    assert.deepEqual([earlyInfo.parent, earlyInfo.forkedAt], [machine.name, 0])
+    assert.equal((await early.exec('x')).value, '1')
+    assert.equal((await machine.exec('x')).value, '5')
+    await assert.rejects(machine.fork({ at: 0.5 }), InvalidInputError)
+    const lineage = await early.lineage()
+    assert.equal(lineage.root, machine.name)
+    assert.deepEqual(
+      lineage.machines.map((m) => [m.name, m.parent ?? null, m.forkedAt ?? null]),
+      [[machine.name, null, null], [early.name, machine.name, 0]],
+    )
+    // The undo and the rewind both went back to instruction 0: one run, 1 to 2.
+    assert.deepEqual(lineage.machines[0].takenBack, [{ first: 1, last: 2, by: 'rewind to 0' }])
+    assert.deepEqual(lineage.machines[0].checkpoints, [])
+    assert.ok(!Number.isNaN(Date.parse(lineage.machines[1].createdAt)))
+    await early.delete()
     await machine.delete()
   })
 })
@@ -57,12 +76,12 @@ test('a machine without history refuses undo and rewind', async () => {
     await machine.exec('x = 1')
     assert.equal((await machine.info()).history, 0)
     await assert.rejects(machine.undo(), (error) => {
-      assert.ok(error instanceof InvalidInputError, String(error))
-      assert.equal(error.code, 'InvalidInput')
+      assert.ok(error instanceof ConflictError, String(error))
+      assert.equal(error.code, 'Conflict')
       assert.match(error.message, /history/)
       return true
     })
-    await assert.rejects(machine.rewind(0), InvalidInputError)
+    await assert.rejects(machine.rewind(0), ConflictError)
     await machine.delete()
   })
 })

@@ -10,11 +10,9 @@ use pyo3::exceptions::{PyStopAsyncIteration, PyStopIteration};
 use pyo3::prelude::*;
 
 use crate::error::{invalid_input, to_py};
+use crate::history::{Lineage, MachineHistory, Rewound};
 use crate::runtime::{awaitable, wait};
-use crate::types::{
-    Checkpoint, ExecResult, InstallReport, MachineHistory, MachineInfo, MachinePage, OutputChunk,
-    Rewound,
-};
+use crate::types::{Checkpoint, ExecResult, InstallReport, MachineInfo, MachinePage, OutputChunk};
 
 type Tags = BTreeMap<String, String>;
 
@@ -188,6 +186,23 @@ async fn undo(machine: evervm::Machine) -> PyResult<Rewound> {
 
 async fn history(machine: evervm::Machine, limit: Option<usize>) -> PyResult<MachineHistory> {
     machine.history(limit).await.map(Into::into).map_err(to_py)
+}
+
+async fn lineage(machine: evervm::Machine) -> PyResult<Lineage> {
+    machine.lineage().await.map(Into::into).map_err(to_py)
+}
+
+/// `fork(tags=, at=)`: from the current state, or from the undo point after instruction `at`.
+async fn fork(
+    machine: evervm::Machine,
+    tags: Option<Tags>,
+    at: Option<i64>,
+) -> PyResult<evervm::Machine> {
+    match at {
+        Some(seq) => machine.fork_at(seq, tags).await,
+        None => machine.fork(tags).await,
+    }
+    .map_err(to_py)
 }
 
 /// `network=`: a mode (`"none"`, `"public"`) or the rules of an allow list.
@@ -520,15 +535,12 @@ impl Machine {
         )
     }
 
-    /// A new machine from this one's current state, with its own tags (this one's by default).
-    #[pyo3(signature = (*, tags=None))]
-    fn fork(&self, py: Python<'_>, tags: Option<Tags>) -> PyResult<Machine> {
-        let machine = self.checked()?;
-        let inner = wait(
-            py,
-            async move { machine.fork(tags).await.map_err(to_py) },
-            None,
-        )?;
+    /// A new machine from this one's current state, with its own tags (this one's by default);
+    /// with `at`, from its undo point after instruction `at` (`-1`: before its first), which
+    /// leaves this machine untouched.
+    #[pyo3(signature = (*, tags=None, at=None))]
+    fn fork(&self, py: Python<'_>, tags: Option<Tags>, at: Option<i64>) -> PyResult<Machine> {
+        let inner = wait(py, fork(self.checked()?, tags, at), None)?;
         Ok(Machine {
             name: inner.name().to_owned(),
             conn: Arc::clone(&self.conn),
@@ -579,6 +591,13 @@ impl Machine {
     #[pyo3(signature = (limit=None))]
     fn history(&self, py: Python<'_>, limit: Option<usize>) -> PyResult<MachineHistory> {
         wait(py, history(self.checked()?, limit), None)
+    }
+
+    /// The tree of forks this machine is in: its oldest ancestor still there (`root`) and every
+    /// machine forked from it since, parents first, each with its checkpoints and the
+    /// instructions rewinds and rollbacks took back.
+    fn lineage(&self, py: Python<'_>) -> PyResult<Lineage> {
+        wait(py, lineage(self.checked()?), None)
     }
 
     fn delete_checkpoint(&self, py: Python<'_>, checkpoint: String) -> PyResult<()> {
@@ -964,12 +983,17 @@ impl AsyncMachine {
         awaitable(py, async move { machine.swap_out().await.map_err(to_py) })
     }
 
-    #[pyo3(signature = (*, tags=None))]
-    fn fork<'py>(&self, py: Python<'py>, tags: Option<Tags>) -> PyResult<Bound<'py, PyAny>> {
+    #[pyo3(signature = (*, tags=None, at=None))]
+    fn fork<'py>(
+        &self,
+        py: Python<'py>,
+        tags: Option<Tags>,
+        at: Option<i64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let machine = self.checked()?;
         let conn = Arc::clone(&self.conn);
         awaitable(py, async move {
-            let inner = machine.fork(tags).await.map_err(to_py)?;
+            let inner = fork(machine, tags, at).await?;
             Ok(AsyncMachine {
                 name: inner.name().to_owned(),
                 conn,
@@ -1012,6 +1036,10 @@ impl AsyncMachine {
     #[pyo3(signature = (limit=None))]
     fn history<'py>(&self, py: Python<'py>, limit: Option<usize>) -> PyResult<Bound<'py, PyAny>> {
         awaitable(py, history(self.checked()?, limit))
+    }
+
+    fn lineage<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        awaitable(py, lineage(self.checked()?))
     }
 
     fn delete_checkpoint<'py>(

@@ -4,6 +4,7 @@
 mod client;
 mod error;
 mod files;
+mod history;
 mod runtime;
 mod types;
 
@@ -24,9 +25,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<types::MachineInfo>()?;
     m.add_class::<types::MachinePage>()?;
     m.add_class::<types::Checkpoint>()?;
-    m.add_class::<types::Rewound>()?;
-    m.add_class::<types::MachineHistory>()?;
-    m.add_class::<types::HistoryEntry>()?;
+    m.add_class::<history::Rewound>()?;
+    m.add_class::<history::MachineHistory>()?;
+    m.add_class::<history::HistoryEntry>()?;
+    m.add_class::<history::Lineage>()?;
+    m.add_class::<history::LineageNode>()?;
+    m.add_class::<history::LineageCheckpoint>()?;
+    m.add_class::<history::TakenBack>()?;
     m.add_class::<types::InstallReport>()?;
     m.add_class::<types::InstalledPackage>()?;
     m.add_class::<types::SatisfiedPackage>()?;

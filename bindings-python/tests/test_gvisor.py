@@ -74,6 +74,24 @@ def test_undo_rewind_and_history(gvisor_server) -> None:  # type: ignore[no-unty
     fork = machine.fork()
     assert (fork.info().parent, fork.info().forked_at) == (machine.name, looked.seq + 1)
     fork.delete()
+
+    machine.exec("x = 5")
+    early = machine.fork(at=0)  # the state right after instruction 0; the machine is not touched
+    assert (early.info().parent, early.info().forked_at) == (machine.name, 0)
+    assert early.exec("x").value == "1"
+    assert machine.exec("x").value == "5"
+    lineage = early.lineage()
+    assert lineage.root == machine.name
+    assert [(m.name, m.parent, m.forked_at) for m in lineage.machines] == [
+        (machine.name, None, None),
+        (early.name, machine.name, 0),
+    ]
+    root = lineage.machines[0]
+    assert root.instruction_count == machine.info().instruction_count
+    # The undo and the rewind both went back to instruction 0: one run, 1 to 2.
+    assert [(t.first, t.last, t.by) for t in root.taken_back] == [(1, 2, "rewind to 0")]
+    assert root.checkpoints == [] and lineage.machines[1].taken_back == []
+    early.delete()
     machine.delete()
 
 
@@ -93,6 +111,18 @@ async def test_undo_rewind_and_history_in_asyncio(gvisor_server) -> None:  # typ
         assert (await machine.exec("x")).value == "1"
         assert (await machine.rewind(0)).to == 0
         assert (await machine.exec("x")).value == "1"
+        await machine.exec("x = 5")
+        early = await machine.fork(at=0)
+        info = await early.info()
+        assert (info.parent, info.forked_at) == (machine.name, 0)
+        assert (await early.exec("x")).value == "1"
+        lineage = await early.lineage()
+        assert lineage.root == machine.name
+        assert [(m.name, m.parent, m.forked_at) for m in lineage.machines] == [
+            (machine.name, None, None),
+            (early.name, machine.name, 0),
+        ]
+        await early.delete()
         await machine.delete()
 
 
@@ -157,8 +187,8 @@ def test_a_machine_without_history_refuses_undo(client: evervm.Client) -> None:
     machine = client.create_machine()
     machine.exec("x = 1")
     assert machine.info().history == 0
-    with pytest.raises(evervm.InvalidInputError, match="history"):
+    with pytest.raises(evervm.ConflictError, match="history"):
         machine.undo()
-    with pytest.raises(evervm.InvalidInputError):
+    with pytest.raises(evervm.ConflictError):
         machine.rewind(0)
     machine.delete()

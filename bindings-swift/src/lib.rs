@@ -396,12 +396,24 @@ impl Machine {
         on_runtime(async move { Ok(machine.swap_out().await?) }).await
     }
 
-    /// A new machine from this one's current state (its tags unless `tags` are given).
-    #[uniffi::method(default(tags = None))]
-    pub async fn fork(&self, tags: Option<HashMap<String, String>>) -> Result<Arc<Machine>> {
+    /// A new machine from this one's current state (its tags unless `tags` are given); with
+    /// `at`, from its undo point after instruction `at` (-1: before its first), which leaves
+    /// this machine untouched.
+    #[uniffi::method(default(tags = None, at = None))]
+    pub async fn fork(
+        &self,
+        tags: Option<HashMap<String, String>>,
+        at: Option<i64>,
+    ) -> Result<Arc<Machine>> {
         let machine = self.machine.clone();
         let tags = tags.map(|t| t.into_iter().collect());
-        let copy = on_runtime(async move { Ok(machine.fork(tags).await?) }).await?;
+        let copy = on_runtime(async move {
+            Ok(match at {
+                Some(seq) => machine.fork_at(seq, tags).await?,
+                None => machine.fork(tags).await?,
+            })
+        })
+        .await?;
         Ok(Arc::new(Machine { machine: copy }))
     }
 
@@ -458,6 +470,16 @@ impl Machine {
         let machine = self.machine.clone();
         let limit = limit.map(|n| n as usize);
         Ok(on_runtime(async move { Ok(machine.history(limit).await?) })
+            .await?
+            .into())
+    }
+
+    /// The tree of forks this machine is in: its oldest ancestor still there (`root`) and every
+    /// machine forked from it since, parents first, each with its checkpoints and the
+    /// instructions rewinds and rollbacks took back.
+    pub async fn lineage(&self) -> Result<Lineage> {
+        let machine = self.machine.clone();
+        Ok(on_runtime(async move { Ok(machine.lineage().await?) })
             .await?
             .into())
     }

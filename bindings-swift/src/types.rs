@@ -458,6 +458,88 @@ impl From<evervm::MachineHistory> for MachineHistory {
     }
 }
 
+/// A checkpoint in a lineage: its name and the instruction count when it was taken.
+#[derive(Debug, Clone, uniffi::Record)]
+pub struct LineageCheckpoint {
+    pub name: String,
+    pub instruction_count: i64,
+}
+
+/// Consecutive instructions taken back by one rewind or rollback.
+#[derive(Debug, Clone, uniffi::Record)]
+pub struct TakenBack {
+    /// The first and last seq taken back.
+    pub first: i64,
+    pub last: i64,
+    /// What took them back: `rewind to N` or a checkpoint's name.
+    pub by: String,
+}
+
+/// One machine in a lineage.
+#[derive(Debug, Clone, uniffi::Record)]
+pub struct LineageNode {
+    pub name: String,
+    pub created_at: SystemTime,
+    /// The machine it was forked from; nil for the root. A parent deleted since is named here
+    /// but not in the tree.
+    pub parent: Option<String>,
+    /// The parent's last instruction the fork holds (-1: none).
+    pub forked_at: Option<i64>,
+    pub instruction_count: i64,
+    /// Its checkpoints, with the instruction count when each was taken.
+    pub checkpoints: Vec<LineageCheckpoint>,
+    /// The runs of its instructions that a rewind or rollback took back.
+    pub taken_back: Vec<TakenBack>,
+}
+
+impl From<evervm::LineageNode> for LineageNode {
+    fn from(m: evervm::LineageNode) -> Self {
+        Self {
+            name: m.name,
+            created_at: time(m.created_at),
+            parent: m.parent,
+            forked_at: m.forked_at,
+            instruction_count: m.instruction_count,
+            checkpoints: m
+                .checkpoints
+                .into_iter()
+                .map(|c| LineageCheckpoint {
+                    name: c.name,
+                    instruction_count: c.instruction_count,
+                })
+                .collect(),
+            taken_back: m
+                .taken_back
+                .into_iter()
+                .map(|t| TakenBack {
+                    first: t.first,
+                    last: t.last,
+                    by: t.by,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A machine's family tree of forks: its oldest ancestor still there and every machine forked
+/// from it since.
+#[derive(Debug, Clone, uniffi::Record)]
+pub struct Lineage {
+    /// The oldest ancestor (the machine itself when it was not forked).
+    pub root: String,
+    /// Every machine of the tree, parents before their children.
+    pub machines: Vec<LineageNode>,
+}
+
+impl From<evervm::Lineage> for Lineage {
+    fn from(l: evervm::Lineage) -> Self {
+        Self {
+            root: l.root,
+            machines: l.machines.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
 /// What a path in a machine names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
 pub enum FileKind {

@@ -202,11 +202,24 @@ def test_undo_rewind_and_history(ffi, server) -> None:
         copied = await copy.info()
         assert (copied.parent, copied.forked_at) == (machine.name(), looked.seq + 1)
         await copy.delete()
+        await machine.start_exec("x = 5", None).result()
+        early = await machine.fork(None, 0)  # right after instruction 0; the machine untouched
+        early_info = await early.info()
+        assert (early_info.parent, early_info.forked_at) == (machine.name(), 0)
+        assert (await early.start_exec("x", None).result()).value == "1"
+        assert (await machine.start_exec("x", None).result()).value == "5"
+        lineage = await early.lineage()
+        assert lineage.root == machine.name()
+        assert [(m.name, m.parent, m.forked_at) for m in lineage.machines] == [
+            (machine.name(), None, None), (early.name(), machine.name(), 0)]
+        assert [(t.first, t.last, t.by) for t in lineage.machines[0].taken_back] == [
+            (1, 2, "rewind to 0")]
+        await early.delete()
         plain = await client.create_machine(image="minimal")
         try:
             await plain.undo()
             raise AssertionError("a machine without history undid")
-        except ffi.EvervmError.InvalidInput as e:
+        except ffi.EvervmError.Conflict as e:
             assert "history" in e.message
         await plain.delete()
         await machine.delete()

@@ -1067,9 +1067,11 @@ public protocol MachineProtocol: AnyObject, Sendable {
     func deleteCheckpoint(checkpoint: String) async throws 
     
     /**
-     * A new machine from this one's current state (its tags unless `tags` are given).
+     * A new machine from this one's current state (its tags unless `tags` are given); with
+     * `at`, from its undo point after instruction `at` (-1: before its first), which leaves
+     * this machine untouched.
      */
-    func fork(tags: [String: String]?) async throws  -> Machine
+    func fork(tags: [String: String]?, at: Int64?) async throws  -> Machine
     
     /**
      * The latest instructions (at most `limit`, 100 when nil), oldest first, and which of them
@@ -1091,6 +1093,13 @@ public protocol MachineProtocol: AnyObject, Sendable {
      * when nothing ran.
      */
     func interrupt() async throws  -> Bool
+    
+    /**
+     * The tree of forks this machine is in: its oldest ancestor still there (`root`) and every
+     * machine forked from it since, parents first, each with its checkpoints and the
+     * instructions rewinds and rollbacks took back.
+     */
+    func lineage() async throws  -> Lineage
     
     /**
      * A directory's entries (`~` is the machine's home).
@@ -1277,14 +1286,16 @@ open func deleteCheckpoint(checkpoint: String)async throws   {
 }
     
     /**
-     * A new machine from this one's current state (its tags unless `tags` are given).
+     * A new machine from this one's current state (its tags unless `tags` are given); with
+     * `at`, from its undo point after instruction `at` (-1: before its first), which leaves
+     * this machine untouched.
      */
-open func fork(tags: [String: String]? = nil)async throws  -> Machine  {
+open func fork(tags: [String: String]? = nil, at: Int64? = nil)async throws  -> Machine  {
     return
         try  await uniffiRustCallAsync(
             rustFutureFunc: {
                 uniffi_evervm_ffi_fn_method_machine_fork(
-                        self.uniffiCloneHandle(),FfiConverterOptionDictionaryStringString.lower(tags)
+                        self.uniffiCloneHandle(),FfiConverterOptionDictionaryStringString.lower(tags),FfiConverterOptionInt64.lower(at)
                 )
             },
             pollFunc: ffi_evervm_ffi_rust_future_poll_u64,
@@ -1368,6 +1379,27 @@ open func interrupt()async throws  -> Bool  {
             completeFunc: ffi_evervm_ffi_rust_future_complete_i8,
             freeFunc: ffi_evervm_ffi_rust_future_free_i8,
             liftFunc: FfiConverterBool.lift,
+            errorHandler: FfiConverterTypeEvervmError_lift
+        )
+}
+    
+    /**
+     * The tree of forks this machine is in: its oldest ancestor still there (`root`) and every
+     * machine forked from it since, parents first, each with its checkpoints and the
+     * instructions rewinds and rollbacks took back.
+     */
+open func lineage()async throws  -> Lineage  {
+    return
+        try  await uniffiRustCallAsync(
+            rustFutureFunc: {
+                uniffi_evervm_ffi_fn_method_machine_lineage(
+                        self.uniffiCloneHandle()
+                )
+            },
+            pollFunc: ffi_evervm_ffi_rust_future_poll_rust_buffer,
+            completeFunc: ffi_evervm_ffi_rust_future_complete_rust_buffer,
+            freeFunc: ffi_evervm_ffi_rust_future_free_rust_buffer,
+            liftFunc: FfiConverterTypeLineage_lift,
             errorHandler: FfiConverterTypeEvervmError_lift
         )
 }
@@ -2518,6 +2550,236 @@ public func FfiConverterTypeInstalledPackage_lower(_ value: InstalledPackage) ->
 
 
 /**
+ * A machine's family tree of forks: its oldest ancestor still there and every machine forked
+ * from it since.
+ */
+public struct Lineage: Equatable, Hashable {
+    /**
+     * The oldest ancestor (the machine itself when it was not forked).
+     */
+    public var root: String
+    /**
+     * Every machine of the tree, parents before their children.
+     */
+    public var machines: [LineageNode]
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(
+        /**
+         * The oldest ancestor (the machine itself when it was not forked).
+         */root: String, 
+        /**
+         * Every machine of the tree, parents before their children.
+         */machines: [LineageNode]) {
+        self.root = root
+        self.machines = machines
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension Lineage: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeLineage: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> Lineage {
+        return
+            try Lineage(
+                root: FfiConverterString.read(from: &buf), 
+                machines: FfiConverterSequenceTypeLineageNode.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: Lineage, into buf: inout [UInt8]) {
+        FfiConverterString.write(value.root, into: &buf)
+        FfiConverterSequenceTypeLineageNode.write(value.machines, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeLineage_lift(_ buf: RustBuffer) throws -> Lineage {
+    return try FfiConverterTypeLineage.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeLineage_lower(_ value: Lineage) -> RustBuffer {
+    return FfiConverterTypeLineage.lower(value)
+}
+
+
+/**
+ * A checkpoint in a lineage: its name and the instruction count when it was taken.
+ */
+public struct LineageCheckpoint: Equatable, Hashable {
+    public var name: String
+    public var instructionCount: Int64
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(name: String, instructionCount: Int64) {
+        self.name = name
+        self.instructionCount = instructionCount
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension LineageCheckpoint: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeLineageCheckpoint: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> LineageCheckpoint {
+        return
+            try LineageCheckpoint(
+                name: FfiConverterString.read(from: &buf), 
+                instructionCount: FfiConverterInt64.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: LineageCheckpoint, into buf: inout [UInt8]) {
+        FfiConverterString.write(value.name, into: &buf)
+        FfiConverterInt64.write(value.instructionCount, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeLineageCheckpoint_lift(_ buf: RustBuffer) throws -> LineageCheckpoint {
+    return try FfiConverterTypeLineageCheckpoint.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeLineageCheckpoint_lower(_ value: LineageCheckpoint) -> RustBuffer {
+    return FfiConverterTypeLineageCheckpoint.lower(value)
+}
+
+
+/**
+ * One machine in a lineage.
+ */
+public struct LineageNode: Equatable, Hashable {
+    public var name: String
+    public var createdAt: Date
+    /**
+     * The machine it was forked from; nil for the root. A parent deleted since is named here
+     * but not in the tree.
+     */
+    public var parent: String?
+    /**
+     * The parent's last instruction the fork holds (-1: none).
+     */
+    public var forkedAt: Int64?
+    public var instructionCount: Int64
+    /**
+     * Its checkpoints, with the instruction count when each was taken.
+     */
+    public var checkpoints: [LineageCheckpoint]
+    /**
+     * The runs of its instructions that a rewind or rollback took back.
+     */
+    public var takenBack: [TakenBack]
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(name: String, createdAt: Date, 
+        /**
+         * The machine it was forked from; nil for the root. A parent deleted since is named here
+         * but not in the tree.
+         */parent: String?, 
+        /**
+         * The parent's last instruction the fork holds (-1: none).
+         */forkedAt: Int64?, instructionCount: Int64, 
+        /**
+         * Its checkpoints, with the instruction count when each was taken.
+         */checkpoints: [LineageCheckpoint], 
+        /**
+         * The runs of its instructions that a rewind or rollback took back.
+         */takenBack: [TakenBack]) {
+        self.name = name
+        self.createdAt = createdAt
+        self.parent = parent
+        self.forkedAt = forkedAt
+        self.instructionCount = instructionCount
+        self.checkpoints = checkpoints
+        self.takenBack = takenBack
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension LineageNode: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeLineageNode: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> LineageNode {
+        return
+            try LineageNode(
+                name: FfiConverterString.read(from: &buf), 
+                createdAt: FfiConverterTimestamp.read(from: &buf), 
+                parent: FfiConverterOptionString.read(from: &buf), 
+                forkedAt: FfiConverterOptionInt64.read(from: &buf), 
+                instructionCount: FfiConverterInt64.read(from: &buf), 
+                checkpoints: FfiConverterSequenceTypeLineageCheckpoint.read(from: &buf), 
+                takenBack: FfiConverterSequenceTypeTakenBack.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: LineageNode, into buf: inout [UInt8]) {
+        FfiConverterString.write(value.name, into: &buf)
+        FfiConverterTimestamp.write(value.createdAt, into: &buf)
+        FfiConverterOptionString.write(value.parent, into: &buf)
+        FfiConverterOptionInt64.write(value.forkedAt, into: &buf)
+        FfiConverterInt64.write(value.instructionCount, into: &buf)
+        FfiConverterSequenceTypeLineageCheckpoint.write(value.checkpoints, into: &buf)
+        FfiConverterSequenceTypeTakenBack.write(value.takenBack, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeLineageNode_lift(_ buf: RustBuffer) throws -> LineageNode {
+    return try FfiConverterTypeLineageNode.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeLineageNode_lower(_ value: LineageNode) -> RustBuffer {
+    return FfiConverterTypeLineageNode.lower(value)
+}
+
+
+/**
  * A machine's history: its latest instructions and which of them can be rewound to.
  */
 public struct MachineHistory: Equatable, Hashable {
@@ -3086,6 +3348,79 @@ public func FfiConverterTypeSatisfiedPackage_lift(_ buf: RustBuffer) throws -> S
 #endif
 public func FfiConverterTypeSatisfiedPackage_lower(_ value: SatisfiedPackage) -> RustBuffer {
     return FfiConverterTypeSatisfiedPackage.lower(value)
+}
+
+
+/**
+ * Consecutive instructions taken back by one rewind or rollback.
+ */
+public struct TakenBack: Equatable, Hashable {
+    /**
+     * The first and last seq taken back.
+     */
+    public var first: Int64
+    public var last: Int64
+    /**
+     * What took them back: `rewind to N` or a checkpoint's name.
+     */
+    public var by: String
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(
+        /**
+         * The first and last seq taken back.
+         */first: Int64, last: Int64, 
+        /**
+         * What took them back: `rewind to N` or a checkpoint's name.
+         */by: String) {
+        self.first = first
+        self.last = last
+        self.by = by
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension TakenBack: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeTakenBack: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> TakenBack {
+        return
+            try TakenBack(
+                first: FfiConverterInt64.read(from: &buf), 
+                last: FfiConverterInt64.read(from: &buf), 
+                by: FfiConverterString.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: TakenBack, into buf: inout [UInt8]) {
+        FfiConverterInt64.write(value.first, into: &buf)
+        FfiConverterInt64.write(value.last, into: &buf)
+        FfiConverterString.write(value.by, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeTakenBack_lift(_ buf: RustBuffer) throws -> TakenBack {
+    return try FfiConverterTypeTakenBack.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeTakenBack_lower(_ value: TakenBack) -> RustBuffer {
+    return FfiConverterTypeTakenBack.lower(value)
 }
 
 
@@ -4026,6 +4361,56 @@ fileprivate struct FfiConverterSequenceTypeInstalledPackage: FfiConverterRustBuf
 #if swift(>=5.8)
 @_documentation(visibility: private)
 #endif
+fileprivate struct FfiConverterSequenceTypeLineageCheckpoint: FfiConverterRustBuffer {
+    typealias SwiftType = [LineageCheckpoint]
+
+    public static func write(_ value: [LineageCheckpoint], into buf: inout [UInt8]) {
+        let len = Int32(value.count)
+        writeInt(&buf, len)
+        for item in value {
+            FfiConverterTypeLineageCheckpoint.write(item, into: &buf)
+        }
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> [LineageCheckpoint] {
+        let len: Int32 = try readInt(&buf)
+        var seq = [LineageCheckpoint]()
+        seq.reserveCapacity(Int(len))
+        for _ in 0 ..< len {
+            seq.append(try FfiConverterTypeLineageCheckpoint.read(from: &buf))
+        }
+        return seq
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+fileprivate struct FfiConverterSequenceTypeLineageNode: FfiConverterRustBuffer {
+    typealias SwiftType = [LineageNode]
+
+    public static func write(_ value: [LineageNode], into buf: inout [UInt8]) {
+        let len = Int32(value.count)
+        writeInt(&buf, len)
+        for item in value {
+            FfiConverterTypeLineageNode.write(item, into: &buf)
+        }
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> [LineageNode] {
+        let len: Int32 = try readInt(&buf)
+        var seq = [LineageNode]()
+        seq.reserveCapacity(Int(len))
+        for _ in 0 ..< len {
+            seq.append(try FfiConverterTypeLineageNode.read(from: &buf))
+        }
+        return seq
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
 fileprivate struct FfiConverterSequenceTypeMachineInfo: FfiConverterRustBuffer {
     typealias SwiftType = [MachineInfo]
 
@@ -4118,6 +4503,31 @@ fileprivate struct FfiConverterSequenceTypeSatisfiedPackage: FfiConverterRustBuf
         seq.reserveCapacity(Int(len))
         for _ in 0 ..< len {
             seq.append(try FfiConverterTypeSatisfiedPackage.read(from: &buf))
+        }
+        return seq
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+fileprivate struct FfiConverterSequenceTypeTakenBack: FfiConverterRustBuffer {
+    typealias SwiftType = [TakenBack]
+
+    public static func write(_ value: [TakenBack], into buf: inout [UInt8]) {
+        let len = Int32(value.count)
+        writeInt(&buf, len)
+        for item in value {
+            FfiConverterTypeTakenBack.write(item, into: &buf)
+        }
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> [TakenBack] {
+        let len: Int32 = try readInt(&buf)
+        var seq = [TakenBack]()
+        seq.reserveCapacity(Int(len))
+        for _ in 0 ..< len {
+            seq.append(try FfiConverterTypeTakenBack.read(from: &buf))
         }
         return seq
     }
@@ -4242,7 +4652,7 @@ private let initializationResult: InitializationResult = {
     if (uniffi_evervm_ffi_checksum_method_machine_delete_checkpoint() != 32077) {
         return InitializationResult.apiChecksumMismatch
     }
-    if (uniffi_evervm_ffi_checksum_method_machine_fork() != 26898) {
+    if (uniffi_evervm_ffi_checksum_method_machine_fork() != 50851) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_evervm_ffi_checksum_method_machine_history() != 5630) {
@@ -4255,6 +4665,9 @@ private let initializationResult: InitializationResult = {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_evervm_ffi_checksum_method_machine_interrupt() != 54787) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_evervm_ffi_checksum_method_machine_lineage() != 14835) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_evervm_ffi_checksum_method_machine_list_files() != 2266) {

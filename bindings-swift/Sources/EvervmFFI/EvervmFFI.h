@@ -336,7 +336,7 @@ uint64_t uniffi_evervm_ffi_fn_method_machine_delete_checkpoint(uint64_t ptr, Rus
 #endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_FORK
 #define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_FORK
-uint64_t uniffi_evervm_ffi_fn_method_machine_fork(uint64_t ptr, RustBuffer tags
+uint64_t uniffi_evervm_ffi_fn_method_machine_fork(uint64_t ptr, RustBuffer tags, RustBuffer at
 );
 #endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_HISTORY
@@ -357,6 +357,11 @@ uint64_t uniffi_evervm_ffi_fn_method_machine_install(uint64_t ptr, RustBuffer re
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_INTERRUPT
 #define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_INTERRUPT
 uint64_t uniffi_evervm_ffi_fn_method_machine_interrupt(uint64_t ptr
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_LINEAGE
+#define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_LINEAGE
+uint64_t uniffi_evervm_ffi_fn_method_machine_lineage(uint64_t ptr
 );
 #endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_LIST_FILES
@@ -791,6 +796,12 @@ uint16_t uniffi_evervm_ffi_checksum_method_machine_install(void
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_INTERRUPT
 #define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_INTERRUPT
 uint16_t uniffi_evervm_ffi_checksum_method_machine_interrupt(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_LINEAGE
+#define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_LINEAGE
+uint16_t uniffi_evervm_ffi_checksum_method_machine_lineage(void
     
 );
 #endif
