@@ -73,6 +73,20 @@ impl ChunkStore {
         for root in roots {
             self.mark_under(root, 0, &mut live, &mut reader, &mut collected)?;
         }
+        // Every pack's index, read before the lock is taken (packs never change; one
+        // registered meanwhile is left for the next pass).
+        let known: Vec<(u64, std::path::PathBuf, u64)> = lock(&self.state)
+            .packs
+            .iter()
+            .map(|(id, info)| (*id, info.path.clone(), info.bytes))
+            .collect();
+        let mut indexes = Vec::with_capacity(known.len());
+        for (id, path, bytes) in known {
+            match pack::read_index(&path) {
+                Ok(entries) => indexes.push((id, path, bytes, entries)),
+                Err(e) => tracing::warn!("leaving a snapshot pack alone: {e}"),
+            }
+        }
         // The decision, under the lock saves look chunks up under.
         let mut remove = Vec::new();
         let mut rewrite = Vec::new();
@@ -82,20 +96,10 @@ impl ChunkStore {
             live.extend(state.pins.keys().copied());
             collected.live_chunks = live.len() as u64;
             let mut budget = rewrite_budget;
-            let ids: Vec<u64> = state.packs.keys().copied().collect();
-            for id in ids {
-                let Some(info) = state.packs.get(&id) else {
+            for (id, path, bytes, entries) in indexes {
+                if !state.packs.contains_key(&id) {
                     continue;
-                };
-                let path = info.path.clone();
-                let bytes = info.bytes;
-                let entries = match pack::read_index(&path) {
-                    Ok(entries) => entries,
-                    Err(e) => {
-                        tracing::warn!("leaving a snapshot pack alone: {e}");
-                        continue;
-                    }
-                };
+                }
                 let ours = |h: &Hash| {
                     state
                         .index
