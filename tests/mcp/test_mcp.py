@@ -306,7 +306,7 @@ async def test_a_second_stdio_server_on_one_home_says_it_is_in_use(tmp_path) -> 
         await create(a)
         async with second() as b:
             # Listing tools needs no engine; a call says why there is none.
-            assert len((await b.list_tools()).tools) == 11
+            assert len((await b.list_tools()).tools) == len(FOREVERVM_TOOLS | OUR_TOOLS)
             refused = await b.call_tool("create-python-repl", {})
             assert refused.is_error
             assert "in use" in text_of(refused) and "evervm serve" in text_of(refused)

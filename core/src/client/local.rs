@@ -130,8 +130,15 @@ impl Transport for LocalTransport {
             .boxed())
     }
 
-    async fn interrupt(&self, name: &str) -> Result<bool> {
-        Ok(self.engine.interrupt(&self.account, name).await?)
+    async fn interrupt(&self, name: &str, seq: Option<i64>) -> Result<bool> {
+        Ok(match seq {
+            Some(seq) => {
+                self.engine
+                    .interrupt_instruction(&self.account, name, seq)
+                    .await?
+            }
+            None => self.engine.interrupt(&self.account, name).await?,
+        })
     }
 
     async fn delete_machine(&self, name: &str) -> Result<()> {

@@ -45,7 +45,8 @@ pub(crate) trait Transport: Send + Sync + 'static {
     async fn exec(&self, name: &str, code: &str, options: &ExecOptions) -> Result<Accepted>;
     async fn result(&self, name: &str, seq: i64) -> Result<ExecResult>;
     async fn events(&self, name: &str, seq: i64) -> Result<EventStream>;
-    async fn interrupt(&self, name: &str) -> Result<bool>;
+    /// Interrupts the running instruction and cancels queued ones; with `seq`, that one alone.
+    async fn interrupt(&self, name: &str, seq: Option<i64>) -> Result<bool>;
     async fn delete_machine(&self, name: &str) -> Result<()>;
     async fn swap_out(&self, name: &str) -> Result<()>;
     async fn fork(&self, name: &str, tags: Option<Tags>, at: Option<i64>) -> Result<String>;
@@ -263,7 +264,7 @@ impl Machine {
 
     /// Interrupts the running instruction and cancels queued ones. True if there were any.
     pub async fn interrupt(&self) -> Result<bool> {
-        self.transport.interrupt(&self.name).await
+        self.transport.interrupt(&self.name, None).await
     }
 
     pub async fn delete(&self) -> Result<()> {
@@ -321,6 +322,12 @@ impl Machine {
     /// history, marked as rolled back.
     pub async fn rollback(&self, checkpoint: &str) -> Result<MachineInfo> {
         self.transport.rollback(&self.name, checkpoint).await
+    }
+
+    /// Interrupts instruction `seq` alone (cancelled while it waits, interrupted while it
+    /// runs), leaving the machine's other instructions alone; false when it had finished.
+    pub async fn interrupt_instruction(&self, seq: i64) -> Result<bool> {
+        self.transport.interrupt(&self.name, Some(seq)).await
     }
 
     /// Makes one of the machine's undo points its state: the state right after instruction

@@ -442,9 +442,16 @@ impl Transport for RemoteTransport {
         Ok(stream.boxed())
     }
 
-    async fn interrupt(&self, name: &str) -> Result<bool> {
+    async fn interrupt(&self, name: &str, seq: Option<i64>) -> Result<bool> {
+        let request = protocol::InterruptRequest {
+            instruction_seq: seq,
+        };
         let answer: InterruptResponse = self
-            .call(Method::POST, self.machine_url(name, &["interrupt"])?, None)
+            .call(
+                Method::POST,
+                self.machine_url(name, &["interrupt"])?,
+                seq.is_some().then(|| body(&request)),
+            )
             .await?;
         Ok(answer.interrupted)
     }

@@ -162,7 +162,8 @@ async fn run(client: &Client, args: RunArgs, context: &RequestContext<RoleServer
     let result = loop {
         tokio::select! {
             () = context.ct.cancelled() => {
-                let interrupted = machine.interrupt().await;
+                // Its own instruction alone: the caller's next call may already be queued.
+                let interrupted = machine.interrupt_instruction(seq).await;
                 return Err(match interrupted {
                     Ok(_) => "the call was cancelled: its instruction was interrupted and the \
                               REPL kept its state".to_owned(),

@@ -621,6 +621,22 @@ pub struct DeleteCheckpointResponse {
     pub deleted: bool,
 }
 
+/// What to interrupt; an empty body, `null` and `{}` mean the running instruction and every
+/// queued one.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
+pub struct InterruptRequest {
+    /// Interrupt this instruction alone (cancelled while it waits, interrupted while it runs);
+    /// the others are left alone.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "integral::optional"
+    )]
+    #[cfg_attr(feature = "server", schemars(range(min = 0)))]
+    pub instruction_seq: Option<i64>,
+}
+
 /// The answer to an interrupt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "server", derive(schemars::JsonSchema))]

@@ -13,9 +13,9 @@ use crate::convert::server::{create_machine_from_wire, list_filter_from_wire, ma
 use crate::protocol::{
     ApiCheckpoint, CreateCheckpointRequest, CreateMachineRequest, CreateMachineResponse,
     DeleteCheckpointResponse, DeleteMachineResponse, ForkMachineRequest, HistoryResponse,
-    InterruptResponse, LineageResponse, ListCheckpointsResponse, ListMachinesRequest,
-    ListMachinesResponse, MachineInfoResponse, RewindRequest, RewindResponse, SwapResponse,
-    WhoamiResponse,
+    InterruptRequest, InterruptResponse, LineageResponse, ListCheckpointsResponse,
+    ListMachinesRequest, ListMachinesResponse, MachineInfoResponse, RewindRequest, RewindResponse,
+    SwapResponse, WhoamiResponse,
 };
 
 type ApiResult<T> = Result<Json<T>, ApiFailure>;
@@ -154,13 +154,22 @@ pub(crate) async fn delete(
 }
 
 /// `POST /v1/machine/{machine_name}/interrupt` (evervm): interrupts the running instruction and
-/// cancels queued ones.
+/// cancels queued ones; with `instruction_seq`, that instruction alone.
 pub(crate) async fn interrupt(
     State(state): State<AppState>,
     Authed(account): Authed,
     WirePath(name): WirePath<String>,
+    OptionalJsonBody(request): OptionalJsonBody<InterruptRequest>,
 ) -> ApiResult<InterruptResponse> {
-    let interrupted = state.engine.interrupt(&account, &name).await?;
+    let interrupted = match request.and_then(|r| r.instruction_seq) {
+        Some(seq) => {
+            state
+                .engine
+                .interrupt_instruction(&account, &name, seq)
+                .await?
+        }
+        None => state.engine.interrupt(&account, &name).await?,
+    };
     Ok(Json(InterruptResponse { interrupted }))
 }
 

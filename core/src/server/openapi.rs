@@ -73,7 +73,7 @@ mod tests {
         ApiCheckpoint, ApiError, CreateCheckpointRequest, CreateMachineRequest,
         CreateMachineResponse, DeleteCheckpointResponse, DeleteMachineResponse, ExecRequest,
         ExecResponse, ExecResultResponse, ForkMachineRequest, HealthResponse, HistoryResponse,
-        InstallRequest, InstallResponse, InterruptResponse, LineageResponse,
+        InstallRequest, InstallResponse, InterruptRequest, InterruptResponse, LineageResponse,
         ListCheckpointsResponse, ListMachinesRequest, ListMachinesResponse, MachineInfoResponse,
         MessageFromServer, MessageToServer, NodesResponse, RewindRequest, RewindResponse,
         SignupRequest, SwapResponse, WhoamiResponse,
@@ -158,7 +158,7 @@ mod tests {
             (
                 "post",
                 paths::INTERRUPT,
-                None,
+                Optional(body::<Option<InterruptRequest>>),
                 Json(body::<InterruptResponse>),
             ),
             ("post", paths::SWAP, None, Json(body::<SwapResponse>)),

@@ -318,6 +318,17 @@ impl Engine {
         Ok(self.handle(account, name).await?.interrupt())
     }
 
+    /// Interrupts one instruction: cancelled while it waits, interrupted while it runs (the
+    /// others are left alone); false when it is neither.
+    pub async fn interrupt_instruction(
+        &self,
+        account: &Account,
+        name: &str,
+        seq: i64,
+    ) -> Result<bool> {
+        Ok(self.handle(account, name).await?.interrupt_instruction(seq))
+    }
+
     /// Waits for an instruction's result (at once if it already finished).
     pub async fn result(&self, account: &Account, name: &str, seq: i64) -> Result<ExecResult> {
         let handle = self.handle(account, name).await?;

@@ -553,6 +553,22 @@ impl MachineHandle {
     }
 
     /// Cancels queued instructions and interrupts the running one. True if anything was.
+    /// Interrupts instruction `seq` alone: cancelled while it waits, interrupted while it
+    /// runs; false when it is neither (it finished, or never was).
+    pub(crate) fn interrupt_instruction(&self, seq: i64) -> bool {
+        let mut state = lock(&self.state);
+        if state.queued.contains(&seq) {
+            state.cancelled.insert(seq);
+            return true;
+        }
+        if state.running == Some(seq) {
+            self.interrupt_requested.store(true, Ordering::SeqCst);
+            self.wake.notify_one();
+            return true;
+        }
+        false
+    }
+
     pub(crate) fn interrupt(&self) -> bool {
         let mut state = lock(&self.state);
         let queued: Vec<i64> = state.queued.iter().copied().collect();
