@@ -162,6 +162,12 @@ pub(crate) async fn interrupt(
     OptionalJsonBody(request): OptionalJsonBody<InterruptRequest>,
 ) -> ApiResult<InterruptResponse> {
     let interrupted = match request.and_then(|r| r.instruction_seq) {
+        Some(seq) if seq < 0 => {
+            return Err(evervm_engine::Error::invalid(format!(
+                "instruction_seq {seq}: instructions are numbered from 0"
+            ))
+            .into());
+        }
         Some(seq) => {
             state
                 .engine
