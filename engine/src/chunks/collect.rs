@@ -263,12 +263,14 @@ impl ChunkStore {
             let mut state = lock(&self.state);
             if let Some((new_entries, bytes)) = finished {
                 register(&mut state, new_id, new_path, bytes, &[]);
-                for entry in new_entries {
+                let new_costs = super::costs(&new_entries);
+                for (entry, cost) in new_entries.into_iter().zip(new_costs) {
                     if let Some(location) = state.index.get_mut(&entry.hash)
                         && location.pack == id
                     {
                         location.pack = new_id;
                         location.entry = entry;
+                        location.cost = cost;
                     }
                     if let Some(info) = state.packs.get_mut(&new_id) {
                         info.chunks += 1;

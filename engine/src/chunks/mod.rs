@@ -53,11 +53,28 @@ const WRITE_BYTES: usize = 1024 * 1024;
 /// A stretch of a file being put back together: where it starts, and its chunks.
 type Stretch = (u64, Vec<(Hash, u32)>);
 
-/// How a chunk is found: its pack and where in it.
+/// How a chunk is found: its pack and where in it; and its share of its frame's bytes on disk.
 #[derive(Debug, Clone, Copy)]
 struct Location {
     pack: u64,
     entry: Entry,
+    cost: u32,
+}
+
+/// Each entry's share of its compressed frame (by its part of the frame's raw bytes).
+fn costs(entries: &[Entry]) -> Vec<u32> {
+    let mut raw: HashMap<u64, u64> = HashMap::new();
+    for entry in entries {
+        *raw.entry(entry.frame_offset).or_insert(0) += u64::from(entry.len);
+    }
+    entries
+        .iter()
+        .map(|entry| {
+            let total = raw.get(&entry.frame_offset).copied().unwrap_or(1).max(1);
+            let share = u64::from(entry.frame_len) * u64::from(entry.len) / total;
+            u32::try_from(share).unwrap_or(u32::MAX)
+        })
+        .collect()
 }
 
 #[derive(Debug)]
@@ -299,6 +316,47 @@ impl ChunkStore {
         Ok(pinned)
     }
 
+    /// What the snapshots in `dirs` take in the store: the compressed bytes of the distinct
+    /// chunks their recipes name (each counted once however many of them name it). A recipe or
+    /// list that cannot be read counts nothing.
+    pub fn referenced_bytes(&self, dirs: &[PathBuf]) -> u64 {
+        let mut seen: HashSet<Hash> = HashSet::new();
+        let mut reader = Reader::default();
+        let mut bytes = 0u64;
+        let mut count = |hash: Hash, seen: &mut HashSet<Hash>| {
+            if seen.insert(hash) {
+                let state = lock(&self.state);
+                bytes += state.index.get(&hash).map_or(0, |l| u64::from(l.cost));
+            }
+        };
+        for dir in dirs {
+            let Ok(recipes) = recipes_in(dir) else {
+                continue;
+            };
+            for path in recipes {
+                let Ok(described) = read_recipe(&path) else {
+                    continue;
+                };
+                for list in described.lists {
+                    if seen.contains(&list) {
+                        continue;
+                    }
+                    count(list, &mut seen);
+                    let Ok(chunks) = self
+                        .read_chunk(&list, &mut reader)
+                        .and_then(|b| recipe::decode_list(&b))
+                    else {
+                        continue;
+                    };
+                    for (hash, _) in chunks {
+                        count(hash, &mut seen);
+                    }
+                }
+            }
+        }
+        bytes
+    }
+
     /// Every chunk (lists and data) the recipe at `path` names.
     fn hashes_of(&self, path: &Path, reader: &mut Reader) -> Result<Vec<Hash>> {
         let recipe = read_recipe(path)?;
@@ -470,10 +528,11 @@ impl ChunkStore {
 
 /// Adds a finished pack's chunks to the index (a chunk already in another pack keeps its place).
 fn register(state: &mut State, id: u64, path: PathBuf, bytes: u64, entries: &[Entry]) {
-    for entry in entries {
+    for (entry, cost) in entries.iter().zip(costs(entries)) {
         state.index.entry(entry.hash).or_insert(Location {
             pack: id,
             entry: *entry,
+            cost,
         });
     }
     state.packs.insert(

@@ -57,6 +57,12 @@ fn snapshots_share_their_chunks_and_read_back_whole() {
     assert!(first.chunks < 800 + 4 + 50, "{first:?}");
     let recipe = std::fs::metadata(a.join("pages.img.chunks")).unwrap().len();
     assert!(recipe < 1024, "a recipe of {recipe} bytes");
+    // What it takes in the store: the one pack but its index, whatever the recipes say.
+    let taken = store.referenced_bytes(std::slice::from_ref(&a));
+    assert!(
+        taken * 4 > first.bytes * 3 && taken <= first.bytes,
+        "{taken} of {first:?}"
+    );
 
     // The same memory with one page more near the start and two pages changed: a handful of
     // chunks more, however far the rest moved.

@@ -149,10 +149,19 @@ impl EngineInner {
     fn read_disk_facts(&self, machine: &str) -> DiskFacts {
         let home = &self.config.home;
         let restorable = |runtime: &str| self.backend.restorable(runtime);
+        // Chunked snapshots, checkpoints and undo points hold recipes: what they name in the
+        // chunk store counts too (once per machine, however many of them name a chunk).
+        let mut dirs = vec![snapshot::snapshot_dir(home, machine)];
+        let machine_dir = snapshot::machine_dir(home, machine);
+        for kind in ["checkpoints", "history"] {
+            if let Ok(entries) = std::fs::read_dir(machine_dir.join(kind)) {
+                dirs.extend(entries.flatten().map(|e| e.path()));
+            }
+        }
         DiskFacts {
             snapshot: snapshot::quick_check(home, machine, &restorable),
             snapshot_bytes: snapshot::dir_bytes(&snapshot::snapshot_dir(home, machine)),
-            disk_bytes: snapshot::disk_bytes(home, machine),
+            disk_bytes: snapshot::disk_bytes(home, machine) + self.chunks.referenced_bytes(&dirs),
         }
     }
 

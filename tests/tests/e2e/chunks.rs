@@ -47,6 +47,12 @@ async fn swapped_machines_share_chunks_restore_whole_and_damage_stays_with_its_o
     assert!(!dir.join("pages.img").exists());
     let seeded = engine.snapshot_chunk_stats();
     assert!(seeded.bytes > 200_000, "{seeded:?}");
+    // Its disk counts the chunks its recipes name, not the recipes alone (quotas rely on it).
+    let disk = first.info().await.unwrap().disk_bytes.unwrap_or_default();
+    assert!(
+        disk * 2 > seeded.bytes && disk <= seeded.bytes + 100_000,
+        "{disk} of {seeded:?}"
+    );
 
     // Two more machines like it: each brings a small part of what the first did.
     let mut others = Vec::new();
