@@ -106,9 +106,19 @@ pub fn points(home: &Path, machine: &str) -> Vec<i64> {
 
 /// Removes an undo point: renamed to a scratch name first, so nothing finds it half removed.
 pub fn remove_point(home: &Path, machine: &str, seq: i64) -> Result<()> {
-    let dir = point_dir(home, machine, seq);
-    let scratch = dir.with_file_name(format!("{SCRATCH_BUILDING}dropped-{seq}"));
-    match std::fs::rename(&dir, &scratch) {
+    remove_renamed(&point_dir(home, machine, seq), &format!("dropped-{seq}"))
+}
+
+/// Removes the snapshot directory `dir`, renamed to a scratch name (`what` in it) first, so
+/// that nothing finds it half removed; one that is not there is fine.
+fn remove_renamed(dir: &Path, what: &str) -> Result<()> {
+    use rand::Rng;
+    let scratch = dir.with_file_name(format!(
+        "{SCRATCH_BUILDING}{what}-{}-{:08x}",
+        std::process::id(),
+        rand::rng().random::<u32>()
+    ));
+    match std::fs::rename(dir, &scratch) {
         Ok(()) => remove_dir(&scratch),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e.into()),
@@ -678,18 +688,7 @@ pub fn remove(home: &Path, machine: &str) -> Result<()> {
 /// Removes the home's copy of a machine's snapshot (one the bucket keeps): renamed to a scratch
 /// name first, so that nothing finds it half removed.
 pub fn remove_copy(home: &Path, machine: &str) -> Result<()> {
-    use rand::Rng;
-    let target = snapshot_dir(home, machine);
-    let scratch = target.with_file_name(format!(
-        "{SCRATCH_BUILDING}evicted-{}-{:08x}",
-        std::process::id(),
-        rand::rng().random::<u32>()
-    ));
-    match std::fs::rename(&target, &scratch) {
-        Ok(()) => remove_dir(&scratch),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    remove_renamed(&snapshot_dir(home, machine), "evicted")
 }
 
 /// Removes one checkpoint's files.

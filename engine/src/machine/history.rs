@@ -102,14 +102,10 @@ async fn take(
 /// Whether the machine has no undo point yet (so its first instruction takes the one before
 /// it).
 pub(super) async fn has_no_points(engine: &EngineInner, machine: &MachineHandle) -> bool {
-    let dir = snapshot::history_dir(&engine.config.home, machine.name.as_str());
-    tokio::task::spawn_blocking(move || {
-        std::fs::read_dir(&dir).map_or(true, |mut entries| {
-            !entries.any(|e| e.is_ok_and(|e| e.path().join(snapshot::MANIFEST).is_file()))
-        })
-    })
-    .await
-    .unwrap_or(true)
+    let (home, name) = (engine.config.home.clone(), machine.name.to_string());
+    tokio::task::spawn_blocking(move || snapshot::points(&home, &name).is_empty())
+        .await
+        .unwrap_or(true)
 }
 
 /// Makes undo point `to` (`-1`: the one before the machine's last instruction) the machine's
