@@ -62,6 +62,14 @@ pub(crate) fn snapshot_files(dir: &Path) -> Result<Vec<String>> {
     Ok(names)
 }
 
+/// The files of the snapshot in `dir` that are not recipes (those the chunk store would take).
+pub(crate) fn unchunked_files(dir: &Path) -> Result<Vec<String>> {
+    Ok(snapshot_files(dir)?
+        .into_iter()
+        .filter(|n| crate::chunks::chunked_name(n).is_none())
+        .collect())
+}
+
 /// SHA-256 over every file in `dir` but the manifest (names sorted, each name then contents),
 /// and their total size.
 fn digest_dir(dir: &Path) -> Result<(String, u64)> {

@@ -126,7 +126,7 @@ pub async fn fetch_base(
             .download(&area, &sha256, &staging, restorable.clone())
             .await;
         match downloaded {
-            Ok(manifest) if manifest.image_id.as_deref() == image_id => {
+            Ok(downloaded) if downloaded.manifest.image_id.as_deref() == image_id => {
                 let target = dir.to_path_buf();
                 let installed = {
                     let staging = staging.clone();
@@ -138,7 +138,7 @@ pub async fn fetch_base(
                     let _ = std::fs::remove_dir_all(&staging);
                 }
                 installed?;
-                return Ok(Some(manifest));
+                return Ok(Some(downloaded.manifest));
             }
             Ok(_) => {}
             Err(e) => tracing::debug!(

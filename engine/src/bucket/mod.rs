@@ -23,8 +23,18 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::chunks::{ChunkStore, Pinned};
 use crate::error::{Error, ErrorKind, Result};
 use crate::snapshot::{self, SnapshotManifest};
+
+pub use chunks::{BucketCollected, DEFAULT_GRACE};
+
+/// A snapshot downloaded: its manifest, and (a chunked one) its chunks in the home's store,
+/// kept from collection until this is dropped (once the snapshot is installed).
+pub struct Downloaded {
+    pub manifest: SnapshotManifest,
+    _pinned: Option<Pinned>,
+}
 
 /// Files up to this size go up in one request; larger ones in parts of this size.
 const PART_BYTES: usize = 8 * 1024 * 1024;
@@ -46,6 +56,9 @@ pub struct BucketSettings {
     credentials: Option<(String, String)>,
     /// How often a failed request is tried again (`object_store`'s default when `None`).
     max_retries: Option<usize>,
+    /// How long an unused chunk pack waits before it is condemned, and condemned before it is
+    /// removed ([`chunks`]).
+    chunk_grace: Duration,
 }
 
 impl std::fmt::Debug for BucketSettings {
@@ -105,6 +118,7 @@ impl BucketSettings {
             endpoint: None,
             credentials: None,
             max_retries: None,
+            chunk_grace: chunks::DEFAULT_GRACE,
         })
     }
 
@@ -127,6 +141,14 @@ impl BucketSettings {
     #[must_use]
     pub fn with_max_retries(mut self, retries: usize) -> Self {
         self.max_retries = Some(retries);
+        self
+    }
+
+    /// Collects unused chunk packs after `grace` (twice: condemned, then removed) instead of
+    /// [`chunks::DEFAULT_GRACE`]; uploads must finish within half of it. For tests.
+    #[must_use]
+    pub fn with_chunk_grace(mut self, grace: Duration) -> Self {
+        self.chunk_grace = grace;
         self
     }
 
@@ -153,6 +175,13 @@ pub struct Bucket {
     store: Arc<dyn ObjectStore>,
     root: ObjectPath,
     url: String,
+    /// The home's chunk store, which chunked snapshots go up from and come down into.
+    chunks: Option<Arc<ChunkStore>>,
+    /// What this node knows of the bucket's chunk packs.
+    known: Arc<tokio::sync::Mutex<chunks::Known>>,
+    grace: Duration,
+    /// Bytes of objects this node has stored in the bucket.
+    sent: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for Bucket {
@@ -201,6 +230,10 @@ impl Bucket {
             store: Arc::new(store),
             root: ObjectPath::from(settings.prefix.as_str()),
             url,
+            chunks: None,
+            known: Arc::default(),
+            grace: settings.chunk_grace,
+            sent: Arc::default(),
         };
         let probe = bucket.store.list_with_delimiter(Some(&bucket.root));
         match tokio::time::timeout(REACH_TIMEOUT, probe).await {
@@ -216,6 +249,31 @@ impl Bucket {
                 REACH_TIMEOUT.as_secs()
             ))),
         }
+    }
+
+    /// The same bucket, chunked snapshots going up from and coming down into `chunks`.
+    #[must_use]
+    pub fn with_chunks(mut self, chunks: Arc<ChunkStore>) -> Self {
+        self.chunks = Some(chunks);
+        self
+    }
+
+    /// How many bytes of objects this node has stored in the bucket (snapshots, packs,
+    /// manifests).
+    pub fn bytes_sent(&self) -> u64 {
+        self.sent.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Stores a small object whole.
+    async fn put_small(&self, key: &ObjectPath, bytes: Vec<u8>, doing: &str) -> Result<()> {
+        let len = bytes.len() as u64;
+        self.store
+            .put(key, PutPayload::from(bytes))
+            .await
+            .map_err(|e| self.failed(doing, &e))?;
+        self.sent
+            .fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     /// `s3://BUCKET/PREFIX`.
@@ -264,7 +322,15 @@ impl Bucket {
                 .await
                 .map_err(|e| Error::internal(format!("listing a snapshot stopped: {e}")))??
         };
+        let chunked = files
+            .iter()
+            .any(|name| crate::chunks::chunked_name(name).is_some());
         let sent = async {
+            let planned = if chunked {
+                Some(self.upload_chunks(dir, &root).await?)
+            } else {
+                None
+            };
             for name in &files {
                 self.upload_file(&dir.join(name), &root.clone().join(name.as_str()))
                     .await?;
@@ -277,10 +343,22 @@ impl Bucket {
                 )
                 .await?;
             }
-            self.store
-                .put(&manifest_key, PutPayload::from(manifest_text))
-                .await
-                .map_err(|e| self.failed("storing a snapshot's manifest", &e))?;
+            if let Some((planned, _pinned)) = &planned
+                && !self.plan_still_valid(*planned)
+            {
+                return Err(Error::internal(format!(
+                    "the upload took longer than half the chunk grace period ({} s), so its \
+                     chunks may have been collected meanwhile: it is tried again with the next \
+                     save",
+                    self.grace.as_secs() / 2
+                )));
+            }
+            self.put_small(
+                &manifest_key,
+                manifest_text.clone(),
+                "storing a snapshot's manifest",
+            )
+            .await?;
             Ok::<_, Error>(())
         }
         .await;
@@ -301,11 +379,7 @@ impl Bucket {
         if size <= PART_BYTES as u64 {
             let mut data = Vec::with_capacity(size as usize);
             file.read_to_end(&mut data).await.map_err(read_failed)?;
-            self.store
-                .put(key, PutPayload::from(data))
-                .await
-                .map_err(|e| self.failed("storing a snapshot file", &e))?;
-            return Ok(());
+            return self.put_small(key, data, "storing a snapshot file").await;
         }
         let upload = self
             .store
@@ -329,11 +403,15 @@ impl Bucket {
         }
         .await;
         match streamed {
-            Ok(()) => writer
-                .finish()
-                .await
-                .map(|_| ())
-                .map_err(|e| self.failed("completing an upload", &e)),
+            Ok(()) => {
+                writer
+                    .finish()
+                    .await
+                    .map_err(|e| self.failed("completing an upload", &e))?;
+                self.sent
+                    .fetch_add(size, std::sync::atomic::Ordering::Relaxed);
+                Ok(())
+            }
             Err(e) => {
                 let _ = writer.abort().await;
                 Err(e)
@@ -343,14 +421,15 @@ impl Bucket {
 
     /// Downloads AREA's snapshot with checksum `sha256` into `into` (an empty directory) and
     /// checks it: its manifest must be there, name that checksum and a runtime `restorable`
-    /// accepts, every object must be a snapshot file, and the bytes must match. Its manifest.
+    /// accepts, every object must be a snapshot file, and the bytes must match. The chunks a
+    /// chunked snapshot names and the home lacks are brought into the home's store.
     pub async fn download(
         &self,
         area: &str,
         sha256: &str,
         into: &Path,
         restorable: Arc<dyn Fn(&str) -> bool + Send + Sync>,
-    ) -> Result<SnapshotManifest> {
+    ) -> Result<Downloaded> {
         let root = self.snapshot_root(area, sha256)?;
         let missing = |what: String| {
             Error::new(
@@ -409,6 +488,9 @@ impl Bucket {
                 reseed = Some(object.location);
                 continue;
             }
+            if name == chunks::CHUNK_PACKS {
+                continue;
+            }
             if !snapshot::is_snapshot_file(name) {
                 return Err(missing(format!(
                     "holds {name:?}, which is no snapshot file"
@@ -441,7 +523,22 @@ impl Bucket {
             .await
             .map_err(|e| Error::internal(format!("checking a snapshot stopped: {e}")))?
             .map_err(|e| missing(format!("does not match its manifest: {}", e.message())))?;
-        Ok(manifest)
+        let chunked = objects
+            .iter()
+            .any(|(name, _, _)| crate::chunks::chunked_name(name).is_some());
+        let pinned = if chunked {
+            Some(
+                self.download_chunks(into)
+                    .await
+                    .map_err(|e| missing(format!("cannot be put together: {}", e.message())))?,
+            )
+        } else {
+            None
+        };
+        Ok(Downloaded {
+            manifest,
+            _pinned: pinned,
+        })
     }
 
     /// Streams one object to a new file at `path` (owner-only, synced).
@@ -589,6 +686,7 @@ fn short(sha256: &str) -> &str {
     sha256.get(..12).unwrap_or(sha256)
 }
 
+mod chunks;
 mod kept;
 pub use kept::{fetch_base, share_base, share_kept_runsc};
 

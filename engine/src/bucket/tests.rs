@@ -43,7 +43,10 @@ async fn download_into(
     restorable: Arc<dyn Fn(&str) -> bool + Send + Sync>,
 ) -> Result<SnapshotManifest> {
     std::fs::create_dir(into).unwrap();
-    bucket.download(area, sha256, into, restorable).await
+    bucket
+        .download(area, sha256, into, restorable)
+        .await
+        .map(|downloaded| downloaded.manifest)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -314,4 +317,182 @@ async fn bad_urls_and_an_unreachable_bucket_are_clear_errors() {
         "{e}"
     );
     assert!(!e.message().contains("secret"), "{e}");
+}
+
+/// A sealed chunked snapshot in `dir` whose memory (`pages.img`) is `pages`, its chunks in
+/// `chunks`.
+fn chunked_snapshot(dir: &Path, chunks: &Arc<ChunkStore>, pages: &[u8]) -> SnapshotManifest {
+    let staging = snapshot::staging_beside(dir).unwrap();
+    std::fs::write(staging.join("pages.img"), pages).unwrap();
+    std::fs::write(staging.join("pages.json"), b"{}").unwrap();
+    let names = vec!["pages.img".to_owned()];
+    let _pinned = chunks.put_files(&staging, &names, 1).unwrap();
+    snapshot::commit_to(dir, &staging, "test-runtime", None).unwrap()
+}
+
+/// 512 pages of bytes that do not compress, the same for the same seed.
+fn memory(seed: u64) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..512 * 4096)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+/// The packs in the bucket and their sizes.
+async fn packs_of(bucket: &Bucket) -> std::collections::BTreeMap<String, u64> {
+    let root = bucket.area_root("chunks/packs").unwrap();
+    let mut found = std::collections::BTreeMap::new();
+    let mut listing = bucket.store.list(Some(&root));
+    while let Some(object) = listing.next().await {
+        let object = object.unwrap();
+        found.insert(object.location.to_string(), object.size);
+    }
+    found
+}
+
+/// What `pages.img` of the chunked snapshot in `dir` holds, put back together from `chunks`.
+fn memory_of(dir: &Path, chunks: &ChunkStore) -> Vec<u8> {
+    let out = dir.with_extension("pages");
+    chunks
+        .materialize(&dir.join("pages.img.chunks"), &out)
+        .unwrap();
+    std::fs::read(out).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunked_snapshot_sends_only_the_chunks_the_bucket_lacks() {
+    let Some(settings) = settings() else { return };
+    let (home_a, home_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let store_a = ChunkStore::open(home_a.path()).unwrap();
+    let bucket = Bucket::open(&settings)
+        .await
+        .unwrap()
+        .with_chunks(Arc::clone(&store_a));
+    let area = "machines/m-chunked/snapshot";
+    let first_memory = memory(1);
+    let first = chunked_snapshot(&home_a.path().join("first"), &store_a, &first_memory);
+    bucket
+        .upload(area, &home_a.path().join("first"))
+        .await
+        .unwrap();
+    let after_first = packs_of(&bucket).await;
+    assert_eq!(after_first.len(), 1, "{after_first:?}");
+    let first_bytes: u64 = after_first.values().sum();
+    assert!(first_bytes > 2_000_000, "{first_bytes}");
+
+    // Three pages changed: one small pack more.
+    let mut second_memory = first_memory.clone();
+    for page in [3usize, 200, 511] {
+        second_memory[page * 4096..(page + 1) * 4096].fill(page as u8);
+    }
+    let second = chunked_snapshot(&home_a.path().join("second"), &store_a, &second_memory);
+    bucket
+        .upload(area, &home_a.path().join("second"))
+        .await
+        .unwrap();
+    let after_second = packs_of(&bucket).await;
+    assert_eq!(after_second.len(), 2, "{after_second:?}");
+    let sent = after_second.values().sum::<u64>() - first_bytes;
+    assert!(
+        sent < 64 * 1024,
+        "the second save sent {sent} bytes of chunks"
+    );
+
+    // Another home brings both back, whole, from the bucket alone; a plain bucket (no
+    // chunk store) refuses a chunked snapshot with a clear error.
+    let store_b = ChunkStore::open(home_b.path()).unwrap();
+    let other = Bucket::open(&settings)
+        .await
+        .unwrap()
+        .with_chunks(Arc::clone(&store_b));
+    for (manifest, expected, name) in [
+        (&second, &second_memory, "second"),
+        (&first, &first_memory, "first"),
+    ] {
+        let into = home_b.path().join(name);
+        let got = download_into(&other, area, &manifest.sha256, &into, Arc::new(anything))
+            .await
+            .unwrap();
+        assert_eq!(&got, manifest);
+        assert!(memory_of(&into, &store_b) == *expected, "{name}");
+    }
+    let plain = Bucket::open(&settings).await.unwrap();
+    let refused = download_into(
+        &plain,
+        area,
+        &first.sha256,
+        &home_b.path().join("plain"),
+        Arc::new(anything),
+    )
+    .await
+    .unwrap_err();
+    assert!(refused.message().contains("chunk store"), "{refused}");
+    bucket.remove_area("machines").await.unwrap();
+    bucket.remove_area("chunks").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unused_packs_are_condemned_then_removed_and_never_used_once_condemned() {
+    let Some(settings) = settings() else { return };
+    let grace = std::time::Duration::from_secs(4);
+    let settings = settings.with_chunk_grace(grace);
+    let (home_a, home_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let store = ChunkStore::open(home_a.path()).unwrap();
+    let bucket = Bucket::open(&settings)
+        .await
+        .unwrap()
+        .with_chunks(Arc::clone(&store));
+    let area = "machines/m-collected/snapshot";
+    let pages = memory(2);
+    let first = chunked_snapshot(&home_a.path().join("first"), &store, &pages);
+    bucket
+        .upload(area, &home_a.path().join("first"))
+        .await
+        .unwrap();
+    let packs = packs_of(&bucket).await;
+    assert_eq!(packs.len(), 1);
+
+    // Named by a whole snapshot: never condemned, however old.
+    tokio::time::sleep(grace + std::time::Duration::from_millis(500)).await;
+    let kept = bucket.collect_chunks().await.unwrap();
+    assert_eq!((kept.snapshots, kept.live_packs, kept.condemned), (1, 1, 0));
+
+    // Unnamed: condemned by one pass, and an upload after that sends its chunks again.
+    bucket.remove(area, &first.sha256).await.unwrap();
+    let condemned = bucket.collect_chunks().await.unwrap();
+    assert_eq!((condemned.condemned, condemned.removed), (1, 0));
+    bucket
+        .upload(area, &home_a.path().join("first"))
+        .await
+        .unwrap();
+    assert_eq!(packs_of(&bucket).await.len(), 2);
+    let waiting = bucket.collect_chunks().await.unwrap();
+    assert_eq!((waiting.condemned, waiting.removed), (0, 0));
+
+    // A grace period later the condemned pack goes; the snapshot still comes back whole.
+    tokio::time::sleep(grace + std::time::Duration::from_millis(500)).await;
+    let removed = bucket.collect_chunks().await.unwrap();
+    assert_eq!((removed.removed, removed.live_packs), (1, 1), "{removed:?}");
+    assert!(
+        !packs_of(&bucket)
+            .await
+            .contains_key(packs.keys().next().unwrap())
+    );
+    let store_b = ChunkStore::open(home_b.path()).unwrap();
+    let other = Bucket::open(&settings)
+        .await
+        .unwrap()
+        .with_chunks(Arc::clone(&store_b));
+    let into = home_b.path().join("back");
+    download_into(&other, area, &first.sha256, &into, Arc::new(anything))
+        .await
+        .unwrap();
+    assert!(memory_of(&into, &store_b) == pages);
+    bucket.remove_area("machines").await.unwrap();
+    bucket.remove_area("chunks").await.unwrap();
 }

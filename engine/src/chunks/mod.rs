@@ -23,6 +23,7 @@ pub(crate) mod pack;
 pub(crate) mod recipe;
 #[cfg(test)]
 mod tests;
+mod transfer;
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -169,6 +170,12 @@ impl ChunkStore {
         std::fs::create_dir_all(&packs_dir)
             .map_err(|e| Error::internal(format!("cannot create {}: {e}", packs_dir.display())))?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        // Packs written for an upload that a crash stopped.
+        for entry in std::fs::read_dir(&dir)?.flatten() {
+            if entry.file_name().to_string_lossy().starts_with("outgoing-") {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
         let mut state = State::default();
         for entry in std::fs::read_dir(&packs_dir)?.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();

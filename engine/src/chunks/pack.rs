@@ -235,6 +235,40 @@ pub(crate) fn read_index(path: &Path) -> Result<Vec<Entry>> {
     let mut header = [0u8; HEADER as usize];
     file.read_exact_at(&mut header, 0)
         .map_err(|e| failed(path, "read", &e))?;
+    let mut footer = [0u8; FOOTER];
+    file.read_exact_at(&mut footer, size - FOOTER as u64)
+        .map_err(|e| failed(path, "read", &e))?;
+    let place = index_place(path, size, &header, &footer)?;
+    let mut index = vec![0u8; usize::try_from(place.len).unwrap_or(usize::MAX)];
+    file.read_exact_at(&mut index, place.offset)
+        .map_err(|e| failed(path, "read", &e))?;
+    parse_index(path, &place, &index)
+}
+
+/// The bytes at the start of a pack ([`index_place`] checks them).
+pub(crate) const HEADER_BYTES: u64 = HEADER;
+/// The bytes at the end of a pack ([`index_place`] reads them).
+pub(crate) const FOOTER_BYTES: u64 = FOOTER as u64;
+
+/// Where a pack's index lies, and the checksum it must have.
+#[derive(Debug, Clone)]
+pub(crate) struct IndexPlace {
+    pub offset: u64,
+    pub len: u64,
+    sha256: [u8; 32],
+}
+
+/// Where the index of the pack `path` (of `size` bytes) lies, from its first [`HEADER_BYTES`]
+/// and its last [`FOOTER_BYTES`]: checks the magic, the version and that the footer fits.
+pub(crate) fn index_place(
+    path: &Path,
+    size: u64,
+    header: &[u8],
+    footer: &[u8],
+) -> Result<IndexPlace> {
+    if size < HEADER + FOOTER as u64 || header.len() != HEADER as usize || footer.len() != FOOTER {
+        return Err(damaged(path, "shorter than its header and footer"));
+    }
     if &header[..8] != MAGIC {
         return Err(damaged(path, "not a pack"));
     }
@@ -245,28 +279,34 @@ pub(crate) fn read_index(path: &Path) -> Result<Vec<Entry>> {
             &format!("pack format {version}, this engine reads {VERSION}"),
         ));
     }
-    let mut footer = [0u8; FOOTER];
-    file.read_exact_at(&mut footer, size - FOOTER as u64)
-        .map_err(|e| failed(path, "read", &e))?;
     if &footer[FOOTER - 8..] != END {
         return Err(damaged(path, "its footer is missing (a cut-off write?)"));
     }
-    let index_offset = le_u64(&footer);
+    let offset = le_u64(footer);
     let count = le_u32(&footer[8..]);
-    let index_len = u64::from(count) * ENTRY as u64;
+    let len = u64::from(count) * ENTRY as u64;
     if count > MAX_ENTRIES
-        || index_offset < HEADER
-        || index_offset.checked_add(index_len) != Some(size - FOOTER as u64)
+        || offset < HEADER
+        || offset.checked_add(len) != Some(size - FOOTER as u64)
     {
         return Err(damaged(path, "its footer does not match its size"));
     }
-    let mut index = vec![0u8; usize::try_from(index_len).unwrap_or(usize::MAX)];
-    file.read_exact_at(&mut index, index_offset)
-        .map_err(|e| failed(path, "read", &e))?;
-    if Sha256::digest(&index).as_slice() != &footer[12..44] {
+    let mut sha256 = [0u8; 32];
+    sha256.copy_from_slice(&footer[12..44]);
+    Ok(IndexPlace {
+        offset,
+        len,
+        sha256,
+    })
+}
+
+/// The entries of a pack's `index` (the bytes at `place`), checked against the index's
+/// checksum and against the pack's frames.
+pub(crate) fn parse_index(path: &Path, place: &IndexPlace, index: &[u8]) -> Result<Vec<Entry>> {
+    if index.len() as u64 != place.len || Sha256::digest(index).as_slice() != place.sha256 {
         return Err(damaged(path, "its index checksum differs"));
     }
-    let mut entries = Vec::with_capacity(count as usize);
+    let mut entries = Vec::with_capacity(index.len() / ENTRY);
     for raw in index.chunks_exact(ENTRY) {
         let mut hash = [0u8; 32];
         hash.copy_from_slice(&raw[..32]);
@@ -279,7 +319,7 @@ pub(crate) fn read_index(path: &Path) -> Result<Vec<Entry>> {
         };
         let frame_end = entry.frame_offset.checked_add(u64::from(entry.frame_len));
         if entry.frame_offset < HEADER
-            || frame_end.is_none_or(|end| end > index_offset)
+            || frame_end.is_none_or(|end| end > place.offset)
             || u64::from(entry.offset) + u64::from(entry.len) > FRAME_BYTES as u64
         {
             return Err(damaged(path, "an index entry points outside its frames"));
@@ -294,7 +334,12 @@ pub(crate) fn read_frame(file: &File, path: &Path, entry: &Entry) -> Result<Vec<
     let mut packed = vec![0u8; entry.frame_len as usize];
     file.read_exact_at(&mut packed, entry.frame_offset)
         .map_err(|e| damaged(path, &format!("a frame cannot be read ({e})")))?;
-    zstd::bulk::decompress(&packed, FRAME_BYTES)
+    unpack_frame(path, &packed)
+}
+
+/// Decompresses one frame of the pack `path`.
+pub(crate) fn unpack_frame(path: &Path, packed: &[u8]) -> Result<Vec<u8>> {
+    zstd::bulk::decompress(packed, FRAME_BYTES)
         .map_err(|e| damaged(path, &format!("a frame does not decompress ({e})")))
 }
 

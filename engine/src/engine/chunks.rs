@@ -14,14 +14,22 @@ use crate::error::{Error, Result};
 const COLLECT_EVERY: Duration = Duration::from_secs(30);
 /// At most this many bytes of packs are rewritten per pass (the rest waits for the next).
 const REWRITE_PER_PASS: u64 = 256 * 1024 * 1024;
+/// How often each node collects the bucket's unused chunk packs (any node's saves and
+/// deletions make them; passes of several nodes at once are safe).
+const COLLECT_BUCKET_EVERY: Duration = Duration::from_secs(10 * 60);
 
 impl EngineInner {
     /// The chunk store, when swapped machines' snapshots go into it: where snapshots are
-    /// compressed at all and the engine keeps them at home only (a bucket holds whole
-    /// snapshots for now).
+    /// compressed at all.
     pub(crate) fn chunking(&self) -> Option<Arc<ChunkStore>> {
-        (self.config.compress_swaps && self.config.chunk_snapshots && self.bucket.is_none())
+        (self.config.compress_swaps && self.config.chunk_snapshots)
             .then(|| Arc::clone(&self.chunks))
+    }
+
+    /// The chunk store, when saves are chunked as they are made: with a bucket, so that a save
+    /// sends only the chunks the bucket lacks.
+    pub(crate) fn chunking_saves(&self) -> Option<Arc<ChunkStore>> {
+        self.bucket.as_ref().and(self.chunking())
     }
 
     /// Notes that snapshots may have been replaced or removed: the next collection looks.
@@ -61,8 +69,10 @@ pub(crate) fn copy_snapshot(
     crate::snapshot::copy(from, to, reseed)
 }
 
-/// Until the engine is gone: collects chunks every [`COLLECT_EVERY`] when snapshots changed.
+/// Until the engine is gone: collects chunks every [`COLLECT_EVERY`] when snapshots changed,
+/// and the bucket's every [`COLLECT_BUCKET_EVERY`].
 pub(super) async fn collect_in_background(engine: Weak<EngineInner>) {
+    let mut bucket_collected = tokio::time::Instant::now();
     loop {
         tokio::time::sleep(COLLECT_EVERY).await;
         let Some(inner) = engine.upgrade() else {
@@ -70,6 +80,20 @@ pub(super) async fn collect_in_background(engine: Weak<EngineInner>) {
         };
         if inner.closing() {
             return;
+        }
+        if let Some(bucket) = &inner.bucket
+            && bucket_collected.elapsed() >= COLLECT_BUCKET_EVERY
+        {
+            bucket_collected = tokio::time::Instant::now();
+            match bucket.collect_chunks().await {
+                Ok(done) if done.removed > 0 => tracing::debug!(
+                    "collected the bucket's chunk packs: {} removed, {} bytes freed",
+                    done.removed,
+                    done.bytes_freed
+                ),
+                Ok(_) => {}
+                Err(e) => tracing::warn!("collecting the bucket's chunk packs failed: {e}"),
+            }
         }
         if !inner.chunks_dirty.load(Ordering::SeqCst) {
             continue;
@@ -89,6 +113,20 @@ impl Engine {
         tokio::task::spawn_blocking(move || inner.collect_chunks())
             .await
             .map_err(|e| Error::internal(format!("collecting snapshot chunks stopped: {e}")))?
+    }
+
+    /// Collects the bucket's chunk packs no snapshot names any more (one pass: unused packs
+    /// are condemned, those condemned a grace period ago removed); `None` without a bucket.
+    pub async fn collect_bucket_chunks(&self) -> Result<Option<crate::bucket::BucketCollected>> {
+        match &self.inner.bucket {
+            Some(bucket) => bucket.collect_chunks().await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// How many bytes this node has stored in the bucket; `None` without a bucket.
+    pub fn bucket_bytes_sent(&self) -> Option<u64> {
+        self.inner.bucket.as_ref().map(crate::bucket::Bucket::bytes_sent)
     }
 
     /// How many packs and chunks the snapshot chunk store holds, and their size on disk.

@@ -109,6 +109,8 @@ impl Engine {
         if unfinished > 0 {
             tracing::warn!("{unfinished} instructions were left unfinished by the last engine");
         }
+        // Chunked snapshots go up and come down through the home's store.
+        let bucket = bucket.map(|bucket| bucket.with_chunks(Arc::clone(&chunks)));
         let inner = EngineInner::new(config, store, bucket, backend, chunks, lock_file);
         if inner.backend.capabilities().snapshots {
             inner.hold_reserve();

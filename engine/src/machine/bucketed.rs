@@ -127,12 +127,16 @@ pub(crate) async fn fetch(
         .metrics
         .bucket_download(downloaded.is_ok(), started.elapsed().as_secs_f64());
     let installed = match downloaded {
-        Ok(_) => {
+        // Its chunks stay pinned until it is installed.
+        Ok(held) => {
             let (staging, target) = (staging.clone(), target.to_path_buf());
-            tokio::task::spawn_blocking(move || snapshot::install_at(&staging, &target))
-                .await
-                .map_err(|e| Error::internal(format!("installing a download stopped: {e}")))
-                .and_then(|r| r)
+            let installed =
+                tokio::task::spawn_blocking(move || snapshot::install_at(&staging, &target))
+                    .await
+                    .map_err(|e| Error::internal(format!("installing a download stopped: {e}")))
+                    .and_then(|r| r);
+            drop(held);
+            installed
         }
         Err(e) => Err(e),
     };

@@ -59,10 +59,7 @@ async fn take(
         let to = snapshot::point_dir(&home, &name, seq);
         let mut pinned = None;
         snapshot::rewrite_to(&from, &to, &*restorable, |dir| {
-            let names: Vec<String> = snapshot::snapshot_files(dir)?
-                .into_iter()
-                .filter(|n| crate::chunks::chunked_name(n).is_none())
-                .collect();
+            let names = snapshot::unchunked_files(dir)?;
             pinned = Some(chunks.put_files(dir, &names, 3)?);
             Ok(())
         })?;

@@ -346,10 +346,7 @@ pub(super) async fn compress_swapped(
         let mut pinned = None;
         let rewritten = snapshot::rewrite(&home, &name, &*restorable, |dir| match &chunking {
             Some(chunks) => {
-                let names: Vec<String> = snapshot::snapshot_files(dir)?
-                    .into_iter()
-                    .filter(|n| crate::chunks::chunked_name(n).is_none())
-                    .collect();
+                let names = snapshot::unchunked_files(dir)?;
                 pinned = Some(chunks.put_files(dir, &names, chunk_level(effort))?);
                 Ok(())
             }
@@ -560,11 +557,24 @@ async fn commit_saved(
 ) -> Result<snapshot::SnapshotManifest> {
     let home = engine.config.home.clone();
     let name = machine.name.to_string();
-    let manifest = {
+    // With a bucket, chunked as it is saved: the upload sends only the chunks the bucket
+    // lacks. Its chunks stay pinned until it is installed.
+    let chunking = engine.chunking_saves();
+    let (manifest, _pinned) = {
         let (staging, runtime) = (staging.to_path_buf(), runtime.to_owned());
-        tokio::task::spawn_blocking(move || snapshot::seal_staged(&staging, &runtime, image_id))
-            .await
-            .map_err(|e| Error::internal(format!("saving the snapshot stopped: {e}")))??
+        tokio::task::spawn_blocking(move || {
+            let pinned = match &chunking {
+                Some(chunks) => Some(chunks.put_files(
+                    &staging,
+                    &snapshot::unchunked_files(&staging)?,
+                    chunk_level(Effort::Fast),
+                )?),
+                None => None,
+            };
+            Ok::<_, Error>((snapshot::seal_staged(&staging, &runtime, image_id)?, pinned))
+        })
+        .await
+        .map_err(|e| Error::internal(format!("saving the snapshot stopped: {e}")))??
     };
     let install = || {
         let (home, name, staging) = (home.clone(), name.clone(), staging.to_path_buf());
