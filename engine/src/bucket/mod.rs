@@ -584,6 +584,24 @@ impl Bucket {
         Ok(whole)
     }
 
+    /// The areas right below AREA that hold a whole snapshot, with its checksum (one pair per
+    /// snapshot).
+    pub async fn whole_under(&self, area: &str) -> Result<Vec<(String, String)>> {
+        let root = self.area_root(area)?;
+        let mut whole = Vec::new();
+        let mut listing = self.store.list(Some(&root));
+        while let Some(object) = listing.next().await {
+            let object = object.map_err(|e| self.failed("listing snapshots", &e))?;
+            if let [child, sha, name] = parts_under(&root, &object.location).as_slice()
+                && name == snapshot::MANIFEST
+            {
+                whole.push((child.clone(), sha.clone()));
+            }
+        }
+        whole.sort();
+        Ok(whole)
+    }
+
     /// Removes AREA's snapshot with checksum `sha256` (what of it is there).
     pub async fn remove(&self, area: &str, sha256: &str) -> Result<()> {
         let root = self.snapshot_root(area, sha256)?;

@@ -126,7 +126,10 @@ impl Engine {
 
     /// How many bytes this node has stored in the bucket; `None` without a bucket.
     pub fn bucket_bytes_sent(&self) -> Option<u64> {
-        self.inner.bucket.as_ref().map(crate::bucket::Bucket::bytes_sent)
+        self.inner
+            .bucket
+            .as_ref()
+            .map(crate::bucket::Bucket::bytes_sent)
     }
 
     /// How many packs and chunks the snapshot chunk store holds, and their size on disk.

@@ -21,6 +21,8 @@ impl Engine {
     /// An undo point of machine `name` (the state after instruction `at`) copied to `to`,
     /// checked first, marked to reseed its random generators.
     async fn copy_point(&self, name: &str, at: i64, to: &std::path::Path) -> Result<()> {
+        // Taken on another node, maybe.
+        crate::machine::bucketed::fetch_point(&self.inner, name, at).await?;
         let home = self.inner.config.home.clone();
         let dir = crate::snapshot::point_dir(&home, name, at);
         let restorable = self.inner.restorable();

@@ -6,7 +6,7 @@ use super::Engine;
 use crate::error::{Error, ErrorKind, Result};
 use crate::types::{
     Account, ExecResult, HistoryEntry, Lineage, LineageCheckpoint, LineageNode, MachineHistory,
-    MachineName, Outcome, Rewound, TakenBack,
+    Outcome, Rewound, TakenBack,
 };
 
 /// The most instructions one history listing holds.
@@ -93,14 +93,7 @@ impl Engine {
             .store
             .instructions_from(record.name.as_str(), from, limit)
             .await?;
-        let (home, machine) = (
-            self.inner.config.home.clone(),
-            MachineName::clone(&record.name),
-        );
-        let points =
-            tokio::task::spawn_blocking(move || crate::snapshot::points(&home, machine.as_str()))
-                .await
-                .map_err(|e| Error::internal(format!("listing undo points stopped: {e}")))?;
+        let points = crate::machine::bucketed::points(&self.inner, record.name.as_str()).await?;
         Ok(MachineHistory {
             keeps: record.history,
             initial_point: points.first() == Some(&-1),

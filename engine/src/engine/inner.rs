@@ -27,7 +27,8 @@ pub(crate) struct DiskFacts {
     /// `None` without a snapshot; else whether a look without reading it all finds it usable,
     /// and why not.
     pub snapshot: Option<std::result::Result<(), String>>,
-    /// Bytes of the snapshot itself.
+    /// Bytes of the snapshot itself (a chunked one's: its recipes and the compressed chunks
+    /// they name).
     pub snapshot_bytes: u64,
     /// Bytes of the snapshot and the checkpoints (hard-linked files once).
     pub disk_bytes: u64,
@@ -151,7 +152,8 @@ impl EngineInner {
         let restorable = |runtime: &str| self.backend.restorable(runtime);
         // Chunked snapshots, checkpoints and undo points hold recipes: what they name in the
         // chunk store counts too (once per machine, however many of them name a chunk).
-        let mut dirs = vec![snapshot::snapshot_dir(home, machine)];
+        let current = snapshot::snapshot_dir(home, machine);
+        let mut dirs = vec![current.clone()];
         let machine_dir = snapshot::machine_dir(home, machine);
         for kind in ["checkpoints", "history"] {
             if let Ok(entries) = std::fs::read_dir(machine_dir.join(kind)) {
@@ -160,7 +162,8 @@ impl EngineInner {
         }
         DiskFacts {
             snapshot: snapshot::quick_check(home, machine, &restorable),
-            snapshot_bytes: snapshot::dir_bytes(&snapshot::snapshot_dir(home, machine)),
+            snapshot_bytes: snapshot::dir_bytes(&current)
+                + self.chunks.referenced_bytes(std::slice::from_ref(&current)),
             disk_bytes: snapshot::disk_bytes(home, machine) + self.chunks.referenced_bytes(&dirs),
         }
     }

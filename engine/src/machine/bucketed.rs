@@ -26,9 +26,74 @@ pub(crate) fn checkpoint_area(machine: &str, checkpoint: &str) -> String {
     format!("machines/{machine}/checkpoints/{checkpoint}")
 }
 
-/// Everything of a machine's in the bucket (its snapshot and checkpoints).
+/// Everything of a machine's in the bucket (its snapshot, checkpoints and undo points).
 fn machine_root(machine: &str) -> String {
     format!("machines/{machine}")
+}
+
+/// Where a machine's undo points are kept in the bucket, and one of them.
+fn history_area(machine: &str) -> String {
+    format!("machines/{machine}/history")
+}
+
+fn point_area(machine: &str, seq: i64) -> String {
+    format!("{}/{seq}", history_area(machine))
+}
+
+/// The seqs of the machine's undo points, in order: with a bucket, those whole in it (any
+/// node's), else those on the home's disk.
+pub(crate) async fn points(engine: &EngineInner, machine: &str) -> Result<Vec<i64>> {
+    let Some(bucket) = &engine.bucket else {
+        let (home, machine) = (engine.config.home.clone(), machine.to_owned());
+        return tokio::task::spawn_blocking(move || snapshot::points(&home, &machine))
+            .await
+            .map_err(|e| Error::internal(format!("listing undo points stopped: {e}")));
+    };
+    let mut seqs: Vec<i64> = bucket
+        .whole_under(&history_area(machine))
+        .await?
+        .into_iter()
+        .filter_map(|(seq, _)| seq.parse().ok())
+        .collect();
+    seqs.sort_unstable();
+    seqs.dedup();
+    Ok(seqs)
+}
+
+/// Uploads the undo point after instruction `seq` (sealed on the home's disk); nothing to do
+/// without a bucket. Its chunks went up with the save it was taken from.
+pub(crate) async fn publish_point(engine: &EngineInner, machine: &str, seq: i64) -> Result<()> {
+    let dir = snapshot::point_dir(&engine.config.home, machine, seq);
+    publish(engine, &point_area(machine, seq), &dir)
+        .await
+        .map(|_| ())
+}
+
+/// Removes the undo point after instruction `seq` from the bucket, logging a failure.
+pub(crate) async fn drop_point(engine: &EngineInner, machine: &str, seq: i64) {
+    if let Some(bucket) = &engine.bucket
+        && let Err(e) = bucket.remove_area(&point_area(machine, seq)).await
+    {
+        tracing::warn!(
+            machine,
+            seq,
+            "cannot remove an undo point from the bucket: {e}"
+        );
+    }
+}
+
+/// Makes the home's copy of the undo point after instruction `seq` whole: with a bucket,
+/// downloaded when this node lacks it (another node took it) or holds another.
+pub(crate) async fn fetch_point(engine: &Arc<EngineInner>, machine: &str, seq: i64) -> Result<()> {
+    let Some(bucket) = &engine.bucket else {
+        return Ok(());
+    };
+    let area = point_area(machine, seq);
+    let Some(sha256) = bucket.snapshots(&area).await?.pop() else {
+        return Ok(());
+    };
+    let dir = snapshot::point_dir(&engine.config.home, machine, seq);
+    fetch(engine, &area, &sha256, &dir).await
 }
 
 /// Uploads the sealed snapshot in `dir` as AREA's; its checksum, or `None` when snapshots are
@@ -267,6 +332,8 @@ pub(super) async fn drop_copy(engine: &EngineInner, machine: &str) -> Result<boo
         .await
         .map_err(|e| Error::internal(format!("removing a snapshot's copy stopped: {e}")))??;
     engine.forget_disk_facts(machine);
+    // A chunked copy's chunks go with the next collection (those no other snapshot names).
+    engine.snapshots_changed();
     tracing::debug!(
         machine,
         "removed the home's copy of its snapshot (the bucket keeps it)"

@@ -9,8 +9,8 @@
 
 use std::sync::Arc;
 
-use super::MachineHandle;
 use super::swap::{Save, rollback, save};
+use super::{MachineHandle, bucketed};
 use crate::engine::EngineInner;
 use crate::error::{Error, ErrorKind, Result};
 use crate::pool::Resident;
@@ -53,8 +53,7 @@ async fn take(
     let name = machine.name.to_string();
     let chunks = Arc::clone(&engine.chunks);
     let restorable = engine.restorable();
-    let keep = machine.history as usize;
-    let taken = tokio::task::spawn_blocking(move || -> Result<Vec<i64>> {
+    let written = tokio::task::spawn_blocking(move || -> Result<()> {
         let from = snapshot::snapshot_dir(&home, &name);
         let to = snapshot::point_dir(&home, &name, seq);
         let mut pinned = None;
@@ -64,45 +63,75 @@ async fn take(
             Ok(())
         })?;
         drop(pinned);
-        // The newest `keep` points stay, and the one before the first instruction while it
-        // is among the newest `keep + 1` (an undo of the first instruction needs it).
-        let points = snapshot::points(&home, &name);
-        let excess = points
-            .len()
-            .saturating_sub(keep + usize::from(points.first() == Some(&-1)));
-        let dropped: Vec<i64> = points.into_iter().take(excess).collect();
-        for old in &dropped {
-            snapshot::remove_point(&home, &name, *old)?;
-        }
-        Ok(dropped)
+        Ok(())
     })
     .await
     .map_err(|e| Error::internal(format!("taking an undo point stopped: {e}")))
     .and_then(|r| r);
-    match taken {
+    let name = machine.name.as_str();
+    let taken = match written {
+        // With a bucket, a point counts once it is there: any node may rewind to it.
+        Ok(()) => bucketed::publish_point(engine, name, seq).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = taken {
+        tracing::warn!(machine = name, seq, "no undo point: {e}");
+        return;
+    }
+    match drop_excess(engine, machine).await {
         Ok(dropped) => {
-            if !dropped.is_empty() {
+            if dropped > 0 {
                 engine.snapshots_changed();
             }
-            engine.forget_disk_facts(machine.name.as_str());
+            engine.forget_disk_facts(name);
             tracing::debug!(
-                machine = %machine.name,
+                machine = name,
                 seq,
                 "undo point taken in {:.1} ms",
                 started.elapsed().as_secs_f64() * 1e3
             );
         }
-        Err(e) => tracing::warn!(machine = %machine.name, seq, "no undo point: {e}"),
+        Err(e) => tracing::warn!(machine = name, seq, "cannot drop old undo points: {e}"),
     }
+}
+
+/// Drops the machine's points beyond its count, oldest first; how many it dropped. The newest
+/// `history` points stay, and the one before the first instruction while it is among the
+/// newest `history + 1` (an undo of the first instruction needs it).
+async fn drop_excess(engine: &Arc<EngineInner>, machine: &MachineHandle) -> Result<usize> {
+    let name = machine.name.as_str();
+    let points = bucketed::points(engine, name).await?;
+    let excess = points
+        .len()
+        .saturating_sub(machine.history as usize + usize::from(points.first() == Some(&-1)));
+    let kept = points.get(excess..).unwrap_or_default().to_vec();
+    for old in points.iter().take(excess) {
+        bucketed::drop_point(engine, name, *old).await;
+    }
+    let (home, owned) = (engine.config.home.clone(), name.to_owned());
+    // This home's copies go too, and any it holds of points no longer kept (with a bucket,
+    // another node may have dropped them).
+    let count = tokio::task::spawn_blocking(move || {
+        let mut count = 0;
+        for old in snapshot::points(&home, &owned) {
+            if !kept.contains(&old) {
+                snapshot::remove_point(&home, &owned, old)?;
+                count += 1;
+            }
+        }
+        Ok::<_, Error>(count)
+    })
+    .await
+    .map_err(|e| Error::internal(format!("dropping undo points stopped: {e}")))??;
+    Ok(count)
 }
 
 /// Whether the machine has no undo point yet (so its first instruction takes the one before
 /// it).
 pub(super) async fn has_no_points(engine: &EngineInner, machine: &MachineHandle) -> bool {
-    let (home, name) = (engine.config.home.clone(), machine.name.to_string());
-    tokio::task::spawn_blocking(move || snapshot::points(&home, &name).is_empty())
+    bucketed::points(engine, machine.name.as_str())
         .await
-        .unwrap_or(true)
+        .map_or(true, |points| points.is_empty())
 }
 
 /// Makes undo point `to` (`-1`: the one before the machine's last instruction) the machine's
@@ -116,12 +145,7 @@ pub(super) async fn rewind(
 ) -> Result<Rewound> {
     let home = engine.config.home.clone();
     let name = machine.name.to_string();
-    let points = {
-        let (home, name) = (home.clone(), name.clone());
-        tokio::task::spawn_blocking(move || snapshot::points(&home, &name))
-            .await
-            .map_err(|e| Error::internal(format!("listing undo points stopped: {e}")))?
-    };
+    let points = bucketed::points(engine, &name).await?;
     let first_unrun = machine.first_unrun_seq(engine).await?;
     let from_seq = points.first().copied().unwrap_or(0).max(0);
     let rows = engine
@@ -129,6 +153,8 @@ pub(super) async fn rewind(
         .instructions_from(&name, from_seq, MAX_ROWS)
         .await?;
     let target = target_of(to, &points, &rows, first_unrun, &name, machine.history)?;
+    // Taken on another node, maybe.
+    bucketed::fetch_point(engine, &name, target).await?;
     let dir = snapshot::point_dir(&home, &name, target);
     // The old sandbox is stopped while the point is copied and restored, not before: its
     // state is not needed any more, and its stop (runsc's kill and delete) takes as long as

@@ -137,3 +137,102 @@ async fn a_node_cut_from_the_database_stops_its_machines_and_another_takes_them(
     // A cannot save anything for the machine: its shutdown finds the database gone.
     engine_a.shutdown().await;
 }
+
+/// History in a cluster: points taken on node A are in the bucket; once A swapped the machine
+/// out, node B lists them, undoes to one and forks at another. A save of a machine that changed
+/// one variable sends the bucket only the chunks it lacks.
+#[tokio::test(flavor = "multi_thread")]
+async fn undo_points_taken_on_one_node_serve_a_rewind_on_another() {
+    let Some(database) = ScratchPostgres::create() else {
+        return;
+    };
+    let Some(bucket) = scratch_bucket() else {
+        return;
+    };
+    let (home_a, home_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let config = |home: &std::path::Path, id: &str| {
+        let mut config = node_config(home, &database.url, &bucket, id);
+        // Saves chunked as they are made, whatever the test machine's defaults.
+        config.compress_swaps = true;
+        config.chunk_snapshots = true;
+        config
+    };
+    let Some((engine_a, client_a)) =
+        super::engine_saving_in_place(config(home_a.path(), "history-a")).await
+    else {
+        return;
+    };
+    let Some((engine_b, client_b)) =
+        super::engine_saving_in_place(config(home_b.path(), "history-b")).await
+    else {
+        return;
+    };
+
+    // What a swap-out sends once the bucket holds the machine's previous snapshot (10 MB
+    // whole; about 230 KB chunked, measured).
+    let plain = super::new_machine(&client_a, Some("minimal")).await;
+    value(
+        &plain,
+        "import json\nrows = [json.dumps({'i': i}) for i in range(1000)]",
+    )
+    .await;
+    plain.swap_out().await.unwrap();
+    value(&plain, "x = 1").await;
+    plain.swap_out().await.unwrap();
+    let before = engine_a.bucket_bytes_sent().unwrap();
+    value(&plain, "x = 2").await;
+    plain.swap_out().await.unwrap();
+    let sent = engine_a.bucket_bytes_sent().unwrap() - before;
+    eprintln!("figure: a swap-out after `x = 2` sent {sent} bytes to the bucket");
+    assert!(sent <= 1024 * 1024, "a swap-out sent {sent} bytes");
+
+    let machine = client_a
+        .create_machine(evervm::CreateMachineOptions {
+            history: Some(5),
+            image: Some("minimal".into()),
+            ..evervm::CreateMachineOptions::default()
+        })
+        .await
+        .unwrap();
+    let name = machine.name().to_owned();
+    for code in ["n = 1", "n = 2", "n = 3"] {
+        value(&machine, code).await;
+    }
+    machine.swap_out().await.unwrap();
+    assert!(engine_a.sandbox_pid(&name).is_none());
+
+    // B sees A's points, undoes the last instruction and forks at the first.
+    let on_b = client_b.machine(&name);
+    let history = on_b.history(None).await.unwrap();
+    let kept: Vec<i64> = history
+        .instructions
+        .iter()
+        .filter(|i| i.undo_point)
+        .map(|i| i.seq)
+        .collect();
+    assert_eq!(kept, [0, 1, 2], "{history:?}");
+    assert!(history.initial_point);
+    let undone = on_b.undo().await.unwrap();
+    assert_eq!(undone.to, 1);
+    assert_eq!(value(&on_b, "n").await, "2");
+    assert!(engine_b.sandbox_pid(&name).is_some(), "it runs on B now");
+    let fork = on_b.fork_at(0, None).await.unwrap();
+    assert_eq!(value(&fork, "n").await, "1");
+
+    // Deleted, the machine leaves no point in the bucket.
+    fork.delete().await.unwrap();
+    on_b.delete().await.unwrap();
+    plain.delete().await.unwrap();
+    let store = evervm::engine::bucket::Bucket::open(&BucketSettings::parse(&bucket).unwrap())
+        .await
+        .unwrap();
+    assert!(
+        store
+            .whole_under(&format!("machines/{name}/history"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    engine_b.shutdown().await;
+    engine_a.shutdown().await;
+}
