@@ -167,15 +167,26 @@ pub(super) async fn rewind(
         }
     };
     let going_back = async {
+        let started = std::time::Instant::now();
         rollback(engine, machine, resident, dir).await?;
+        let rolled_back = started.elapsed();
         let marked = engine
             .store
             .mark_rewound(&name, target, first_unrun, &format!("rewind to {target}"))
             .await?;
+        let noted = started.elapsed();
         // Brought back at once where it was running: the caller's next instruction is likely.
         if was_resident {
             super::swap::become_resident(engine, machine, resident).await;
         }
+        tracing::debug!(
+            machine = name,
+            target,
+            "rewound: rolled back {:.1} ms, marked {:.1} ms, restored {:.1} ms",
+            rolled_back.as_secs_f64() * 1e3,
+            (noted - rolled_back).as_secs_f64() * 1e3,
+            (started.elapsed() - noted).as_secs_f64() * 1e3
+        );
         Ok::<_, Error>(marked)
     };
     let ((), marked) = tokio::join!(stopping, going_back);
