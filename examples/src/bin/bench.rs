@@ -803,6 +803,13 @@ async fn swap_figures(client: &Client, home: &std::path::Path) -> Result<()> {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = parse_args()?;
+    // The engine's own timings (`RUST_LOG=evervm_engine=debug`) to stderr, when asked for.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     println!(
         "evervm bench: {} rounds, {} cores",
         args.rounds,
