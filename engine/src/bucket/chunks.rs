@@ -157,28 +157,18 @@ impl Bucket {
     /// read) and the condemned ones. The instant before it listed.
     async fn refresh(&self, known: &mut Known) -> Result<Instant> {
         let listed_at = Instant::now();
-        let mut packs = HashMap::new();
-        let packs_root = self.area_root(PACKS)?;
-        let mut listing = self.store.list(Some(&packs_root));
-        while let Some(object) = listing.next().await {
-            let object = object.map_err(|e| self.failed("listing chunk packs", &e))?;
-            if let [name] = parts_under(&packs_root, &object.location).as_slice()
-                && let Some(id) = pack_id(name)
-            {
-                packs.insert(id, object.size);
-            }
-        }
-        let mut condemned = HashSet::new();
-        let markers_root = self.area_root(CONDEMNED)?;
-        let mut listing = self.store.list(Some(&markers_root));
-        while let Some(object) = listing.next().await {
-            let object = object.map_err(|e| self.failed("listing condemned chunk packs", &e))?;
-            if let [name] = parts_under(&markers_root, &object.location).as_slice()
-                && let Ok(id) = u64::from_str_radix(name, 16)
-            {
-                condemned.insert(id);
-            }
-        }
+        let packs: HashMap<u64, u64> = self
+            .objects_in(PACKS)
+            .await?
+            .into_iter()
+            .filter_map(|(name, size)| Some((pack_id(&name)?, size)))
+            .collect();
+        let condemned: HashSet<u64> = self
+            .objects_in(CONDEMNED)
+            .await?
+            .into_iter()
+            .filter_map(|(name, _)| u64::from_str_radix(&name, 16).ok())
+            .collect();
         known.index.retain(|_, (id, _)| packs.contains_key(id));
         known.packs.retain(|id| packs.contains_key(id));
         for (id, size) in packs {
@@ -198,6 +188,20 @@ impl Bucket {
         }
         known.condemned = condemned;
         Ok(listed_at)
+    }
+
+    /// The objects right in AREA (not below it), by name, with their sizes.
+    async fn objects_in(&self, area: &str) -> Result<Vec<(String, u64)>> {
+        let root = self.area_root(area)?;
+        let mut found = Vec::new();
+        let mut listing = self.store.list(Some(&root));
+        while let Some(object) = listing.next().await {
+            let object = object.map_err(|e| self.failed(&format!("listing {area}"), &e))?;
+            if let [name] = parts_under(&root, &object.location).as_slice() {
+                found.push((name.clone(), object.size));
+            }
+        }
+        Ok(found)
     }
 
     async fn read_pack_index(&self, id: u64, size: u64) -> Result<Vec<Entry>> {

@@ -184,8 +184,8 @@ pub(super) async fn rewind(
             target,
             "rewound: rolled back {:.1} ms, marked {:.1} ms, restored {:.1} ms",
             rolled_back.as_secs_f64() * 1e3,
-            (noted - rolled_back).as_secs_f64() * 1e3,
-            (started.elapsed() - noted).as_secs_f64() * 1e3
+            noted.saturating_sub(rolled_back).as_secs_f64() * 1e3,
+            started.elapsed().saturating_sub(noted).as_secs_f64() * 1e3
         );
         Ok::<_, Error>(marked)
     };

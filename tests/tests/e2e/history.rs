@@ -13,6 +13,19 @@ async fn history_engine(home: &Path) -> Option<(evervm::engine::Engine, Client)>
     crate::engine_saving_in_place(crate::gvisor_config(home)).await
 }
 
+/// The seqs of the instructions in `history` that `which` picks.
+pub(crate) fn seqs_where(
+    history: &evervm::MachineHistory,
+    which: impl Fn(&evervm::HistoryEntry) -> bool,
+) -> Vec<i64> {
+    history
+        .instructions
+        .iter()
+        .filter(|i| which(i))
+        .map(|i| i.seq)
+        .collect()
+}
+
 async fn machine_with_history(client: &Client, history: u32) -> Machine {
     client
         .create_machine(CreateMachineOptions {
@@ -41,12 +54,7 @@ async fn undo_and_rewind_go_back_to_kept_points_across_swap_and_restart() {
     let history = m.history(None).await.unwrap();
     assert_eq!(history.keeps, 5);
     assert!(!history.initial_point);
-    let kept: Vec<i64> = history
-        .instructions
-        .iter()
-        .filter(|i| i.undo_point)
-        .map(|i| i.seq)
-        .collect();
+    let kept = seqs_where(&history, |i| i.undo_point);
     assert_eq!(kept, [5, 6, 7, 8, 9]);
     assert_eq!(
         history.instructions[0].code,
@@ -67,12 +75,7 @@ async fn undo_and_rewind_go_back_to_kept_points_across_swap_and_restart() {
     assert_eq!(rewound.to, 8);
     assert_eq!(value(&m, "n").await, "8");
     let history = m.history(None).await.unwrap();
-    let marked: Vec<i64> = history
-        .instructions
-        .iter()
-        .filter(|i| i.rewound)
-        .map(|i| i.seq)
-        .collect();
+    let marked = seqs_where(&history, |i| i.rewound);
     // 10 (`frame = None`) by the undo; 9 and 11 (`len(frame['a']), n`) by the rewind.
     assert_eq!(marked, [9, 10, 11]);
     // A rewound instruction's state is not the machine's past any more.

@@ -204,12 +204,7 @@ async fn undo_points_taken_on_one_node_serve_a_rewind_on_another() {
     // B sees A's points, undoes the last instruction and forks at the first.
     let on_b = client_b.machine(&name);
     let history = on_b.history(None).await.unwrap();
-    let kept: Vec<i64> = history
-        .instructions
-        .iter()
-        .filter(|i| i.undo_point)
-        .map(|i| i.seq)
-        .collect();
+    let kept = super::history::seqs_where(&history, |i| i.undo_point);
     assert_eq!(kept, [0, 1, 2], "{history:?}");
     assert!(history.initial_point);
     let undone = on_b.undo().await.unwrap();
