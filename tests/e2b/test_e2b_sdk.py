@@ -118,6 +118,15 @@ def test_files(sandbox) -> None:
     assert "/home/user/d/b.txt" in deep, deep
     sandbox.files.remove("/home/user/d")
     assert not sandbox.files.exists("/home/user/d/b.txt")
+    # As E2B's envd (its tests `test_remove_non_existing_file`, `test_list_directory`):
+    # removing what is not there does nothing, and a listing gives each directory's entries by
+    # name, a subdirectory's right after it.
+    sandbox.files.remove("/home/user/never-there.txt")
+    for directory in ["t/b-z", "t/b", "t/b/y", "t/b/x", "t/a-c"]:
+        sandbox.files.make_dir("/home/user/" + directory)
+    sandbox.files.write("/home/user/t/a.txt", "a")
+    listed = [entry.path[len("/home/user/t/"):] for entry in sandbox.files.list("/home/user/t", depth=2)]
+    assert listed == ["a-c", "a.txt", "b", "b/x", "b/y", "b-z"], listed
 
 
 def test_commands(sandbox) -> None:

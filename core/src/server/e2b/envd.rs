@@ -412,14 +412,7 @@ async fn stat(
     Ok(serde_json::json!({ "entry": entry(&info) }))
 }
 
-async fn list_dir(
-    Call {
-        state,
-        account,
-        sandbox,
-    }: Call<'_>,
-    body: &[u8],
-) -> Result<serde_json::Value, RpcError> {
+async fn list_dir(call: Call<'_>, body: &[u8]) -> Result<serde_json::Value, RpcError> {
     let request: ListDirRequest = connect::parse_unary(body)?;
     let depth = request.depth.unwrap_or(1).max(1);
     if depth > MAX_DEPTH {
@@ -427,25 +420,46 @@ async fn list_dir(
             "depth {depth}: at most {MAX_DEPTH}"
         )));
     }
+    // E2B's order: each directory's entries by name, a subdirectory's entries right after it.
     let mut entries = Vec::new();
-    let mut directories = vec![(to_machine(&request.path), 1u32)];
-    while let Some((directory, level)) = directories.pop() {
-        let listing = state
-            .engine
-            .list_files(account, sandbox, &directory)
-            .await
-            .map_err(|e| rpc_failure(&e, sandbox))?;
-        for info in listing.entries {
-            if entries.len() >= MAX_LISTED {
-                return Ok(serde_json::json!({ "entries": entries }));
-            }
-            if info.kind == FileKind::Directory && level < depth {
-                directories.push((info.path.clone(), level + 1));
-            }
-            entries.push(entry(&info));
+    let mut open = vec![(
+        sorted_listing(call, &to_machine(&request.path)).await?,
+        1u32,
+    )];
+    while let Some((listing, level)) = open.last_mut() {
+        let level = *level;
+        let Some(info) = listing.next() else {
+            open.pop();
+            continue;
+        };
+        if entries.len() >= MAX_LISTED {
+            break;
+        }
+        entries.push(entry(&info));
+        if info.kind == FileKind::Directory && level < depth {
+            open.push((sorted_listing(call, &info.path).await?, level + 1));
         }
     }
     Ok(serde_json::json!({ "entries": entries }))
+}
+
+/// The entries of `directory`, by name.
+async fn sorted_listing(
+    Call {
+        state,
+        account,
+        sandbox,
+    }: Call<'_>,
+    directory: &str,
+) -> Result<std::vec::IntoIter<evervm_engine::FileInfo>, RpcError> {
+    let mut listing = state
+        .engine
+        .list_files(account, sandbox, directory)
+        .await
+        .map_err(|e| rpc_failure(&e, sandbox))?
+        .entries;
+    listing.sort_by(|a, b| a.name().cmp(b.name()));
+    Ok(listing.into_iter())
 }
 
 async fn make_dir(
@@ -486,12 +500,21 @@ async fn remove(
     body: &[u8],
 ) -> Result<serde_json::Value, RpcError> {
     let request: PathRequest = connect::parse_unary(body)?;
-    state
+    let removed = state
         .engine
         .remove_file(account, sandbox, &to_machine(&request.path), true)
-        .await
-        .map_err(|e| rpc_failure(&e, sandbox))?;
-    Ok(serde_json::json!({}))
+        .await;
+    match removed {
+        // As E2B's envd: removing what is not there does nothing.
+        Err(e)
+            if e.kind() == evervm_engine::ErrorKind::NotFound
+                && e.resource() != Some("machine") =>
+        {
+            Ok(serde_json::json!({}))
+        }
+        Err(e) => Err(rpc_failure(&e, sandbox)),
+        Ok(_) => Ok(serde_json::json!({})),
+    }
 }
 
 /// Python's literal of a machine path (`~` expanded in the machine).
