@@ -6,7 +6,12 @@ E2B_SANDBOX_URL (scripts/test.sh says which)."""
 
 import asyncio
 import base64
+import datetime
+import json
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 import uuid
 from importlib.metadata import version
 
@@ -174,6 +179,56 @@ def test_list_by_metadata_and_kill(e2b_server) -> None:
     finally:
         for sandbox in (mine[1], other):
             sandbox.kill()
+
+
+def test_list_filters_and_metrics_ranges_are_honoured(e2b_server) -> None:
+    """E2B's API parameters (its `test_list_sandboxes_with_order`, `_started_after`,
+    `_with_template_filter`, `test_sbx_metrics_time_range`), sent as the SDKs send them, so
+    that the oldest SDK, which has no arguments for them, checks them too."""
+    suite = uuid.uuid4().hex
+    first = Sandbox.create(metadata={"suite": suite})
+    second = Sandbox.create(metadata={"suite": suite})
+    key = {"X-API-Key": e2b_server.e2b_key}
+
+    def get(path: str, **params: str):
+        url = f"{e2b_server.e2b_url}{path}?{urllib.parse.urlencode(params)}"
+        with urllib.request.urlopen(urllib.request.Request(url, headers=key)) as answer:
+            return json.load(answer)
+
+    def listed(**params: str) -> list:
+        found = get("/v2/sandboxes", metadata=f"suite={suite}", **params)
+        return [s["sandboxID"] for s in found]
+
+    try:
+        both = [first.sandbox_id, second.sandbox_id]
+        assert listed(order="asc") == both
+        assert listed(order="desc") == both[::-1]
+        assert listed() == both[::-1], "newest first unless asked"
+        started = second.get_info().started_at
+        assert second.sandbox_id in listed(startedAfter=started.isoformat())
+        later = started + datetime.timedelta(seconds=1)
+        assert listed(startedAfter=later.isoformat()) == []
+        template = first.get_info().template_id
+        assert sorted(listed(template=template)) == sorted(both)
+        assert listed(template="unknown-template") == []
+        # Every parameter is honoured or refused with 400, naming what was wrong.
+        for bad, named in (({"colour": "red"}, "colour"), ({"order": "up"}, "order"),
+                           ({"startedAfter": "yesterday"}, "startedAfter")):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                listed(**bad)
+            assert refused.value.code == 400
+            assert named in refused.value.read().decode(), bad
+
+        metrics = f"/sandboxes/{first.sandbox_id}/metrics"
+        now = int(time.time())
+        assert len(get(metrics, start=str(now - 60), end=str(now + 1))) == 1
+        assert get(metrics, start=str(now - 3600), end=str(now - 1800)) == []
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            get(metrics, start=str(now), end=str(now - 60))
+        assert refused.value.code == 400
+    finally:
+        first.kill()
+        second.kill()
 
 
 def test_async_sdk(e2b_server) -> None:

@@ -139,16 +139,44 @@ impl Engine {
         limit: usize,
         cursor: Option<ListCursor>,
     ) -> Result<MachinePage> {
+        self.list_machines_page_in(account, filter, limit, cursor, false)
+            .await
+    }
+
+    /// [`Self::list_machines_page`], oldest first when `oldest_first` (machines created
+    /// meanwhile then come on a later page).
+    pub async fn list_machines_page_in(
+        &self,
+        account: &Account,
+        filter: &Tags,
+        limit: usize,
+        cursor: Option<ListCursor>,
+        oldest_first: bool,
+    ) -> Result<MachinePage> {
         if limit == 0 || limit > MAX_PAGE {
             return Err(Error::invalid(format!(
                 "limit {limit}: a page holds 1 to {MAX_PAGE} machines"
             )));
         }
         let account_id = account.id;
-        let records = self.inner.store.machines(account_id).await?;
+        let mut records = self.inner.store.machines(account_id).await?;
+        // The store gives them newest first.
+        records.sort_by_key(|r| std::cmp::Reverse(r.position));
+        if oldest_first {
+            records.reverse();
+        }
+        let after = |position: i64| {
+            cursor.is_none_or(|c| {
+                if oldest_first {
+                    position > c.0
+                } else {
+                    position < c.0
+                }
+            })
+        };
         let mut page: Vec<_> = records
             .into_iter()
-            .filter(|r| cursor.is_none_or(|c| r.position < c.0))
+            .filter(|r| after(r.position))
             .filter(|r| filter.iter().all(|(k, v)| r.tags.get(k) == Some(v)))
             .take(limit + 1)
             .collect();

@@ -289,6 +289,12 @@ struct ListQuery {
     states: Vec<String>,
     limit: Option<usize>,
     next_token: Option<String>,
+    /// `order=asc`: oldest first (E2B's default and `desc`: newest first).
+    oldest_first: bool,
+    /// Only sandboxes started at or after this.
+    started_after: Option<DateTime<Utc>>,
+    /// Only sandboxes of this template (E2B's template id or alias: evervm's image).
+    template: Option<String>,
 }
 
 fn parse_list_query(query: Option<&str>) -> Result<ListQuery, E2bFailure> {
@@ -319,7 +325,32 @@ fn parse_list_query(query: Option<&str>) -> Result<ListQuery, E2bFailure> {
                 parsed.limit = Some(limit);
             }
             "nextToken" => parsed.next_token = Some(value.into_owned()),
-            _ => {}
+            "order" => {
+                parsed.oldest_first = match value.as_ref() {
+                    "asc" => true,
+                    "desc" => false,
+                    other => {
+                        return Err(E2bFailure::bad_request(format!(
+                            "order {other:?}: `asc` or `desc`"
+                        )));
+                    }
+                }
+            }
+            "startedAfter" => {
+                let at = DateTime::parse_from_rfc3339(&value).map_err(|e| {
+                    E2bFailure::bad_request(format!(
+                        "startedAfter {value:?} is not an RFC 3339 time: {e}"
+                    ))
+                })?;
+                parsed.started_after = Some(at.with_timezone(&Utc));
+            }
+            "template" => parsed.template = Some(value.into_owned()),
+            other => {
+                return Err(E2bFailure::bad_request(format!(
+                    "the query parameter {other:?} is not one this server knows (metadata, \
+                     state, limit, nextToken, order, startedAfter, template)"
+                )));
+            }
         }
     }
     Ok(parsed)
@@ -404,11 +435,12 @@ async fn list_page(
         .transpose()?;
     let page = state
         .engine
-        .list_machines_page(
+        .list_machines_page_in(
             account,
             &query.metadata,
             query.limit.unwrap_or(MAX_LIST_LIMIT),
             cursor,
+            query.oldest_first,
         )
         .await?;
     let sandboxes: Vec<SandboxDetail> = page
@@ -416,6 +448,17 @@ async fn list_page(
         .iter()
         .map(|info| detail(state, info, None, domain.clone()))
         .filter(|d| query.states.is_empty() || query.states.iter().any(|s| s == d.state))
+        .filter(|d| {
+            query
+                .started_after
+                .is_none_or(|after| d.started_at >= after)
+        })
+        .filter(|d| {
+            query
+                .template
+                .as_ref()
+                .is_none_or(|t| *t == d.template_id || *t == d.alias)
+        })
         .collect();
     let mut response = Json(sandboxes).into_response();
     if let Some(next) = page.next_cursor
@@ -595,9 +638,19 @@ pub(super) async fn metrics(
     State(state): State<E2bState>,
     ApiCaller(account): ApiCaller,
     Path(id): Path<String>,
+    RawQuery(query): RawQuery,
 ) -> Result<Json<Vec<SandboxMetric>>, E2bFailure> {
+    let (start, end) = parse_metrics_range(query.as_deref())?;
     let info = machine(&state, &account, &id).await?;
     let now = Utc::now();
+    // No metrics are kept over time: the one sample, taken now, is in a range that reaches the
+    // current collection bucket.
+    let bucket_start = now.timestamp() - METRICS_BUCKET_SECS;
+    if start.is_some_and(|start| start > now.timestamp())
+        || end.is_some_and(|end| end < bucket_start)
+    {
+        return Ok(Json(Vec::new()));
+    }
     Ok(Json(vec![SandboxMetric {
         timestamp: now,
         timestamp_unix: now.timestamp(),
@@ -609,6 +662,42 @@ pub(super) async fn metrics(
         disk_used: info.disk_bytes,
         disk_total: state.engine.limits().max_disk_mb_per_account * 1024 * 1024,
     }]))
+}
+
+/// How far back a metrics range may end and still get the sample taken now (E2B collects in
+/// 5 s buckets).
+const METRICS_BUCKET_SECS: i64 = 5;
+
+/// `start` and `end` of a metrics request: Unix seconds.
+fn parse_metrics_range(query: Option<&str>) -> Result<(Option<i64>, Option<i64>), E2bFailure> {
+    let (mut start, mut end) = (None, None);
+    for (key, value) in url::form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        let slot = match key.as_ref() {
+            "start" => &mut start,
+            "end" => &mut end,
+            other => {
+                return Err(E2bFailure::bad_request(format!(
+                    "the query parameter {other:?} is not one this server knows (start, end)"
+                )));
+            }
+        };
+        let seconds = value
+            .parse::<i64>()
+            .ok()
+            .filter(|s| *s >= 0)
+            .ok_or_else(|| {
+                E2bFailure::bad_request(format!("{key} {value:?}: Unix seconds (0 or more)"))
+            })?;
+        *slot = Some(seconds);
+    }
+    if let (Some(start), Some(end)) = (start, end)
+        && start > end
+    {
+        return Err(E2bFailure::bad_request(format!(
+            "start {start} is after end {end}"
+        )));
+    }
+    Ok((start, end))
 }
 
 #[derive(Debug, Deserialize)]
