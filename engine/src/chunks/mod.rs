@@ -6,7 +6,8 @@
 //! Memory (`pages.img`) is cut into 4 KiB pages (runsc writes the present pages back to back, so
 //! a page appearing shifts every later page by exactly one page, and page-sized chunks still
 //! match: over two snapshots of one machine, pages deduplicate to about a third of what 64 KiB
-//! or content-defined chunks give); other files into 64 KiB pieces. The file itself is replaced
+//! or content-defined chunks give); other files where their content says ([`cdc`]: about 8 KiB,
+//! at most 64 KiB). The file itself is replaced
 //! in the snapshot directory by its recipe ([`recipe`]), which the snapshot's manifest covers
 //! like any file.
 //!
@@ -18,6 +19,7 @@
 //! names are live, and so are those of saves and copies under way (pinned while they run, and
 //! remembered while a collection scans), so that a chunk a manifest names is never removed.
 
+mod cdc;
 mod collect;
 pub(crate) mod pack;
 pub(crate) mod recipe;
@@ -42,8 +44,6 @@ use crate::sync::lock;
 
 /// Memory files are cut into pages of this size.
 const PAGE: usize = 4096;
-/// Other files into pieces of this size.
-const PIECE: usize = pack::FRAME_BYTES;
 /// Files at least this big are put back together by several threads...
 const PARALLEL_FROM: u64 = 4 * 1024 * 1024;
 /// ... at most this many.
@@ -234,26 +234,58 @@ impl ChunkStore {
         let mut in_pack: HashSet<Hash> = HashSet::new();
         let mut recipes = Vec::new();
         for name in names {
-            let piece = if name == "pages.img" { PAGE } else { PIECE };
             let path = dir.join(name);
             let file = File::open(&path)
                 .map_err(|e| Error::internal(format!("cannot read {}: {e}", path.display())))?;
             let mut input = BufReader::with_capacity(1024 * 1024, file);
+            let read_failed =
+                |e: std::io::Error| Error::internal(format!("cannot read {}: {e}", path.display()));
             let mut chunks = Vec::new();
             let mut size = 0u64;
-            let mut buffer = vec![0u8; piece];
-            loop {
-                let len = read_full(&mut input, &mut buffer)
-                    .map_err(|e| Error::internal(format!("cannot read {}: {e}", path.display())))?;
-                if len == 0 {
-                    break;
-                }
-                size += len as u64;
-                let data = &buffer[..len];
+            let mut new_bytes = 0u64;
+            let mut emit = |data: &[u8]| -> Result<()> {
+                size += data.len() as u64;
                 let hash: Hash = Sha256::digest(data).into();
-                self.keep(&mut pinned, &mut writer, &mut in_pack, hash, data)?;
-                chunks.push((hash, len as u32));
+                if self.keep(&mut pinned, &mut writer, &mut in_pack, hash, data)? {
+                    new_bytes += data.len() as u64;
+                }
+                chunks.push((hash, data.len() as u32));
+                Ok(())
+            };
+            if name == "pages.img" {
+                // Memory: page by page.
+                let mut buffer = vec![0u8; PAGE];
+                loop {
+                    let len = read_full(&mut input, &mut buffer).map_err(read_failed)?;
+                    if len == 0 {
+                        break;
+                    }
+                    emit(&buffer[..len])?;
+                }
+            } else {
+                // The rest: where the content says ([`cdc`]).
+                let mut buffer = vec![0u8; 2 * cdc::MAX];
+                let (mut start, mut end, mut ended) = (0, 0, false);
+                loop {
+                    if !ended && end - start < cdc::MAX {
+                        buffer.copy_within(start..end, 0);
+                        end -= start;
+                        start = 0;
+                        let read = read_full(&mut input, &mut buffer[end..]).map_err(read_failed)?;
+                        ended = read == 0 || end + read < buffer.len();
+                        end += read;
+                    }
+                    if start == end {
+                        break;
+                    }
+                    let len = cdc::cut(&buffer[start..end]);
+                    emit(&buffer[start..start + len])?;
+                    start += len;
+                }
             }
+            tracing::debug!(
+                "chunked {name}: {size} bytes, {new_bytes} of them new to the store"
+            );
             let mut lists = Vec::new();
             for list in recipe::split_lists(&chunks) {
                 let bytes = recipe::encode_list(list);
@@ -287,7 +319,8 @@ impl ChunkStore {
         Ok(pinned)
     }
 
-    /// Pins `hash` for this save and, when the store lacks it, adds it to the save's pack.
+    /// Pins `hash` for this save and, when the store lacks it, adds it to the save's pack;
+    /// whether it did.
     fn keep(
         &self,
         pinned: &mut Pinned,
@@ -295,16 +328,17 @@ impl ChunkStore {
         in_pack: &mut HashSet<Hash>,
         hash: Hash,
         data: &[u8],
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let known = {
             let mut state = lock(&self.state);
             pinned.pin(&mut state, hash);
             state.index.contains_key(&hash)
         };
-        if !known && in_pack.insert(hash) {
+        let added = !known && in_pack.insert(hash);
+        if added {
             writer.add(hash, data)?;
         }
-        Ok(())
+        Ok(added)
     }
 
     /// Pins every chunk the recipes in `dir` name (a snapshot about to be copied), so that a
