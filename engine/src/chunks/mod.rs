@@ -271,7 +271,8 @@ impl ChunkStore {
                         buffer.copy_within(start..end, 0);
                         end -= start;
                         start = 0;
-                        let read = read_full(&mut input, &mut buffer[end..]).map_err(read_failed)?;
+                        let read =
+                            read_full(&mut input, &mut buffer[end..]).map_err(read_failed)?;
                         ended = read == 0 || end + read < buffer.len();
                         end += read;
                     }
@@ -283,9 +284,7 @@ impl ChunkStore {
                     start += len;
                 }
             }
-            tracing::debug!(
-                "chunked {name}: {size} bytes, {new_bytes} of them new to the store"
-            );
+            tracing::debug!("chunked {name}: {size} bytes, {new_bytes} of them new to the store");
             let mut lists = Vec::new();
             for list in recipe::split_lists(&chunks) {
                 let bytes = recipe::encode_list(list);
