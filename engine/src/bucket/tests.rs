@@ -343,6 +343,16 @@ fn memory(seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// A chunk store on `home` and the bucket of `settings` with it.
+async fn chunked_bucket(settings: &BucketSettings, home: &Path) -> (Arc<ChunkStore>, Bucket) {
+    let store = ChunkStore::open(home).unwrap();
+    let bucket = Bucket::open(settings)
+        .await
+        .unwrap()
+        .with_chunks(Arc::clone(&store));
+    (store, bucket)
+}
+
 /// The packs in the bucket and their sizes.
 async fn packs_of(bucket: &Bucket) -> std::collections::BTreeMap<String, u64> {
     let root = bucket.area_root("chunks/packs").unwrap();
@@ -368,11 +378,7 @@ fn memory_of(dir: &Path, chunks: &ChunkStore) -> Vec<u8> {
 async fn a_chunked_snapshot_sends_only_the_chunks_the_bucket_lacks() {
     let Some(settings) = settings() else { return };
     let (home_a, home_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let store_a = ChunkStore::open(home_a.path()).unwrap();
-    let bucket = Bucket::open(&settings)
-        .await
-        .unwrap()
-        .with_chunks(Arc::clone(&store_a));
+    let (store_a, bucket) = chunked_bucket(&settings, home_a.path()).await;
     let area = "machines/m-chunked/snapshot";
     let first_memory = memory(1);
     let first = chunked_snapshot(&home_a.path().join("first"), &store_a, &first_memory);
@@ -405,11 +411,7 @@ async fn a_chunked_snapshot_sends_only_the_chunks_the_bucket_lacks() {
 
     // Another home brings both back, whole, from the bucket alone; a plain bucket (no
     // chunk store) refuses a chunked snapshot with a clear error.
-    let store_b = ChunkStore::open(home_b.path()).unwrap();
-    let other = Bucket::open(&settings)
-        .await
-        .unwrap()
-        .with_chunks(Arc::clone(&store_b));
+    let (store_b, other) = chunked_bucket(&settings, home_b.path()).await;
     for (manifest, expected, name) in [
         (&second, &second_memory, "second"),
         (&first, &first_memory, "first"),
@@ -442,11 +444,7 @@ async fn unused_packs_are_condemned_then_removed_and_never_used_once_condemned()
     let grace = std::time::Duration::from_secs(4);
     let settings = settings.with_chunk_grace(grace);
     let (home_a, home_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let store = ChunkStore::open(home_a.path()).unwrap();
-    let bucket = Bucket::open(&settings)
-        .await
-        .unwrap()
-        .with_chunks(Arc::clone(&store));
+    let (store, bucket) = chunked_bucket(&settings, home_a.path()).await;
     let area = "machines/m-collected/snapshot";
     let pages = memory(2);
     let first = chunked_snapshot(&home_a.path().join("first"), &store, &pages);
@@ -483,11 +481,7 @@ async fn unused_packs_are_condemned_then_removed_and_never_used_once_condemned()
             .await
             .contains_key(packs.keys().next().unwrap())
     );
-    let store_b = ChunkStore::open(home_b.path()).unwrap();
-    let other = Bucket::open(&settings)
-        .await
-        .unwrap()
-        .with_chunks(Arc::clone(&store_b));
+    let (store_b, other) = chunked_bucket(&settings, home_b.path()).await;
     let into = home_b.path().join("back");
     download_into(&other, area, &first.sha256, &into, Arc::new(anything))
         .await

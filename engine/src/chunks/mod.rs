@@ -124,6 +124,14 @@ pub struct Pinned {
 }
 
 impl Pinned {
+    /// Nothing pinned yet.
+    pub(crate) fn none(store: &Arc<ChunkStore>) -> Self {
+        Self {
+            store: Arc::clone(store),
+            hashes: HashSet::new(),
+        }
+    }
+
     fn pin(&mut self, state: &mut State, hash: Hash) {
         if self.hashes.insert(hash) {
             *state.pins.entry(hash).or_insert(0) += 1;
@@ -226,10 +234,7 @@ impl ChunkStore {
     /// keep its chunks from collection until the snapshot is installed. On failure the files
     /// stay as they were.
     pub fn put_files(self: &Arc<Self>, dir: &Path, names: &[String], level: i32) -> Result<Pinned> {
-        let mut pinned = Pinned {
-            store: Arc::clone(self),
-            hashes: HashSet::new(),
-        };
+        let mut pinned = Pinned::none(self);
         let (pack_id, mut writer) = self.new_pack(level)?;
         let mut in_pack: HashSet<Hash> = HashSet::new();
         let mut recipes = Vec::new();
@@ -343,10 +348,7 @@ impl ChunkStore {
     /// Pins every chunk the recipes in `dir` name (a snapshot about to be copied), so that a
     /// collection cannot take them while the copy is made.
     pub fn pin_dir(self: &Arc<Self>, dir: &Path) -> Result<Pinned> {
-        let mut pinned = Pinned {
-            store: Arc::clone(self),
-            hashes: HashSet::new(),
-        };
+        let mut pinned = Pinned::none(self);
         let mut reader = Reader::default();
         for path in recipes_in(dir)? {
             for hash in self.hashes_of(&path, &mut reader)? {

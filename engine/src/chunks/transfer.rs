@@ -4,7 +4,6 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
@@ -14,14 +13,6 @@ use crate::error::{Error, Result};
 use crate::sync::lock;
 
 impl Pinned {
-    /// Nothing pinned yet.
-    pub(crate) fn none(store: &Arc<ChunkStore>) -> Self {
-        Self {
-            store: Arc::clone(store),
-            hashes: HashSet::new(),
-        }
-    }
-
     /// The chunks pinned.
     pub(crate) fn hashes(&self) -> impl Iterator<Item = &Hash> {
         self.hashes.iter()
