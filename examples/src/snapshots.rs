@@ -67,6 +67,23 @@ fn disk_usage(dir: &Path) -> (u64, u64) {
     (allocated, apparent)
 }
 
+/// How many memory files (`pages.img`) are under `dir` whole (not chunked).
+fn memory_files(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|entry| {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                memory_files(&entry.path())
+            } else {
+                usize::from(entry.file_name() == "pages.img")
+            }
+        })
+        .sum()
+}
+
 /// What the home keeps for machines' snapshots: their directories and the chunk store.
 fn snapshot_usage(home: &Path) -> (u64, u64) {
     let (a1, b1) = disk_usage(&home.join("machines"));
@@ -116,6 +133,17 @@ pub async fn chunk_figures(machines: usize) -> Result<()> {
                 stats.chunks,
                 stats.packs,
                 stats.bytes as f64 / 1e6
+            );
+            // Nothing to free: the time it takes to read every recipe (the engine spreads a
+            // pass over slices of about 200 ms).
+            let started = Instant::now();
+            let collected = engine.collect_snapshot_chunks().await?;
+            println!(
+                "  {:<26} {} recipes read in {:.0} ms, {} chunks live",
+                "a whole collection pass",
+                collected.recipes,
+                started.elapsed().as_secs_f64() * 1e3,
+                collected.live_chunks
             );
         }
         engine.shutdown().await;
@@ -239,7 +267,22 @@ pub async fn history_figures() -> Result<()> {
     let elapsed = started.elapsed();
     let history = machine.history(Some(1000)).await?;
     let kept = history.instructions.iter().filter(|i| i.undo_point).count();
+    // The newest points are chunked a moment after they are saved (runsc writes them whole).
+    let at_once = snapshot_usage(data_home.path()).0;
+    let waited = Instant::now();
+    while memory_files(&data_home.path().join("machines")) > 0
+        && waited.elapsed() < Duration::from_secs(30)
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let after = snapshot_usage(data_home.path()).0;
+    println!(
+        "  right after the 100th instruction {:.1} MB on disk; once the points are chunked \
+         ({:.1} s later, {} memory files left whole):",
+        (at_once - before) as f64 / 1e6,
+        waited.elapsed().as_secs_f64(),
+        memory_files(&data_home.path().join("machines"))
+    );
     // Its whole snapshot, uncompressed (as runsc writes it) and compressed whole (zstd 3).
     let whole = whole_snapshot_bytes(&machine, data_home.path()).await?;
     println!(

@@ -1,18 +1,28 @@
 //! Garbage collection of the chunk store, by reference from the recipes on disk.
 //!
-//! A pass marks every chunk a recipe under the given roots names (lists included), plus the
-//! chunks of saves and copies under way, then removes packs none of whose chunks is live and
-//! rewrites packs that are mostly dead (their live chunks into a new pack, written durably
-//! before the old one goes). The decision is taken under the store's lock, together with the
-//! pins saves take when they look a chunk up, so a save either sees a chunk the pass removes as
-//! absent (and writes it anew) or has pinned it before the decision (and the pass keeps it).
-//! A recipe installed while the scan runs belongs to a save or copy whose pins end after it was
-//! installed; pins that end during the scan are remembered until the decision.
+//! A pass marks every chunk a recipe under the given roots names (lists included), then
+//! decides pack by pack: a pack none of whose chunks is live is removed, one that is mostly
+//! dead rewritten (its live chunks into a new pack, written durably before the old one goes).
+//! A chunk is live when a recipe names it, when a save or copy under way has pinned it, or when
+//! one that ended during the pass had (`recent`): each pack's decision is taken under the
+//! store's lock, together with the pins saves take when they look a chunk up, so a save either
+//! sees a chunk the pass removes as absent (and writes it anew) or has pinned it before the
+//! decision (and the pass keeps it). A recipe installed while the pass runs belongs to a save
+//! or copy whose pins end after it was installed, so it does not matter where the scan had
+//! looked by then.
+//!
+//! That makes a pass safe however long it takes, and so it is done in slices
+//! ([`ChunkStore::collect_slice`]), each bounded in time: the engine runs one, lets saves and
+//! restores have the disk for a while, and runs the next, until the pass is done. Between
+//! slices a pass holds what it has marked and the directories and packs it has yet to visit.
+//! Should saves end more chunks during one pass than [`RECENT_MAX`], the pass is given up
+//! (nothing removed) and a new one starts later.
 
 use std::collections::HashSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard, TryLockError};
+use std::time::{Duration, Instant};
 
 use super::pack::{self, Hash};
 use super::{ChunkStore, Reader, recipe, register};
@@ -23,8 +33,11 @@ use crate::sync::lock;
 const REWRITE_BELOW_PERCENT: u64 = 50;
 /// How deep under a root recipes are looked for (`machines/<m>/checkpoints/<c>/pages.img.chunks`).
 const DEPTH: usize = 5;
+/// At most this many chunks of saves that end during a pass are remembered (about 50 MB); past
+/// it the pass is given up.
+pub(super) const RECENT_MAX: usize = 1 << 20;
 
-/// What a collection pass did.
+/// What a collection pass did (so far, for a slice of one still under way).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Collected {
     /// Recipes read.
@@ -37,158 +50,259 @@ pub struct Collected {
     pub chunks_removed: u64,
     /// Bytes on disk the store gave back.
     pub bytes_freed: u64,
-    /// Whether another pass was running already (this one did nothing).
+    /// Whether another slice was running already (this one did nothing).
     pub skipped: bool,
+    /// Whether the pass is over (a slice that leaves it under way says `false`).
+    pub finished: bool,
+    /// Whether the pass was given up: saves ended more chunks than it can remember meanwhile.
+    pub given_up: bool,
 }
 
-/// Ends the scan state however the pass ends.
-struct Scanning<'s>(&'s ChunkStore);
+/// Somewhere a pass has yet to look.
+#[derive(Debug)]
+enum Pending {
+    /// A directory, at this depth under its root.
+    Dir(PathBuf, usize),
+    Recipe(PathBuf),
+}
 
-impl Drop for Scanning<'_> {
-    fn drop(&mut self) {
-        let mut state = lock(&self.0.state);
-        state.collecting = false;
-        state.recent.clear();
-    }
+/// A collection pass under way.
+#[derive(Debug)]
+pub(super) struct Pass {
+    pending: Vec<Pending>,
+    live: HashSet<Hash>,
+    /// The packs yet to be decided on, once every recipe is marked.
+    packs: Option<Vec<u64>>,
+    /// Bytes of packs the pass may still rewrite.
+    rewrite_left: u64,
+    collected: Collected,
+}
+
+/// How a slice ended.
+enum Slice {
+    /// Time is up; the pass goes on in the next slice.
+    Paused,
+    Finished,
+    GivenUp,
 }
 
 impl ChunkStore {
-    /// One collection pass over the recipes under `roots`; at most `rewrite_budget` bytes of
-    /// packs are rewritten in it (the rest waits for the next pass). An error reading a recipe
-    /// or list other than its being gone or damaged ends the pass before anything is removed.
+    /// One whole collection pass over the recipes under `roots`, now: one already under way
+    /// is finished first (it may have marked what has been deleted since), then a new one is
+    /// made from start to end. At most `rewrite_budget` bytes of packs are rewritten (the rest
+    /// waits for the next pass). Blocking; a slice running on another thread is waited for.
     pub fn collect(self: &Arc<Self>, roots: &[PathBuf], rewrite_budget: u64) -> Result<Collected> {
-        let mut collected = Collected::default();
-        {
-            let mut state = lock(&self.state);
-            if state.collecting {
-                collected.skipped = true;
-                return Ok(collected);
-            }
-            state.collecting = true;
-            state.recent.clear();
+        let mut pass = lock(&self.pass);
+        if pass.is_some() {
+            self.go_on(&mut pass, roots, rewrite_budget, None)?;
         }
-        let scanning = Scanning(self);
-        let mut live: HashSet<Hash> = HashSet::new();
+        self.go_on(&mut pass, roots, rewrite_budget, None)
+    }
+
+    /// A slice of a collection pass over the recipes under `roots`: goes on with the pass under
+    /// way, or starts one, and works on it for about `work` (a recipe or a pack at a time, so a
+    /// rewrite may take it over). At most `rewrite_budget` bytes of packs are rewritten in a
+    /// pass. An error reading a recipe or list other than its being gone or damaged gives the
+    /// pass up before anything else is removed.
+    pub fn collect_slice(
+        self: &Arc<Self>,
+        roots: &[PathBuf],
+        rewrite_budget: u64,
+        work: Duration,
+    ) -> Result<Collected> {
+        let mut pass = match self.pass.try_lock() {
+            Ok(pass) => pass,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                return Ok(Collected {
+                    skipped: true,
+                    ..Collected::default()
+                });
+            }
+        };
+        self.go_on(
+            &mut pass,
+            roots,
+            rewrite_budget,
+            Some(Instant::now() + work),
+        )
+    }
+
+    /// Whether a collection pass is under way (between two of its slices, or in one).
+    pub fn collecting(&self) -> bool {
+        match self.pass.try_lock() {
+            Ok(pass) => pass.is_some(),
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner().is_some(),
+            Err(TryLockError::WouldBlock) => true,
+        }
+    }
+
+    /// Works on the pass in `slot` (starting one if there is none) until `deadline`, or to its
+    /// end without one.
+    fn go_on(
+        self: &Arc<Self>,
+        slot: &mut MutexGuard<'_, Option<Pass>>,
+        roots: &[PathBuf],
+        rewrite_budget: u64,
+        deadline: Option<Instant>,
+    ) -> Result<Collected> {
+        let pass = match slot.as_mut() {
+            Some(pass) => pass,
+            None => {
+                {
+                    let mut state = lock(&self.state);
+                    state.collecting = true;
+                    state.recent.clear();
+                    state.recent_overflowed = false;
+                }
+                slot.insert(Pass {
+                    pending: roots
+                        .iter()
+                        .rev()
+                        .map(|root| Pending::Dir(root.clone(), 0))
+                        .collect(),
+                    live: HashSet::new(),
+                    packs: None,
+                    rewrite_left: rewrite_budget,
+                    collected: Collected::default(),
+                })
+            }
+        };
+        let worked = self.work_on(pass, deadline);
+        let mut collected = pass.collected;
+        match worked {
+            Ok(Slice::Paused) => return Ok(collected),
+            Ok(Slice::Finished) => collected.finished = true,
+            Ok(Slice::GivenUp) => {
+                tracing::warn!(
+                    "collecting snapshot chunks: saves ended more than {} chunks during one pass; \
+                     gave it up, the next one starts over",
+                    self.recent_max
+                );
+                collected.finished = true;
+                collected.given_up = true;
+            }
+            Err(_) => {}
+        }
+        **slot = None;
+        let mut state = lock(&self.state);
+        state.collecting = false;
+        state.recent = HashSet::new();
+        state.recent_overflowed = false;
+        drop(state);
+        worked.map(|_| collected)
+    }
+
+    fn work_on(self: &Arc<Self>, pass: &mut Pass, deadline: Option<Instant>) -> Result<Slice> {
+        let time_up = || deadline.is_some_and(|deadline| Instant::now() >= deadline);
         let mut reader = Reader::default();
-        for root in roots {
-            self.mark_under(root, 0, &mut live, &mut reader, &mut collected)?;
-        }
-        // Every pack's index, read before the lock is taken (packs never change; one
-        // registered meanwhile is left for the next pass).
-        let known: Vec<(u64, std::path::PathBuf, u64)> = lock(&self.state)
-            .packs
-            .iter()
-            .map(|(id, info)| (*id, info.path.clone(), info.bytes))
-            .collect();
-        let mut indexes = Vec::with_capacity(known.len());
-        for (id, path, bytes) in known {
-            match pack::read_index(&path) {
-                Ok(entries) => indexes.push((id, path, bytes, entries)),
-                Err(e) => tracing::warn!("leaving a snapshot pack alone: {e}"),
+        // Each slice does at least one thing, so that passes end however short slices are.
+        while pass.packs.is_none() {
+            match pass.pending.pop() {
+                Some(Pending::Dir(dir, depth)) => list_into(&dir, depth, &mut pass.pending)?,
+                Some(Pending::Recipe(path)) => {
+                    self.mark_recipe(&path, &mut pass.live, &mut reader)?;
+                    pass.collected.recipes += 1;
+                }
+                None => {
+                    // Every pack known now (one registered later is left for the next pass).
+                    let packs = lock(&self.state).packs.keys().copied().collect();
+                    pass.packs = Some(packs);
+                    pass.collected.live_chunks = pass.live.len() as u64;
+                }
+            }
+            if time_up() {
+                return Ok(Slice::Paused);
             }
         }
-        // The decision, under the lock saves look chunks up under.
-        let mut remove = Vec::new();
-        let mut rewrite = Vec::new();
-        {
+        while let Some(id) = pass.packs.as_mut().and_then(Vec::pop) {
+            if !self.decide(id, pass) {
+                return Ok(Slice::GivenUp);
+            }
+            if time_up() {
+                return Ok(Slice::Paused);
+            }
+        }
+        Ok(Slice::Finished)
+    }
+
+    /// Removes pack `id` if none of its chunks is live, rewrites it if few are (and the pass
+    /// may still rewrite); `false` if the pass must be given up.
+    fn decide(self: &Arc<Self>, id: u64, pass: &mut Pass) -> bool {
+        let Some(path) = lock(&self.state).packs.get(&id).map(|p| p.path.clone()) else {
+            return true;
+        };
+        // Read before the lock is taken: packs never change.
+        let entries = match pack::read_index(&path) {
+            Ok(entries) => entries,
+            Err(e) => {
+                tracing::warn!("leaving a snapshot pack alone: {e}");
+                return true;
+            }
+        };
+        let (remove, bytes) = {
             let mut state = lock(&self.state);
-            live.extend(state.recent.iter().copied());
-            live.extend(state.pins.keys().copied());
-            collected.live_chunks = live.len() as u64;
-            let mut budget = rewrite_budget;
-            for (id, path, bytes, entries) in indexes {
-                if !state.packs.contains_key(&id) {
-                    continue;
-                }
-                let ours = |h: &Hash| {
-                    state
-                        .index
-                        .get(h)
-                        .is_some_and(|location| location.pack == id)
-                };
-                let total: u64 = entries.iter().map(|e| u64::from(e.len)).sum();
-                let kept: u64 = entries
-                    .iter()
-                    .filter(|e| ours(&e.hash) && live.contains(&e.hash))
-                    .map(|e| u64::from(e.len))
-                    .sum();
-                let dead: Vec<Hash> = entries
-                    .iter()
-                    .filter(|e| ours(&e.hash) && !live.contains(&e.hash))
-                    .map(|e| e.hash)
-                    .collect();
-                if kept == 0 {
-                    remove.push((id, path, bytes));
-                } else if kept * 100 < total * REWRITE_BELOW_PERCENT && bytes <= budget {
-                    budget -= bytes;
-                    rewrite.push((id, path, bytes));
-                } else {
-                    continue;
-                }
-                collected.chunks_removed += dead.len() as u64;
-                for hash in dead {
-                    state.index.remove(&hash);
-                }
-                if kept == 0 {
-                    state.packs.remove(&id);
-                }
+            if state.recent_overflowed {
+                return false;
             }
-        }
-        drop(scanning);
-        for (_, path, bytes) in remove {
+            let Some(bytes) = state.packs.get(&id).map(|p| p.bytes) else {
+                return true;
+            };
+            let ours = |h: &Hash| {
+                state
+                    .index
+                    .get(h)
+                    .is_some_and(|location| location.pack == id)
+            };
+            let live = |h: &Hash| {
+                pass.live.contains(h) || state.recent.contains(h) || state.pins.contains_key(h)
+            };
+            let total: u64 = entries.iter().map(|e| u64::from(e.len)).sum();
+            let kept: u64 = entries
+                .iter()
+                .filter(|e| ours(&e.hash) && live(&e.hash))
+                .map(|e| u64::from(e.len))
+                .sum();
+            let remove = kept == 0;
+            if !remove && (kept * 100 >= total * REWRITE_BELOW_PERCENT || bytes > pass.rewrite_left)
+            {
+                return true;
+            }
+            let dead: Vec<Hash> = entries
+                .iter()
+                .filter(|e| ours(&e.hash) && !live(&e.hash))
+                .map(|e| e.hash)
+                .collect();
+            pass.collected.chunks_removed += dead.len() as u64;
+            for hash in dead {
+                state.index.remove(&hash);
+            }
+            if remove {
+                state.packs.remove(&id);
+            }
+            (remove, bytes)
+        };
+        if remove {
             match std::fs::remove_file(&path) {
                 Ok(()) => {
-                    collected.packs_removed += 1;
-                    collected.bytes_freed += bytes;
+                    pass.collected.packs_removed += 1;
+                    pass.collected.bytes_freed += bytes;
                 }
                 Err(e) => tracing::warn!("cannot remove the snapshot pack {}: {e}", path.display()),
             }
-        }
-        for (id, path, bytes) in rewrite {
+        } else {
+            pass.rewrite_left -= bytes;
             match self.rewrite(id, &path) {
                 Ok(new_bytes) => {
-                    collected.packs_rewritten += 1;
-                    collected.bytes_freed += bytes.saturating_sub(new_bytes);
+                    pass.collected.packs_rewritten += 1;
+                    pass.collected.bytes_freed += bytes.saturating_sub(new_bytes);
                 }
                 Err(e) => {
                     tracing::warn!("cannot rewrite the snapshot pack {}: {e}", path.display());
                 }
             }
         }
-        Ok(collected)
-    }
-
-    /// Marks the chunks of every recipe under `dir`.
-    fn mark_under(
-        &self,
-        dir: &Path,
-        depth: usize,
-        live: &mut HashSet<Hash>,
-        reader: &mut Reader,
-        collected: &mut Collected,
-    ) -> Result<()> {
-        let entries = match std::fs::read_dir(dir) {
-            Ok(entries) => entries,
-            // Gone meanwhile (a machine deleted, a snapshot replaced).
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(scan_failed(dir, &e)),
-        };
-        for entry in entries {
-            let entry = entry.map_err(|e| scan_failed(dir, &e))?;
-            let Ok(kind) = entry.file_type() else {
-                continue;
-            };
-            let path = entry.path();
-            if kind.is_dir() && depth < DEPTH {
-                self.mark_under(&path, depth + 1, live, reader, collected)?;
-            } else if kind.is_file()
-                && super::chunked_name(&entry.file_name().to_string_lossy()).is_some()
-            {
-                self.mark_recipe(&path, live, reader)?;
-                collected.recipes += 1;
-            }
-        }
-        Ok(())
+        true
     }
 
     fn mark_recipe(
@@ -284,6 +398,30 @@ impl ChunkStore {
             .map_err(|e| Error::internal(format!("cannot remove {}: {e}", path.display())))?;
         Ok(new_bytes)
     }
+}
+
+/// Puts what `dir` holds that a pass looks at (directories to `DEPTH`, recipes) on `pending`.
+fn list_into(dir: &Path, depth: usize, pending: &mut Vec<Pending>) -> Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        // Gone meanwhile (a machine deleted, a snapshot replaced).
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(scan_failed(dir, &e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| scan_failed(dir, &e))?;
+        let Ok(kind) = entry.file_type() else {
+            continue;
+        };
+        if kind.is_dir() && depth < DEPTH {
+            pending.push(Pending::Dir(entry.path(), depth + 1));
+        } else if kind.is_file()
+            && super::chunked_name(&entry.file_name().to_string_lossy()).is_some()
+        {
+            pending.push(Pending::Recipe(entry.path()));
+        }
+    }
+    Ok(())
 }
 
 fn scan_failed(path: &Path, e: &std::io::Error) -> Error {

@@ -97,6 +97,9 @@ struct State {
     /// the scan had already looked).
     collecting: bool,
     recent: HashSet<Hash>,
+    /// Whether more chunks ended than `recent` may hold ([`collect::RECENT_MAX`]): the pass
+    /// under way is given up.
+    recent_overflowed: bool,
 }
 
 /// Figures about the store, for metrics and benchmarks.
@@ -113,6 +116,10 @@ pub struct ChunkStats {
 pub struct ChunkStore {
     packs_dir: PathBuf,
     state: Mutex<State>,
+    /// The collection pass under way, between its slices; held while a slice runs.
+    pass: Mutex<Option<collect::Pass>>,
+    /// At most this many chunks are remembered in `recent` ([`collect::RECENT_MAX`]).
+    recent_max: usize,
 }
 
 /// The chunks a save or a copy refers to, kept from collection until it is dropped (after
@@ -150,7 +157,11 @@ impl Drop for Pinned {
                 }
             }
             if state.collecting {
-                state.recent.insert(hash);
+                if state.recent.len() < self.store.recent_max {
+                    state.recent.insert(hash);
+                } else {
+                    state.recent_overflowed = true;
+                }
             }
         }
     }
@@ -209,6 +220,8 @@ impl ChunkStore {
         Ok(Arc::new(Self {
             packs_dir,
             state: Mutex::new(state),
+            pass: Mutex::new(None),
+            recent_max: collect::RECENT_MAX,
         }))
     }
 
@@ -289,17 +302,28 @@ impl ChunkStore {
                     start += len;
                 }
             }
-            tracing::debug!("chunked {name}: {size} bytes, {new_bytes} of them new to the store");
             let mut lists = Vec::new();
+            let mut new_list_bytes = 0;
             for list in recipe::split_lists(&chunks) {
                 let bytes = recipe::encode_list(list);
                 let hash: Hash = Sha256::digest(&bytes).into();
-                self.keep(&mut pinned, &mut writer, &mut in_pack, hash, &bytes)?;
+                if self.keep(&mut pinned, &mut writer, &mut in_pack, hash, &bytes)? {
+                    new_list_bytes += bytes.len();
+                }
                 lists.push(hash);
             }
+            tracing::debug!(
+                "chunked {name}: {size} bytes, {new_bytes} of them new to the store; {} lists, \
+                 {new_list_bytes} bytes of them new",
+                lists.len()
+            );
             recipes.push((name, Recipe { size, lists }));
         }
         if let Some((entries, bytes)) = writer.finish()? {
+            tracing::debug!(
+                "chunks new to the store: {} in a pack of {bytes} bytes",
+                entries.len()
+            );
             let path = self.packs_dir.join(format!("{pack_id:016x}.pack"));
             register(&mut lock(&self.state), pack_id, path, bytes, &entries);
         }

@@ -1,5 +1,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::*;
 
@@ -213,6 +214,25 @@ fn collection_racing_saves_never_loses_a_live_chunk() {
             passes
         })
     };
+    // Passes in the smallest slices there are (one recipe or pack each), so that saves begin
+    // and end in the middle of them.
+    let slicer = {
+        let store = Arc::clone(&store);
+        let stop = Arc::clone(&stop);
+        let root = root.clone();
+        std::thread::spawn(move || {
+            let mut passes = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let slice = store
+                    .collect_slice(std::slice::from_ref(&root), u64::MAX, Duration::ZERO)
+                    .unwrap();
+                if slice.finished {
+                    passes += 1;
+                }
+            }
+            passes
+        })
+    };
     let savers: Vec<_> = (0..2)
         .map(|t| {
             let store = Arc::clone(&store);
@@ -240,6 +260,8 @@ fn collection_racing_saves_never_loses_a_live_chunk() {
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let passes = collector.join().unwrap();
     assert!(passes > 3, "only {passes} collections ran");
+    let sliced = slicer.join().unwrap();
+    assert!(sliced > 3, "only {sliced} sliced collections ran");
     store
         .collect(std::slice::from_ref(&root), u64::MAX)
         .unwrap();
@@ -250,4 +272,102 @@ fn collection_racing_saves_never_loses_a_live_chunk() {
     // What the six machines hold now is about all the store keeps.
     let stats = store.stats();
     assert!(stats.chunks < 6 * 10 + 30 + 6 * 4 + 50, "{stats:?}");
+}
+
+#[test]
+fn a_pass_in_slices_keeps_what_is_saved_between_them_and_frees_what_was_deleted_before() {
+    let home = tempfile::tempdir().unwrap();
+    let store = ChunkStore::open(home.path()).unwrap();
+    let root: PathBuf = home.path().join("machines");
+    let roots = [root.clone()];
+    // m0's pages and state are its own, in a pack of their own.
+    let m0_pages = memory(20, |i| 10_000 + i as u64);
+    drop(save(&store, &root.join("m0"), &m0_pages, b"m0 alone"));
+    for machine in 1..4 {
+        replace(&store, &root, machine, 0);
+    }
+    // Slices of one step each: the pass is under way after the first.
+    let first = store
+        .collect_slice(&roots, u64::MAX, Duration::ZERO)
+        .unwrap();
+    assert!(!first.finished && !first.skipped, "{first:?}");
+    assert!(store.collecting());
+    let mut saved = Vec::new();
+    let mut slices = 1;
+    loop {
+        // A new snapshot for a machine the scan has (or has not yet) looked at, and one gone.
+        if slices < 4 {
+            saved.push((slices, replace(&store, &root, slices, slices)));
+        }
+        if slices == 2 {
+            std::fs::remove_dir_all(root.join("m0")).unwrap();
+        }
+        let slice = store
+            .collect_slice(&roots, u64::MAX, Duration::ZERO)
+            .unwrap();
+        slices += 1;
+        if slice.finished {
+            assert!(!slice.given_up, "{slice:?}");
+            break;
+        }
+        assert!(slices < 1000, "the pass does not end");
+    }
+    assert!(!store.collecting());
+    assert!(slices > 4, "a pass of {slices} slices");
+    for (machine, pages) in &saved {
+        let dir = root.join(format!("m{machine}"));
+        assert_eq!(&read_back(&store, &dir, "pages.img").unwrap(), pages);
+    }
+    // A whole pass now has freed what m0 alone held.
+    let whole = store.collect(&roots, u64::MAX).unwrap();
+    assert!(whole.finished && whole.recipes == 6, "{whole:?}");
+    let m0_state: Hash = Sha256::digest(b"m0 alone").into();
+    assert!(!lock(&store.state).index.contains_key(&m0_state));
+    for (machine, pages) in &saved {
+        let dir = root.join(format!("m{machine}"));
+        assert_eq!(&read_back(&store, &dir, "pages.img").unwrap(), pages);
+    }
+}
+
+#[test]
+fn a_pass_gives_up_when_saves_end_more_chunks_than_it_can_remember() {
+    let home = tempfile::tempdir().unwrap();
+    let mut store = ChunkStore::open(home.path()).unwrap();
+    Arc::get_mut(&mut store).unwrap().recent_max = 10;
+    let root: PathBuf = home.path().join("machines");
+    let roots = [root.clone()];
+    drop(save(
+        &store,
+        &root.join("m0"),
+        &memory(20, |i| 10_000 + i as u64),
+        b"m0 alone",
+    ));
+    let first = store
+        .collect_slice(&roots, u64::MAX, Duration::ZERO)
+        .unwrap();
+    assert!(!first.finished, "{first:?}");
+    // Forty pages and their list end while the pass runs: more than ten.
+    std::fs::remove_dir_all(root.join("m0")).unwrap();
+    let new = replace(&store, &root, 1, 1);
+    let before = store.stats();
+    let ended = loop {
+        let slice = store
+            .collect_slice(&roots, u64::MAX, Duration::ZERO)
+            .unwrap();
+        if slice.finished {
+            break slice;
+        }
+    };
+    assert!(ended.given_up && ended.packs_removed == 0, "{ended:?}");
+    assert_eq!(store.stats(), before);
+    let m0_state: Hash = Sha256::digest(b"m0 alone").into();
+    assert!(lock(&store.state).index.contains_key(&m0_state));
+    // The next pass starts over and frees m0's own chunks.
+    let again = store.collect(&roots, u64::MAX).unwrap();
+    assert!(!again.given_up && again.chunks_removed > 0, "{again:?}");
+    assert!(!lock(&store.state).index.contains_key(&m0_state));
+    assert_eq!(
+        read_back(&store, &root.join("m1"), "pages.img").unwrap(),
+        new
+    );
 }

@@ -12,6 +12,10 @@ use crate::error::{Error, Result};
 
 /// How often the engine looks whether snapshots changed and collects chunks if they did.
 const COLLECT_EVERY: Duration = Duration::from_secs(30);
+/// A collection works in slices of about this long...
+const COLLECT_SLICE: Duration = Duration::from_millis(200);
+/// ... this far apart, leaving the disk and a core to saves and restores in between.
+const BETWEEN_SLICES: Duration = Duration::from_secs(1);
 /// At most this many bytes of packs are rewritten per pass (the rest waits for the next).
 const REWRITE_PER_PASS: u64 = 256 * 1024 * 1024;
 /// How often each node collects the bucket's unused chunk packs (any node's saves and
@@ -37,23 +41,47 @@ impl EngineInner {
         self.chunks_dirty.store(true, Ordering::SeqCst);
     }
 
-    /// One collection pass over every snapshot under the home (blocking).
+    fn collection_roots(&self) -> [std::path::PathBuf; 2] {
+        let home = &self.config.home;
+        [home.join("machines"), home.join("base")]
+    }
+
+    /// One whole collection pass over every snapshot under the home, now (blocking).
     pub(crate) fn collect_chunks(&self) -> Result<Collected> {
         self.chunks_dirty.store(false, Ordering::SeqCst);
-        let home = &self.config.home;
-        let roots = [home.join("machines"), home.join("base")];
-        let collected = self.chunks.collect(&roots, REWRITE_PER_PASS);
-        match &collected {
-            Ok(done) if done.bytes_freed > 0 => tracing::debug!(
-                "collected snapshot chunks: {} packs removed, {} rewritten, {} bytes freed",
+        let collected = self
+            .chunks
+            .collect(&self.collection_roots(), REWRITE_PER_PASS);
+        self.collected(&collected);
+        collected
+    }
+
+    /// One slice of the collection pass under way, or of a new one (blocking).
+    fn collect_chunks_slice(&self) -> Result<Collected> {
+        if !self.chunks.collecting() {
+            self.chunks_dirty.store(false, Ordering::SeqCst);
+        }
+        let collected =
+            self.chunks
+                .collect_slice(&self.collection_roots(), REWRITE_PER_PASS, COLLECT_SLICE);
+        self.collected(&collected);
+        collected
+    }
+
+    fn collected(&self, collected: &Result<Collected>) {
+        match collected {
+            Ok(done) if done.finished && done.bytes_freed > 0 => tracing::debug!(
+                "collected snapshot chunks: {} recipes read, {} packs removed, {} rewritten, {} \
+                 bytes freed",
+                done.recipes,
                 done.packs_removed,
                 done.packs_rewritten,
                 done.bytes_freed
             ),
+            Ok(done) if done.given_up => self.snapshots_changed(),
             Ok(_) => {}
             Err(_) => self.snapshots_changed(),
         }
-        collected
     }
 }
 
@@ -69,12 +97,18 @@ pub(crate) fn copy_snapshot(
     crate::snapshot::copy(from, to, reseed)
 }
 
-/// Until the engine is gone: collects chunks every [`COLLECT_EVERY`] when snapshots changed,
-/// and the bucket's every [`COLLECT_BUCKET_EVERY`].
+/// Until the engine is gone: collects chunks when snapshots changed (looking every
+/// [`COLLECT_EVERY`]), a slice at a time, and the bucket's every [`COLLECT_BUCKET_EVERY`].
 pub(super) async fn collect_in_background(engine: Weak<EngineInner>) {
     let mut bucket_collected = tokio::time::Instant::now();
+    let mut under_way = false;
     loop {
-        tokio::time::sleep(COLLECT_EVERY).await;
+        tokio::time::sleep(if under_way {
+            BETWEEN_SLICES
+        } else {
+            COLLECT_EVERY
+        })
+        .await;
         let Some(inner) = engine.upgrade() else {
             return;
         };
@@ -95,13 +129,19 @@ pub(super) async fn collect_in_background(engine: Weak<EngineInner>) {
                 Err(e) => tracing::warn!("collecting the bucket's chunk packs failed: {e}"),
             }
         }
-        if !inner.chunks_dirty.load(Ordering::SeqCst) {
+        if !inner.chunks.collecting() && !inner.chunks_dirty.load(Ordering::SeqCst) {
+            under_way = false;
             continue;
         }
-        let collected = tokio::task::spawn_blocking(move || inner.collect_chunks()).await;
-        if let Ok(Err(e)) = collected {
-            tracing::warn!("collecting snapshot chunks failed (tried again later): {e}");
-        }
+        let collected = tokio::task::spawn_blocking(move || inner.collect_chunks_slice()).await;
+        under_way = match collected {
+            Ok(Ok(done)) => !done.finished,
+            Ok(Err(e)) => {
+                tracing::warn!("collecting snapshot chunks failed (tried again later): {e}");
+                false
+            }
+            Err(_) => false,
+        };
     }
 }
 
