@@ -22,6 +22,11 @@ pub(crate) struct Resident {
 }
 
 impl Resident {
+    /// Stops what runs in the sandbox at once; [`Self::kill`] removes the rest later.
+    pub fn stop_now(&mut self) {
+        self.sandbox.stop_now();
+    }
+
     /// Stops the sandbox; returns why it had ended, if it had.
     pub async fn kill(mut self) -> Option<crate::sandbox::ExitReason> {
         let reason = self.sandbox.exit_reason();

@@ -52,23 +52,38 @@ async fn take(
     let home = engine.config.home.clone();
     let name = machine.name.to_string();
     let chunks = Arc::clone(&engine.chunks);
+    let in_place = engine.chunking().is_some();
     let restorable = engine.restorable();
-    let written = tokio::task::spawn_blocking(move || -> Result<()> {
+    let written = tokio::task::spawn_blocking(move || -> Result<bool> {
         let from = snapshot::snapshot_dir(&home, &name);
         let to = snapshot::point_dir(&home, &name, seq);
         let mut pinned = None;
-        snapshot::rewrite_to(&from, &to, &*restorable, |dir| {
+        let chunk = |dir: &std::path::Path| {
             let names = snapshot::unchunked_files(dir)?;
             pinned = Some(chunks.put_files(dir, &names, 3)?);
             Ok(())
-        })?;
+        };
+        // Where swapped snapshots are chunked, the machine's own is chunked in place and the
+        // point is a copy of it (hard links to its recipes): its memory file, left whole
+        // beside the point, would cost as much disk as all the other points together.
+        let chunked_in_place = in_place && !snapshot::unchunked_files(&from)?.is_empty();
+        if chunked_in_place {
+            snapshot::rewrite_to(&from, &from, &*restorable, chunk)?;
+            snapshot::copy(&from, &to, false)?;
+        } else {
+            snapshot::rewrite_to(&from, &to, &*restorable, chunk)?;
+        }
         drop(pinned);
-        Ok(())
+        Ok(chunked_in_place)
     })
     .await
     .map_err(|e| Error::internal(format!("taking an undo point stopped: {e}")))
     .and_then(|r| r);
     let name = machine.name.as_str();
+    if matches!(written, Ok(true)) {
+        machine.snapshot_chunked();
+    }
+    let written = written.map(|_| ());
     let taken = match written {
         // With a bucket, a point counts once it is there: any node may rewind to it.
         Ok(()) => bucketed::publish_point(engine, name, seq).await,
@@ -156,16 +171,14 @@ pub(super) async fn rewind(
     // Taken on another node, maybe.
     bucketed::fetch_point(engine, &name, target).await?;
     let dir = snapshot::point_dir(&home, &name, target);
-    // The old sandbox is stopped while the point is copied and restored, not before: its
-    // state is not needed any more, and its stop (runsc's kill and delete) takes as long as
-    // the rest.
-    let old = resident.take();
+    // The old sandbox's state is not needed any more: what runs in it is killed at once (its
+    // memory and its share of the cores freed for the restore), and the rest of its stop
+    // (runsc's delete, its files) waits until the restored one runs, off the caller's path.
+    let mut old = resident.take();
     let was_resident = old.is_some();
-    let stopping = async move {
-        if let Some(old) = old {
-            old.kill().await;
-        }
-    };
+    if let Some(old) = &mut old {
+        old.stop_now();
+    }
     let going_back = async {
         let started = std::time::Instant::now();
         rollback(engine, machine, resident, dir).await?;
@@ -189,7 +202,10 @@ pub(super) async fn rewind(
         );
         Ok::<_, Error>(marked)
     };
-    let ((), marked) = tokio::join!(stopping, going_back);
+    let marked = going_back.await;
+    if let Some(old) = old {
+        tokio::spawn(old.kill());
+    }
     Ok(Rewound {
         to: target,
         rewound: i64::try_from(marked?).unwrap_or(i64::MAX),

@@ -640,6 +640,11 @@ impl MachineHandle {
         self.control(Control::Compress).await
     }
 
+    /// Notes that the machine's snapshot was compressed (chunked) where it lies.
+    pub(super) fn snapshot_chunked(&self) {
+        lock(&self.state).snapshot_compressed = true;
+    }
+
     /// Whether the machine is swapped, unused for `idle`, with a snapshot not yet compressed.
     pub(crate) fn may_compress(&self, idle: Duration) -> bool {
         let idle_enough = self.idle_for() >= idle;

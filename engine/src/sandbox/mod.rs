@@ -130,6 +130,11 @@ pub trait Sandbox: Send {
     /// on the host.
     async fn kill(&mut self) -> Result<()>;
 
+    /// Stops what runs in the sandbox at once (its processes killed, its memory given back)
+    /// without waiting; [`Self::kill`] later removes the rest. By default nothing happens
+    /// before `kill`.
+    fn stop_now(&mut self) {}
+
     /// If the sandbox has ended, why (exit status, signal).
     fn exit_reason(&mut self) -> Option<ExitReason>;
 

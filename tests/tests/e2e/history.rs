@@ -56,6 +56,10 @@ async fn undo_and_rewind_go_back_to_kept_points_across_swap_and_restart() {
     assert!(!history.initial_point);
     let kept = seqs_where(&history, |i| i.undo_point);
     assert_eq!(kept, [5, 6, 7, 8, 9]);
+    // The machine's own snapshot (the newest point's state) is chunked too, not whole beside
+    // the point.
+    let own = home.path().join("machines").join(m.name()).join("snapshot");
+    assert!(own.join("pages.img.chunks").exists() && !own.join("pages.img").exists());
     assert_eq!(
         history.instructions[0].code,
         "frame = {'a': list(range(1000))}\nn = 0"

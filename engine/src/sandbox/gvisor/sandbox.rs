@@ -118,6 +118,15 @@ impl Sandbox for GvisorSandbox {
         }
     }
 
+    fn stop_now(&mut self) {
+        match &mut self.processes {
+            Processes::Attached(child) => {
+                let _ = child.start_kill();
+            }
+            Processes::Detached(detached) => detached.kill(),
+        }
+    }
+
     async fn kill(&mut self) -> Result<()> {
         match &mut self.processes {
             Processes::Attached(child) => {
