@@ -174,6 +174,44 @@ pub async fn chunk_figures(machines: usize) -> Result<()> {
     Ok(())
 }
 
+/// An undo beside what it cannot beat, in one run: 40 undos (each plus the next instruction's
+/// result, half a second after the instruction undone) and 40 restores of the same machine
+/// from a swap-out (plus the first instruction's result).
+#[allow(clippy::print_stdout)]
+pub async fn undo_figures() -> Result<()> {
+    let home = tempfile::tempdir()?;
+    let (engine, client) = engine(home.path(), Kept::Chunked).await?;
+    let machine = client
+        .create_machine(CreateMachineOptions {
+            history: Some(100),
+            ..CreateMachineOptions::default()
+        })
+        .await?;
+    machine.exec("n = 0").await?;
+    let (mut undos, mut restores) = (Vec::new(), Vec::new());
+    for _ in 0..40 {
+        machine.exec("n += 1").await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let started = Instant::now();
+        machine.undo().await?;
+        let run = machine.exec("n").await?;
+        undos.push(started.elapsed());
+        if run.result.error.is_some() {
+            anyhow::bail!("an undo broke the machine: {:?}", run.result);
+        }
+        machine.swap_out().await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let started = Instant::now();
+        machine.exec("n").await?;
+        restores.push(started.elapsed());
+    }
+    report("undo + the next instruction's result", undos);
+    report("restore + the first instruction's result", restores);
+    machine.delete().await?;
+    engine.shutdown().await;
+    Ok(())
+}
+
 /// What history costs (gVisor, chunks at the home): the time of an instruction back to back and
 /// one second apart, with and without a history; an undo plus the next instruction; and the
 /// disk 100 undo points take on a machine that imported pandas and holds a 10 MB DataFrame,

@@ -26,7 +26,8 @@
 //! `--only chunks [--machines N]` what snapshots cost on gVisor: disk per swapped machine over
 //! N fresh machines (default 1,000), compressed whole and chunked into the deduplicated store,
 //! and swap-out and restore times from each kind of snapshot; `--only history` what undo points
-//! cost: an instruction's time with and without, an undo, and the disk of 100 points on pandas.
+//! cost: an instruction's time with and without, an undo, and the disk of 100 points on pandas;
+//! `--only undo` 40 undos beside 40 restores of the same machine from a swap-out.
 #![allow(clippy::print_stdout)]
 
 use std::time::{Duration, Instant};
@@ -79,12 +80,12 @@ fn parse_args() -> Result<Args> {
             }
             "--only" => {
                 args.only = Some(it.next().context(
-                    "--only needs chunks, exec, files, history, images, network, packages, swap or density",
+                    "--only needs chunks, exec, files, history, images, network, packages, swap, density or undo",
                 )?);
             }
             other => bail!(
                 "unknown argument {other:?}; use --backend NAME, --rounds N, --throughput-only, \
-                 --density N, --only chunks|exec|files|history|images|network|packages|swap|density, \
+                 --density N, --only chunks|exec|files|history|images|network|packages|swap|density|undo, \
                  --machines N, --wheels DIR"
             ),
         }
@@ -862,6 +863,12 @@ async fn main() -> Result<()> {
         if args.only.as_deref() == Some("history") {
             if backend == "gvisor" {
                 evervm_examples::snapshots::history_figures().await?;
+            }
+            continue;
+        }
+        if args.only.as_deref() == Some("undo") {
+            if backend == "gvisor" {
+                evervm_examples::snapshots::undo_figures().await?;
             }
             continue;
         }
