@@ -231,6 +231,11 @@ export interface FileInfo {
   /** Permission bits. */
   mode: number
   modifiedAt?: string
+  /**
+   * Where a symlink leads, resolved: for `stat` of a path that is one, and for a listing's
+   * entries of kind `symlink`.
+   */
+  symlinkTarget?: string
 }
 
 /** A directory's entries, by name. */

@@ -563,6 +563,9 @@ pub struct FileInfo {
     /// Permission bits.
     pub mode: u32,
     pub modified_at: Option<String>,
+    /// Where a symlink leads, resolved: for `stat` of a path that is one, and for a listing's
+    /// entries of kind `symlink`.
+    pub symlink_target: Option<String>,
 }
 
 impl From<evervm::FileInfo> for FileInfo {
@@ -574,6 +577,7 @@ impl From<evervm::FileInfo> for FileInfo {
             size: number(f.size),
             mode: f.mode,
             modified_at: f.modified_at.map(time),
+            symlink_target: f.symlink_target,
         }
     }
 }

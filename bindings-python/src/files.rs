@@ -27,6 +27,9 @@ pub(crate) struct FileInfo {
     pub mode: u32,
     /// ISO 8601, UTC.
     pub modified_at: Option<String>,
+    /// Where a symlink leads, resolved: for `stat` of a path that is one, and for a listing's
+    /// entries of type `"symlink"`; else `None`.
+    pub symlink_target: Option<String>,
 }
 
 #[pymethods]
@@ -48,6 +51,7 @@ impl From<evervm::FileInfo> for FileInfo {
             size: f.size,
             mode: f.mode,
             modified_at: f.modified_at.map(|t| t.to_rfc3339()),
+            symlink_target: f.symlink_target,
         }
     }
 }

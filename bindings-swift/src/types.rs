@@ -560,6 +560,9 @@ pub struct FileInfo {
     /// Permission bits (`0o644` is 420).
     pub mode: u32,
     pub modified_at: Option<SystemTime>,
+    /// Where a symlink leads, resolved: for `stat` of a path that is one, and for a listing's
+    /// entries of kind `symlink`.
+    pub symlink_target: Option<String>,
 }
 
 impl From<evervm::FileInfo> for FileInfo {
@@ -576,6 +579,7 @@ impl From<evervm::FileInfo> for FileInfo {
             size: f.size,
             mode: f.mode,
             modified_at: f.modified_at.map(time),
+            symlink_target: f.symlink_target,
         }
     }
 }

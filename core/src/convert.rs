@@ -294,6 +294,7 @@ pub(crate) mod engine {
                 mode: f.mode,
                 modified_at: f.modified,
                 path: f.path,
+                symlink_target: f.symlink_target,
             }
         }
     }

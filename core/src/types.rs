@@ -223,6 +223,11 @@ pub struct FileInfo {
     /// Permission bits, as a number (`420` is `0o644`).
     pub mode: u32,
     pub modified_at: Option<DateTime<Utc>>,
+    /// Where a symlink leads, resolved to the end: in a stat's answer when the path asked for is
+    /// a symlink (the other fields then describe its target), in a listing for an entry of type
+    /// `symlink` (which describes the link itself). Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub symlink_target: Option<String>,
 }
 
 /// A directory's entries.

@@ -64,6 +64,10 @@ pub struct FileInfo {
     /// Permission bits (`0o644`).
     pub mode: u32,
     pub modified: Option<DateTime<Utc>>,
+    /// Where the symlink this is leads, resolved to the end: for a stat, when the path asked for
+    /// is a symlink (`path` and the rest then describe its target); for a listing's entry of
+    /// kind [`FileKind::Symlink`] (which describes the link itself).
+    pub symlink_target: Option<String>,
 }
 
 impl FileInfo {
@@ -160,6 +164,7 @@ mod tests {
             size: 1,
             mode: 0o644,
             modified: None,
+            symlink_target: None,
         };
         assert_eq!(info.name(), "a.csv");
     }

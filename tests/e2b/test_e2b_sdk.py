@@ -16,7 +16,7 @@ import uuid
 from importlib.metadata import version
 
 import pytest
-from e2b import CommandExitException, SandboxQuery
+from e2b import CommandExitException, FileType, SandboxQuery
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -132,6 +132,23 @@ def test_files(sandbox) -> None:
     sandbox.files.write("/home/user/t/a.txt", "a")
     listed = [entry.path[len("/home/user/t/"):] for entry in sandbox.files.list("/home/user/t", depth=2)]
     assert listed == ["a-c", "a.txt", "b", "b/x", "b/y", "b-z"], listed
+    # Symlinks as envd reports them (its `test_file_symlink`): the link's own path, its target's
+    # type and mode, `L` permissions, and where it leads, resolved.
+    sandbox.commands.run("ln -s a.txt link.txt && ln -s b link-dir && ln -s gone broken", cwd="/home/user/t")
+    link = sandbox.files.get_info("t/link.txt")
+    assert (link.path, link.type, link.symlink_target) == (
+        "/home/user/t/link.txt", FileType.FILE, "/home/user/t/a.txt")
+    assert (link.mode, link.permissions) == (0o644, "Lrwxrwxrwx")
+    assert sandbox.files.get_info("/home/user/t/a.txt").symlink_target is None
+    entries = {entry.name: entry for entry in sandbox.files.list("/home/user/t")}
+    assert entries["link.txt"].type == FileType.FILE
+    assert entries["link.txt"].symlink_target == "/home/user/t/a.txt"
+    assert (entries["link-dir"].type, entries["link-dir"].symlink_target) == (
+        FileType.DIR, "/home/user/t/b")
+    # A link that leads nowhere has no type, and the SDK leaves such entries out.
+    assert "broken" not in entries
+    assert sandbox.files.get_info("t/link-dir").type == FileType.DIR
+    assert entries["a.txt"].symlink_target is None
 
 
 def test_commands(sandbox) -> None:

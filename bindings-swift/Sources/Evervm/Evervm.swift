@@ -2150,6 +2150,11 @@ public struct FileInfo: Equatable, Hashable {
      */
     public var mode: UInt32
     public var modifiedAt: Date?
+    /**
+     * Where a symlink leads, resolved: for `stat` of a path that is one, and for a listing's
+     * entries of kind `symlink`.
+     */
+    public var symlinkTarget: String?
 
     // Default memberwise initializers are never public by default, so we
     // declare one manually.
@@ -2159,13 +2164,18 @@ public struct FileInfo: Equatable, Hashable {
          */path: String, name: String, kind: FileKind, size: UInt64, 
         /**
          * Permission bits (`0o644` is 420).
-         */mode: UInt32, modifiedAt: Date?) {
+         */mode: UInt32, modifiedAt: Date?, 
+        /**
+         * Where a symlink leads, resolved: for `stat` of a path that is one, and for a listing's
+         * entries of kind `symlink`.
+         */symlinkTarget: String?) {
         self.path = path
         self.name = name
         self.kind = kind
         self.size = size
         self.mode = mode
         self.modifiedAt = modifiedAt
+        self.symlinkTarget = symlinkTarget
     }
 
     
@@ -2189,7 +2199,8 @@ public struct FfiConverterTypeFileInfo: FfiConverterRustBuffer {
                 kind: FfiConverterTypeFileKind.read(from: &buf), 
                 size: FfiConverterUInt64.read(from: &buf), 
                 mode: FfiConverterUInt32.read(from: &buf), 
-                modifiedAt: FfiConverterOptionTimestamp.read(from: &buf)
+                modifiedAt: FfiConverterOptionTimestamp.read(from: &buf), 
+                symlinkTarget: FfiConverterOptionString.read(from: &buf)
         )
     }
 
@@ -2200,6 +2211,7 @@ public struct FfiConverterTypeFileInfo: FfiConverterRustBuffer {
         FfiConverterUInt64.write(value.size, into: &buf)
         FfiConverterUInt32.write(value.mode, into: &buf)
         FfiConverterOptionTimestamp.write(value.modifiedAt, into: &buf)
+        FfiConverterOptionString.write(value.symlinkTarget, into: &buf)
     }
 }
 

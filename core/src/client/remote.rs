@@ -274,6 +274,7 @@ fn info_from_headers(headers: &reqwest::header::HeaderMap) -> Result<FileInfo> {
         size,
         mode,
         modified_at,
+        symlink_target: None,
     })
 }
 

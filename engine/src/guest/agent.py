@@ -1009,6 +1009,8 @@ class Resolved:
         self.name = name
         # Whether it is one of the roots itself (which is never removed).
         self.is_root = False
+        # Whether the path asked for is a symlink (this is where it leads).
+        self.via_link = False
 
     @property
     def dir_fd(self):
@@ -1066,6 +1068,8 @@ def resolve(request, follow_last=True, make_parents=False):
     pending = _split(path)
     name = None
     links = 0
+    # Whether the path's last component (or the last one of a target it led to) was a symlink.
+    final_link = False
     try:
         while pending:
             part = pending.pop(0)
@@ -1091,6 +1095,7 @@ def resolve(request, follow_last=True, make_parents=False):
                 os.mkdir(part, 0o755, dir_fd=fds[-1])
                 st = os.stat(part, dir_fd=fds[-1], follow_symlinks=False)
             if stat_module.S_ISLNK(st.st_mode):
+                final_link = final_link or last
                 links += 1
                 if links > MAX_SYMLINKS:
                     raise FileError("denied", "%s: too many symlinks" % request.get("path"))
@@ -1118,6 +1123,7 @@ def resolve(request, follow_last=True, make_parents=False):
             raise refused()
         resolved = Resolved(fds, parts, name)
         resolved.is_root = parts + [name] in roots
+        resolved.via_link = final_link
         return resolved
     except BaseException:
         for fd in fds:
@@ -1156,7 +1162,10 @@ def _stat(resolved, follow=True):
 def op_stat(request):
     resolved = resolve(request)
     try:
-        send({"ev": "file", "info": _stat(resolved)})
+        info = _stat(resolved)
+        if resolved.via_link:
+            info["symlink_target"] = resolved.path
+        send({"ev": "file", "info": info})
     finally:
         resolved.close()
 
@@ -1181,7 +1190,10 @@ def op_list(request):
                     st = os.stat(name, dir_fd=fd, follow_symlinks=False)
                 except OSError:
                     continue
-                entries.append(_file_info(resolved.path.rstrip("/") + "/" + name, st))
+                entry = _file_info(resolved.path.rstrip("/") + "/" + name, st)
+                if entry["type"] == "symlink":
+                    entry["symlink_target"] = os.path.realpath(entry["path"])
+                entries.append(entry)
         finally:
             os.close(fd)
         send({"ev": "file", "info": _stat(resolved), "entries": entries, "truncated": truncated})

@@ -414,6 +414,8 @@ struct RawFileInfo {
     size: u64,
     mode: u32,
     mtime: f64,
+    #[serde(default)]
+    symlink_target: Option<String>,
 }
 
 impl RawFileInfo {
@@ -425,6 +427,15 @@ impl RawFileInfo {
         let kind = FileKind::parse(&self.kind).ok_or_else(|| malformed("has an unknown type"))?;
         if self.mode > 0o7777 {
             return Err(malformed("has a mode beyond 7777"));
+        }
+        if self
+            .symlink_target
+            .as_ref()
+            .is_some_and(|t| t.len() > MAX_PATH_BYTES || !t.starts_with('/'))
+        {
+            return Err(malformed(
+                "has a symlink target that is not absolute or is too long",
+            ));
         }
         // To the microsecond (what a double holds of a time now); none before 1970 or after 2286.
         let modified = (self.mtime.is_finite() && (0.0..1e10).contains(&self.mtime))
@@ -439,6 +450,7 @@ impl RawFileInfo {
             size: self.size,
             mode: self.mode,
             modified,
+            symlink_target: self.symlink_target,
         })
     }
 }

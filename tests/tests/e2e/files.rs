@@ -202,12 +202,31 @@ async fn paths_outside_the_home_and_tmp_are_refused() {
     m.write_file("tmp/through-link.txt", "ok").await.unwrap();
     assert_eq!(m.read_file("/tmp/through-link.txt").await.unwrap(), b"ok");
     let listing = m.list_files("/tmp").await.unwrap();
+    let up = listing.entries.iter().find(|e| e.name == "up");
     assert!(
-        listing
-            .entries
-            .iter()
-            .any(|e| e.name == "up" && e.kind == FileKind::Symlink),
+        up.is_some_and(|e| e.kind == FileKind::Symlink && e.symlink_target.as_deref() == Some("/")),
         "{listing:?}"
+    );
+    // Where a symlink leads: a stat through one names its target, a listing each link's.
+    let through = m.stat_file("tmp").await.unwrap();
+    assert_eq!(
+        (
+            through.path.as_str(),
+            through.kind,
+            through.symlink_target.as_deref()
+        ),
+        ("/tmp", FileKind::Directory, Some("/tmp"))
+    );
+    let inside = m.stat_file("tmp/through-link.txt").await.unwrap();
+    assert_eq!(
+        (inside.path.as_str(), inside.symlink_target),
+        ("/tmp/through-link.txt", None)
+    );
+    let home_listing = m.list_files("~").await.unwrap();
+    let etc = home_listing.entries.iter().find(|e| e.name == "etc");
+    assert!(
+        etc.is_some_and(|e| e.symlink_target.as_deref() == Some("/etc")),
+        "{home_listing:?}"
     );
     engine.shutdown().await;
 }

@@ -303,6 +303,8 @@ struct EntryInfo {
     group: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     modified_time: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    symlink_target: Option<String>,
 }
 
 fn entry(info: &FileInfo) -> EntryInfo {
@@ -323,7 +325,58 @@ fn entry(info: &FileInfo) -> EntryInfo {
         modified_time: info
             .modified
             .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)),
+        symlink_target: None,
     }
+}
+
+/// envd's entry for the symlink at `own` (its path as E2B names it), as envd describes one:
+/// the type and mode of what it leads to (`target`; none when it leads nowhere, whose type is
+/// unspecified), the size and time of `shown` (the link itself where known, else the target),
+/// `L` and the link's permissions (always all of them on Linux), and where it leads, resolved.
+fn symlink_entry(
+    own: &str,
+    shown: &FileInfo,
+    target: Option<&FileInfo>,
+    leads_to: &str,
+) -> EntryInfo {
+    EntryInfo {
+        name: own.rsplit('/').next().unwrap_or_default().to_owned(),
+        path: own.to_owned(),
+        kind: match target.map(|t| t.kind) {
+            Some(FileKind::File | FileKind::Other) => "FILE_TYPE_FILE",
+            Some(FileKind::Directory) => "FILE_TYPE_DIRECTORY",
+            Some(FileKind::Symlink) | None => "FILE_TYPE_UNSPECIFIED",
+        },
+        mode: target.map_or(0, |t| t.mode),
+        permissions: "Lrwxrwxrwx".to_owned(),
+        symlink_target: Some(to_e2b(leads_to)),
+        ..entry(shown)
+    }
+}
+
+/// `path` as envd reports a path it was given: absolute (relative to `/home/user`), `.` and
+/// `..` taken out, symlinks left as they are.
+fn absolute(path: &str) -> String {
+    let joined = if path.starts_with('/') {
+        path.to_owned()
+    } else if path == "~" || path.is_empty() {
+        E2B_HOME.to_owned()
+    } else if let Some(rest) = path.strip_prefix("~/") {
+        format!("{E2B_HOME}/{rest}")
+    } else {
+        format!("{E2B_HOME}/{path}")
+    };
+    let mut parts: Vec<&str> = Vec::new();
+    for part in joined.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            part => parts.push(part),
+        }
+    }
+    format!("/{}", parts.join("/"))
 }
 
 /// `ls -l`'s permissions: `drwxr-xr-x`.
@@ -409,7 +462,11 @@ async fn stat(
         .stat_file(account, sandbox, &to_machine(&request.path))
         .await
         .map_err(|e| rpc_failure(&e, sandbox))?;
-    Ok(serde_json::json!({ "entry": entry(&info) }))
+    let entry = match &info.symlink_target {
+        Some(leads_to) => symlink_entry(&absolute(&request.path), &info, Some(&info), leads_to),
+        None => entry(&info),
+    };
+    Ok(serde_json::json!({ "entry": entry }))
 }
 
 async fn list_dir(call: Call<'_>, body: &[u8]) -> Result<serde_json::Value, RpcError> {
@@ -435,7 +492,24 @@ async fn list_dir(call: Call<'_>, body: &[u8]) -> Result<serde_json::Value, RpcE
         if entries.len() >= MAX_LISTED {
             break;
         }
-        entries.push(entry(&info));
+        entries.push(match (&info.kind, &info.symlink_target) {
+            (FileKind::Symlink, Some(leads_to)) => {
+                // What it leads to, if anything: its type and mode are the entry's.
+                let target = call
+                    .state
+                    .engine
+                    .stat_file(call.account, call.sandbox, &info.path)
+                    .await
+                    .ok();
+                let leads_to = if target.is_some() {
+                    leads_to
+                } else {
+                    &info.path
+                };
+                symlink_entry(&to_e2b(&info.path), &info, target.as_ref(), leads_to)
+            }
+            _ => entry(&info),
+        });
         if info.kind == FileKind::Directory && level < depth {
             open.push((sorted_listing(call, &info.path).await?, level + 1));
         }
@@ -890,6 +964,10 @@ mod tests {
         assert_eq!(to_e2b("/home/machine/a.csv"), "/home/user/a.csv");
         assert_eq!(to_e2b("/home/machine"), "/home/user");
         assert_eq!(to_e2b("/home/machinery"), "/home/machinery");
+        assert_eq!(absolute("a/./b/../c"), "/home/user/a/c");
+        assert_eq!(absolute("~/x"), "/home/user/x");
+        assert_eq!(absolute("/tmp//y/"), "/tmp/y");
+        assert_eq!(absolute("/.."), "/");
     }
 
     #[test]
@@ -900,6 +978,7 @@ mod tests {
             size: 0,
             mode: 0o755,
             modified: None,
+            symlink_target: None,
         };
         assert_eq!(permissions(&info), "drwxr-xr-x");
     }
