@@ -174,6 +174,20 @@ pub async fn chunk_figures(machines: usize) -> Result<()> {
     Ok(())
 }
 
+/// `n += 1`, half a second, then an undo plus the next instruction's result, timed.
+async fn timed_undo(machine: &evervm::Machine) -> Result<Duration> {
+    machine.exec("n += 1").await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    machine.undo().await?;
+    let run = machine.exec("n").await?;
+    let elapsed = started.elapsed();
+    if run.result.error.is_some() {
+        anyhow::bail!("an undo broke the machine: {:?}", run.result);
+    }
+    Ok(elapsed)
+}
+
 /// An undo beside what it cannot beat, in one run: 40 undos (each plus the next instruction's
 /// result, half a second after the instruction undone) and 40 restores of the same machine
 /// from a swap-out (plus the first instruction's result).
@@ -190,15 +204,7 @@ pub async fn undo_figures() -> Result<()> {
     machine.exec("n = 0").await?;
     let (mut undos, mut restores) = (Vec::new(), Vec::new());
     for _ in 0..40 {
-        machine.exec("n += 1").await?;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let started = Instant::now();
-        machine.undo().await?;
-        let run = machine.exec("n").await?;
-        undos.push(started.elapsed());
-        if run.result.error.is_some() {
-            anyhow::bail!("an undo broke the machine: {:?}", run.result);
-        }
+        undos.push(timed_undo(&machine).await?);
         machine.swap_out().await?;
         tokio::time::sleep(Duration::from_millis(500)).await;
         let started = Instant::now();
@@ -253,15 +259,7 @@ pub async fn history_figures() -> Result<()> {
         if history.is_some() {
             let mut undos = Vec::new();
             for _ in 0..20 {
-                machine.exec("n += 1").await?;
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                let started = Instant::now();
-                machine.undo().await?;
-                let run = machine.exec("n").await?;
-                undos.push(started.elapsed());
-                if run.result.error.is_some() {
-                    anyhow::bail!("an undo broke the machine: {:?}", run.result);
-                }
+                undos.push(timed_undo(&machine).await?);
             }
             report("undo + the next instruction's result", undos);
         }

@@ -192,6 +192,24 @@ fn replace(store: &Arc<ChunkStore>, root: &Path, machine: usize, round: usize) -
     pages
 }
 
+/// A thread that collects until `stop` (`collect` says whether a pass ended); how many passes
+/// ended.
+fn spawn_collector(
+    store: &Arc<ChunkStore>,
+    stop: &Arc<std::sync::atomic::AtomicBool>,
+    root: &Path,
+    collect: impl Fn(&Arc<ChunkStore>, &PathBuf) -> bool + Send + 'static,
+) -> std::thread::JoinHandle<usize> {
+    let (store, stop, root) = (Arc::clone(store), Arc::clone(stop), root.to_owned());
+    std::thread::spawn(move || {
+        let mut passes = 0;
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            passes += usize::from(collect(&store, &root));
+        }
+        passes
+    })
+}
+
 #[test]
 fn collection_racing_saves_never_loses_a_live_chunk() {
     let home = tempfile::tempdir().unwrap();
@@ -199,40 +217,18 @@ fn collection_racing_saves_never_loses_a_live_chunk() {
     let root: PathBuf = home.path().join("machines");
     std::fs::create_dir_all(&root).unwrap();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let collector = {
-        let store = Arc::clone(&store);
-        let stop = Arc::clone(&stop);
-        let root = root.clone();
-        std::thread::spawn(move || {
-            let mut passes = 0;
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                store
-                    .collect(std::slice::from_ref(&root), u64::MAX)
-                    .unwrap();
-                passes += 1;
-            }
-            passes
-        })
-    };
-    // Passes in the smallest slices there are (one recipe or pack each), so that saves begin
-    // and end in the middle of them.
-    let slicer = {
-        let store = Arc::clone(&store);
-        let stop = Arc::clone(&stop);
-        let root = root.clone();
-        std::thread::spawn(move || {
-            let mut passes = 0;
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                let slice = store
-                    .collect_slice(std::slice::from_ref(&root), u64::MAX, Duration::ZERO)
-                    .unwrap();
-                if slice.finished {
-                    passes += 1;
-                }
-            }
-            passes
-        })
-    };
+    // Whole passes, and passes in the smallest slices there are (one recipe or pack each), so
+    // that saves begin and end in the middle of them.
+    let collector = spawn_collector(&store, &stop, &root, |store, root| {
+        store.collect(std::slice::from_ref(root), u64::MAX).unwrap();
+        true
+    });
+    let slicer = spawn_collector(&store, &stop, &root, |store, root| {
+        store
+            .collect_slice(std::slice::from_ref(root), u64::MAX, Duration::ZERO)
+            .unwrap()
+            .finished
+    });
     let savers: Vec<_> = (0..2)
         .map(|t| {
             let store = Arc::clone(&store);
