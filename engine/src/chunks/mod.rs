@@ -171,11 +171,26 @@ impl Drop for Pinned {
 /// once (the base's, the machine's own, the zero page's), lists between them.
 const FRAMES_KEPT: usize = 16;
 
-/// Decompressed frames a read has seen lately (most recent first), and the packs it has open.
+/// Decompressed frames a read has seen lately (most recent first), the packs it has open, and
+/// the chunks it has checked.
 #[derive(Default)]
 struct Reader {
     files: HashMap<u64, (File, PathBuf)>,
-    frames: std::collections::VecDeque<((u64, u64), Vec<u8>)>,
+    frames: std::collections::VecDeque<Frame>,
+    /// How many frames it has read from disk: each one's number tells its loads apart.
+    loads: u64,
+    /// Chunks checked against their hash, with the frame load they were found in: met again in
+    /// that same load, they are not hashed again.
+    checked: HashMap<Hash, ((u64, u64), u64)>,
+    /// One decompression context for every frame it reads.
+    decompressor: Option<zstd::bulk::Decompressor<'static>>,
+}
+
+/// A decompressed frame: its pack and offset, which of the reader's loads it is, its bytes.
+struct Frame {
+    key: (u64, u64),
+    load: u64,
+    bytes: Vec<u8>,
 }
 
 impl ChunkStore {
@@ -484,15 +499,15 @@ impl ChunkStore {
             for (start, chunks) in group {
                 let mut at = start;
                 for (hash, len) in chunks {
-                    let chunk = self.read_chunk(&hash, &mut reader)?;
-                    if chunk.len() != len as usize {
+                    let before = buffer.len();
+                    self.read_chunk_into(&hash, &mut reader, &mut buffer)?;
+                    if buffer.len() - before != len as usize {
                         return Err(Error::crashed(format!(
                             "the chunk {} is {} bytes, its list says {len}",
                             hex::encode(hash),
-                            chunk.len()
+                            buffer.len() - before
                         )));
                     }
-                    buffer.extend_from_slice(&chunk);
                     if buffer.len() >= WRITE_BYTES {
                         file.write_all_at(&buffer, at).map_err(write_failed)?;
                         at += buffer.len() as u64;
@@ -521,37 +536,43 @@ impl ChunkStore {
 
     /// The chunk named `hash`, checked against it.
     fn read_chunk(&self, hash: &Hash, reader: &mut Reader) -> Result<Vec<u8>> {
+        let mut chunk = Vec::new();
+        self.read_chunk_into(hash, reader, &mut chunk)?;
+        Ok(chunk)
+    }
+
+    /// Appends the chunk named `hash` to `out`, checked against it (once per frame read: a
+    /// chunk met again in a frame the reader holds, such as the zero page, is not hashed again).
+    fn read_chunk_into(&self, hash: &Hash, reader: &mut Reader, out: &mut Vec<u8>) -> Result<()> {
         // A collection may move a chunk to a new pack between the look-up and the read: look
         // again once when its pack is gone.
         for attempt in 0..2 {
-            let (location, path) = {
-                let state = lock(&self.state);
-                let Some(location) = state.index.get(hash).copied() else {
-                    return Err(Error::crashed(format!(
-                        "the snapshot needs the chunk {}, which the store does not hold \
-                         (its pack was damaged or removed): roll back to a checkpoint or \
-                         delete the machine",
-                        hex::encode(hash)
-                    )));
-                };
-                let path = state.packs.get(&location.pack).map(|p| p.path.clone());
-                (location, path)
-            };
-            let Some(path) = path else { continue };
+            let location = lock(&self.state).index.get(hash).copied().ok_or_else(|| {
+                Error::crashed(format!(
+                    "the snapshot needs the chunk {}, which the store does not hold (its pack \
+                     was damaged or removed): roll back to a checkpoint or delete the machine",
+                    hex::encode(hash)
+                ))
+            })?;
             let key = (location.pack, location.entry.frame_offset);
-            if let Some(at) = reader.frames.iter().position(|(k, _)| *k == key) {
+            if let Some(at) = reader.frames.iter().position(|frame| frame.key == key) {
                 if at > 0
                     && let Some(hit) = reader.frames.remove(at)
                 {
                     reader.frames.push_front(hit);
                 }
             } else {
-                if let std::collections::hash_map::Entry::Vacant(vacant) =
-                    reader.files.entry(location.pack)
-                {
+                if !reader.files.contains_key(&location.pack) {
+                    let Some(path) = lock(&self.state)
+                        .packs
+                        .get(&location.pack)
+                        .map(|p| p.path.clone())
+                    else {
+                        continue;
+                    };
                     match File::open(&path) {
                         Ok(file) => {
-                            vacant.insert((file, path.clone()));
+                            reader.files.insert(location.pack, (file, path));
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::NotFound && attempt == 0 => {
                             continue;
@@ -568,22 +589,35 @@ impl ChunkStore {
                 let Some((file, path)) = reader.files.get(&location.pack) else {
                     continue;
                 };
-                let frame = pack::read_frame(file, path, &location.entry)?;
+                let bytes =
+                    pack::read_frame_with(file, path, &location.entry, &mut reader.decompressor)?;
+                reader.loads += 1;
                 reader.frames.truncate(FRAMES_KEPT - 1);
-                reader.frames.push_front((key, frame));
+                reader.frames.push_front(Frame {
+                    key,
+                    load: reader.loads,
+                    bytes,
+                });
             }
-            let Some((_, frame)) = reader.frames.front() else {
+            let (Some(frame), Some((_, path))) =
+                (reader.frames.front(), reader.files.get(&location.pack))
+            else {
                 continue;
             };
-            let chunk = pack::chunk_in(frame, &path, &location.entry)?;
-            if Sha256::digest(chunk).as_slice() != hash {
-                return Err(Error::crashed(format!(
-                    "the chunk {} in {} is damaged (its bytes do not match its hash)",
-                    hex::encode(hash),
-                    path.display()
-                )));
+            let chunk = pack::chunk_in(&frame.bytes, path, &location.entry)?;
+            let seen = (key, frame.load);
+            if reader.checked.get(hash) != Some(&seen) {
+                if Sha256::digest(chunk).as_slice() != hash {
+                    return Err(Error::crashed(format!(
+                        "the chunk {} in {} is damaged (its bytes do not match its hash)",
+                        hex::encode(hash),
+                        path.display()
+                    )));
+                }
+                reader.checked.insert(*hash, seen);
             }
-            return Ok(chunk.to_vec());
+            out.extend_from_slice(chunk);
+            return Ok(());
         }
         Err(Error::crashed(format!(
             "the chunk {} moved while it was read",

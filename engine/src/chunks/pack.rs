@@ -331,10 +331,28 @@ pub(crate) fn parse_index(path: &Path, place: &IndexPlace, index: &[u8]) -> Resu
 
 /// Reads and decompresses the frame `entry` lies in (zstd checks the frame's own checksum).
 pub(crate) fn read_frame(file: &File, path: &Path, entry: &Entry) -> Result<Vec<u8>> {
+    read_frame_with(file, path, entry, &mut None)
+}
+
+/// [`read_frame`] with a decompression context kept between frames (made on first use).
+pub(crate) fn read_frame_with(
+    file: &File,
+    path: &Path,
+    entry: &Entry,
+    decompressor: &mut Option<zstd::bulk::Decompressor<'static>>,
+) -> Result<Vec<u8>> {
     let mut packed = vec![0u8; entry.frame_len as usize];
     file.read_exact_at(&mut packed, entry.frame_offset)
         .map_err(|e| damaged(path, &format!("a frame cannot be read ({e})")))?;
-    unpack_frame(path, &packed)
+    let context = match decompressor {
+        Some(context) => context,
+        None => decompressor.insert(zstd::bulk::Decompressor::new().map_err(|e| {
+            Error::internal(format!("cannot make a zstd decompression context: {e}"))
+        })?),
+    };
+    context
+        .decompress(&packed, FRAME_BYTES)
+        .map_err(|e| damaged(path, &format!("a frame does not decompress ({e})")))
 }
 
 /// Decompresses one frame of the pack `path`.
