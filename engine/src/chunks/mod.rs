@@ -562,7 +562,9 @@ impl ChunkStore {
                     reader.frames.push_front(hit);
                 }
             } else {
-                if !reader.files.contains_key(&location.pack) {
+                if let std::collections::hash_map::Entry::Vacant(vacant) =
+                    reader.files.entry(location.pack)
+                {
                     let Some(path) = lock(&self.state)
                         .packs
                         .get(&location.pack)
@@ -572,7 +574,7 @@ impl ChunkStore {
                     };
                     match File::open(&path) {
                         Ok(file) => {
-                            reader.files.insert(location.pack, (file, path));
+                            vacant.insert((file, path));
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::NotFound && attempt == 0 => {
                             continue;
