@@ -68,7 +68,7 @@ async fn take(
         // beside the point, would cost as much disk as all the other points together.
         let chunked_in_place = in_place && !snapshot::unchunked_files(&from)?.is_empty();
         if chunked_in_place {
-            snapshot::rewrite_to(&from, &from, &*restorable, chunk)?;
+            snapshot::rewrite(&home, &name, &*restorable, chunk)?;
             snapshot::copy(&from, &to, false)?;
         } else {
             snapshot::rewrite_to(&from, &to, &*restorable, chunk)?;
