@@ -213,7 +213,7 @@ impl FileKind {
 #[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 pub struct FileInfo {
     /// Its absolute path in the machine (symlinks on the way resolved).
-    #[cfg_attr(feature = "server", schemars(example = &"/home/machine/data.csv"))]
+    #[cfg_attr(feature = "server", schemars(example = &"/home/user/data.csv"))]
     pub path: String,
     /// The last component of the path.
     pub name: String,

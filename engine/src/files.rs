@@ -1,8 +1,8 @@
 //! Files in a machine's filesystem, as the engine describes them, and the limits that bound them.
 //!
 //! Paths are never resolved on the host: the agent inside the sandbox resolves each one, one
-//! component at a time, under the backend's roots (the machine's home and `/tmp` on gVisor), and
-//! refuses what leaves them. A relative path, or one starting with `~/`, is relative to the
+//! component at a time, under the backend's roots (the sandbox's `/` on gVisor, the machine's home
+//! on the process backend), and refuses what leaves them. A relative path, or one starting with `~/`, is relative to the
 //! machine's home.
 
 use bytes::Bytes;
@@ -159,7 +159,7 @@ mod tests {
             assert_eq!(FileKind::parse(kind.as_str()), Some(kind));
         }
         let info = FileInfo {
-            path: "/home/machine/a.csv".into(),
+            path: "/home/user/a.csv".into(),
             kind: FileKind::File,
             size: 1,
             mode: 0o644,

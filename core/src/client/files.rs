@@ -2,8 +2,9 @@
 //! from the local disk.
 //!
 //! Paths are the machine's: absolute (`/tmp/a.csv`), or relative to its home (`a.csv`,
-//! `~/a.csv`). They are resolved inside the machine's sandbox; one that leaves the directories
-//! files may be used in (the home and `/tmp` on gVisor) is refused with `PermissionDenied`.
+//! `~/a.csv`). They are resolved inside the machine's sandbox, as its user: on gVisor the
+//! sandbox's whole file system (the image read-only); on the process backend only the home, and a
+//! path that leaves it is refused with `PermissionDenied`.
 
 use std::path::{Path, PathBuf};
 

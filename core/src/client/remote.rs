@@ -242,7 +242,10 @@ pub(crate) fn file_segments(path: &str) -> Result<Vec<String>> {
     if segments.is_empty() {
         return Err(Error::new(
             crate::ErrorKind::PermissionDenied,
-            format!("{path}: the root directory is outside the directories files may be used in"),
+            format!(
+                "{path}: the root directory has no file URL of its own (list it with \
+                 `list_files(\"/\")`)"
+            ),
         ));
     }
     Ok(segments)

@@ -967,6 +967,8 @@ def run_instruction(machine, captures, request):
 # so `..`, an absolute path or a symlink that leads elsewhere is refused.
 
 FILE_CHUNK = 256 * 1024
+# The most read from a file that gives no size (`/proc/...`).
+MAX_UNSIZED_READ = 16 * 1024 * 1024
 MAX_SYMLINKS = 40
 
 
@@ -1018,7 +1020,8 @@ class Resolved:
 
     @property
     def path(self):
-        return "/" + "/".join(self.parts + ([self.name] if self.name is not None else []))
+        last = [self.name] if self.name not in (None, ".") else []
+        return "/" + "/".join(self.parts + last)
 
     def close(self):
         for fd in self.fds:
@@ -1116,7 +1119,12 @@ def resolve(request, follow_last=True, make_parents=False):
         if name is None:
             # The path ends at a directory the walk entered (`/tmp`, `a/..`): its parent holds it.
             if not parts:
-                raise refused()
+                if [] not in roots:
+                    raise refused()
+                # `/` itself, when it is a root: it holds itself.
+                resolved = Resolved(fds, [], ".")
+                resolved.is_root = True
+                return resolved
             name = parts.pop()
             os.close(fds.pop())
         if not inside(parts + [name]):
@@ -1245,7 +1253,8 @@ def op_read(request):
     resolved = resolve(request)
     try:
         try:
-            fd = os.open(resolved.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+            # Non-blocking: a FIFO must not hold the agent (it is refused below).
+            fd = os.open(resolved.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
                          dir_fd=resolved.dir_fd)
         except OSError as exc:
             raise _os_error(exc, resolved.path)
@@ -1262,7 +1271,17 @@ def op_read(request):
             raise FileError(
                 "too_large", "%s: %d bytes, over the limit of %d" % (resolved.path, st.st_size, limit)
             )
-        send({"ev": "file", "info": _file_info(resolved.path, st)})
+        info = _file_info(resolved.path, st)
+        if st.st_size == 0:
+            # /proc and /sys files say they are empty and are not: read them whole (bounded).
+            data = _read_unsized(fd, resolved.path, limit)
+            info["size"] = len(data)
+            send({"ev": "file", "info": info})
+            if data:
+                _send_data(data)
+            send({"ev": "file_end", "size": len(data)})
+            return
+        send({"ev": "file", "info": info})
         # The size announced is the most that is sent: a file that grows meanwhile is cut there,
         # one that shrinks ends early (and the host reports it incomplete).
         remaining = st.st_size
@@ -1277,6 +1296,25 @@ def op_read(request):
         send({"ev": "file_end", "size": sent})
     finally:
         os.close(fd)
+
+
+def _read_unsized(fd, path, limit):
+    """What a file that gives no size holds, up to `limit` bytes (more is refused)."""
+    cap = MAX_UNSIZED_READ if limit is None else min(limit, MAX_UNSIZED_READ)
+    data = bytearray()
+    while True:
+        try:
+            chunk = os.read(fd, FILE_CHUNK)
+        except BlockingIOError:
+            break
+        except OSError as exc:
+            raise _os_error(exc, path)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > cap:
+            raise FileError("too_large", "%s: over the limit of %d bytes" % (path, cap))
+    return bytes(data)
 
 
 def _send_data(data):
@@ -1710,6 +1748,10 @@ def next_request():
 
 
 def main():
+    # Started as root (a gVisor sandbox): keep a root helper for `sudo`, then become the user.
+    if len(sys.argv) == 3 and sys.argv[1] == "--root-helper" and os.getuid() == 0:
+        uid = int(sys.argv[2])
+        start_root_helper(uid, uid)
     threading.stack_size(512 * 1024)
     os.environ.setdefault("MPLBACKEND", "Agg")
     sys.meta_path.insert(0, _PyplotFinder())

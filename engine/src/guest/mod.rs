@@ -5,13 +5,22 @@ pub mod channel;
 pub mod connection;
 pub mod image;
 
-/// The agent's source: its Jupyter cells' part, its health check, then the rest (one program).
-/// The process backend runs it with `python3 -I -c`; images carry it as a file.
+/// The agent's source: its Jupyter cells' part, its health check, its root helper for `sudo`,
+/// then the rest (one program). The process backend runs it with `python3 -I -c`; images carry
+/// it as a file.
 pub const AGENT_SOURCE: &str = concat!(
     include_str!("jupyter.py"),
     include_str!("health.py"),
+    include_str!("root.py"),
     include_str!("agent.py")
 );
+
+/// The flag, then the uid, with which a gVisor sandbox starts the agent as root: it keeps a root
+/// helper for `sudo` (`root.py`) and runs as that uid.
+pub const ROOT_HELPER_FLAG: &str = "--root-helper";
+
+/// `sudo` in an image: asks the agent's root helper to run a command as root.
+pub const SUDO_SOURCE: &str = include_str!("sudo.py");
 
 /// The port on which a gVisor machine's interpreter answers `GET /health` from inside the machine
 /// (`health.py`): E2B's code interpreter's, which programs in an E2B sandbox ask.

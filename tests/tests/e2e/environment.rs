@@ -9,7 +9,7 @@ use crate::{open_gvisor as open, value};
 
 const SEEN: &str =
     "import os\n(os.environ.get('STAGE'), os.environ.get('DB_PASSWORD'), os.getcwd())";
-const EXPECTED: &str = "('test', 'hunter2-secret', '/home/machine')";
+const EXPECTED: &str = "('test', 'hunter2-secret', '/home/user')";
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_environment_survives_swap_restart_and_fork_and_secrets_stay_hidden() {

@@ -1,6 +1,7 @@
 //! What only the gVisor backend promises: the sandbox sees the image, never the host's files;
-//! the `data` image has numpy, pandas and matplotlib, and a figure comes back as `data.png`; a
-//! fork bomb or an endless print loop hurts only its own machine.
+//! code runs as `user`, and `sudo` makes it root inside the sandbox only; the `data` image has
+//! numpy, pandas and matplotlib, and a figure comes back as `data.png`; a fork bomb or an endless
+//! print loop hurts only its own machine.
 
 use std::time::Duration;
 
@@ -51,7 +52,7 @@ async fn the_host_file_system_is_invisible() {
     );
     assert_eq!(
         value(&m, "os.getuid(), os.getcwd()").await,
-        "(1000, '/home/machine')"
+        "(1000, '/home/user')"
     );
     // Writes land in the machine's own overlay, never in the shared image on the host.
     value(
@@ -64,6 +65,83 @@ async fn the_host_file_system_is_invisible() {
     let info = m.info().await.unwrap();
     assert_eq!(info.backend.as_deref(), Some("gvisor"));
     std::fs::remove_file(&secret).unwrap();
+}
+
+/// Runs `argv` in the machine through `subprocess`: (exit code, stdout, stderr).
+const RUN: &str = "import subprocess\n\
+    def run(*argv, input=None):\n\
+    \x20   p = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=60)\n\
+    \x20   return (p.returncode, p.stdout, p.stderr)";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn code_runs_as_user_and_sudo_is_root_inside_the_sandbox_only() {
+    let home = tempfile::tempdir().unwrap();
+    let Some(client) = gvisor_client(&home).await else {
+        return;
+    };
+    let m = machine(&client, None).await;
+    value(&m, RUN).await;
+    assert_eq!(value(&m, "run('whoami')").await, "(0, 'user\\n', '')");
+    assert_eq!(value(&m, "run('pwd')").await, "(0, '/home/user\\n', '')");
+    // The interpreter holds no capability; root's come only through sudo.
+    assert_eq!(
+        value(
+            &m,
+            "[l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')]"
+        )
+        .await,
+        "['0000000000000000']"
+    );
+    assert_eq!(
+        value(&m, "run('sudo', 'id', '-u')").await,
+        "(0, '0\\n', '')"
+    );
+    assert_eq!(
+        value(&m, "run('sudo', '-u', 'user', 'id', '-u')").await,
+        "(0, '1000\\n', '')"
+    );
+    assert_eq!(
+        value(&m, "run('sudo', 'sh', '-c', 'cat; exit 3', input='abc')").await,
+        "(3, 'abc', '')"
+    );
+    assert_eq!(
+        value(&m, "run('sudo', 'no-such-command')").await,
+        "(127, '', 'sudo: no-such-command: command not found\\n')"
+    );
+    // Root writes the sandbox's copy of the image (its own overlay), never the host's image.
+    let probe = "evervm-sudo-probe";
+    assert_eq!(
+        value(
+            &m,
+            &format!(
+                "run('sudo', 'sh', '-c', 'echo root > /usr/lib/{probe} && cat /usr/lib/{probe}')"
+            )
+        )
+        .await,
+        "(0, 'root\\n', '')"
+    );
+    let images = std::env::var_os("EVERVM_IMAGES")
+        .map_or_else(|| home.path().join("images"), std::path::PathBuf::from);
+    for image in std::fs::read_dir(&images).unwrap().flatten() {
+        let leaked = image.path().join("rootfs/usr/lib").join(probe);
+        assert!(!leaked.exists(), "{} was written", leaked.display());
+    }
+    // A signal to sudo reaches the command, and sudo ends as the command did.
+    assert_eq!(
+        value(
+            &m,
+            "import signal, time\np = subprocess.Popen(['sudo', 'sleep', '60'])\ntime.sleep(1)\n\
+             p.send_signal(signal.SIGTERM)\np.wait(timeout=20)"
+        )
+        .await,
+        "-15"
+    );
+    // The helper is part of the machine: it is there again after a swap.
+    m.swap_out().await.unwrap();
+    assert_eq!(
+        value(&m, "run('sudo', 'id', '-un')").await,
+        "(0, 'root\\n', '')"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -3,7 +3,8 @@
 //! and `process.Process/Start` (a shell command, run by the machine's interpreter in its
 //! sandbox, its output streamed), with SendSignal and List for the commands running.
 //!
-//! Paths: E2B's home, `/home/user`, is the machine's home (`/home/machine` on gVisor), both ways.
+//! Paths: E2B's home, `/home/user`, is the machine's home, both ways (a gVisor machine's home is
+//! `/home/user`, or `/home/machine` on images made before evervm took E2B's user).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -49,7 +50,7 @@ fn to_machine(path: &str) -> String {
 
 /// A path as the engine reports it, as E2B names it.
 fn to_e2b(path: &str) -> String {
-    let home = evervm_engine::guest::image::MACHINE_HOME;
+    let home = evervm_engine::guest::image::LEGACY_HOME;
     if path == home {
         E2B_HOME.to_owned()
     } else if let Some(rest) = path.strip_prefix(home).filter(|r| r.starts_with('/')) {

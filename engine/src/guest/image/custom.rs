@@ -210,12 +210,12 @@ pub async fn build(
         );
         blocking(move || {
             let dir = builder.images_dir.join(&id);
-            if let Some(image) = ImageBuilder::load(&dir, &id, &profile)? {
+            if let Some(image) = ImageBuilder::load(&dir, &id, &profile, false)? {
                 eprintln!("evervm image: {id} is built already");
                 return Ok(image);
             }
             let _turn = builder.build_lock()?;
-            if let Some(image) = ImageBuilder::load(&dir, &id, &profile)? {
+            if let Some(image) = ImageBuilder::load(&dir, &id, &profile, false)? {
                 return Ok(image);
             }
             builder.build(

@@ -29,13 +29,22 @@ use crate::fsutil::{fsync_dir, write_durably};
 use crate::packages::PackageSettings;
 use wheels::FetchedWheel;
 
-/// Bumped whenever the builder changes what it puts in an image.
-const BUILDER_VERSION: u32 = 5;
+/// Bumped whenever the builder changes what it puts in an image. Snapshots keep restoring on the
+/// image they were taken on, whatever builder made it.
+const BUILDER_VERSION: u32 = 6;
+/// The first builder whose images have the user `user` (home `/home/user`) and `sudo`: their
+/// agent starts as root and keeps a root helper for `sudo` (see `guest/root.py`).
+const USER_AND_SUDO_SINCE: u32 = 6;
 /// Where the agent lives inside an image.
 pub const AGENT_PATH: &str = "/opt/evervm/agent.py";
-/// The unprivileged user machines run as inside the sandbox.
+/// The unprivileged user machines run as inside the sandbox: `user`, as in E2B's sandboxes.
 pub const MACHINE_UID: u32 = 1000;
-pub const MACHINE_HOME: &str = "/home/machine";
+pub const MACHINE_USER: &str = "user";
+pub const MACHINE_HOME: &str = "/home/user";
+/// The home in images made before the user became `user` (their snapshots still restore).
+pub const LEGACY_HOME: &str = "/home/machine";
+/// Where an image has `sudo` (`guest/sudo.py`).
+pub const SUDO_PATH: &str = "/usr/bin/sudo";
 /// matplotlib's configuration and font cache, built into the image.
 pub const MPLCONFIGDIR: &str = "/opt/evervm/matplotlib";
 /// The image's `/etc/nsswitch.conf`: names from `/etc/hosts` only (a machine has no network
@@ -165,6 +174,25 @@ pub struct Image {
     pub profile: Profile,
     /// The root filesystem, never written after the build.
     pub root: PathBuf,
+    /// The version of the builder that made it.
+    pub builder: u32,
+}
+
+impl Image {
+    /// Whether its agent starts as root and keeps a root helper for `sudo`, then runs as the
+    /// machine's user.
+    pub fn has_root_helper(&self) -> bool {
+        self.builder >= USER_AND_SUDO_SINCE
+    }
+
+    /// The machine's home (and first working directory) in this image.
+    pub fn home(&self) -> &'static str {
+        if self.has_root_helper() {
+            MACHINE_HOME
+        } else {
+            LEGACY_HOME
+        }
+    }
 }
 
 /// Builds images from Debian packages.
@@ -266,6 +294,10 @@ impl ImageBuilder {
             "agent={}\n",
             hex::encode(Sha256::digest(AGENT_SOURCE))
         ));
+        hasher.update(format!(
+            "sudo={}\n",
+            hex::encode(Sha256::digest(super::SUDO_SOURCE))
+        ));
         for package in packages {
             hasher.update(format!(
                 "{} {} {}\n",
@@ -294,11 +326,11 @@ impl ImageBuilder {
         let packages = self.resolve(profile)?;
         let id = Self::image_id(profile, &packages);
         let dir = self.images_dir.join(&id);
-        if let Some(image) = Self::load(&dir, &id, profile)? {
+        if let Some(image) = Self::load(&dir, &id, profile, false)? {
             return Ok(image);
         }
         let _turn = self.build_lock()?;
-        if let Some(image) = Self::load(&dir, &id, profile)? {
+        if let Some(image) = Self::load(&dir, &id, profile, false)? {
             return Ok(image);
         }
         let pins = wheels::pinned(profile).len();
@@ -337,7 +369,7 @@ impl ImageBuilder {
     /// A built image by its exact id.
     pub fn by_id(&self, id: &str) -> Result<Image> {
         let profile = Profile::parse(id.rsplit_once('-').map_or("", |(name, _)| name))?;
-        Self::load(&self.images_dir.join(id), id, &profile)?.ok_or_else(|| {
+        Self::load(&self.images_dir.join(id), id, &profile, true)?.ok_or_else(|| {
             Error::new(
                 crate::error::ErrorKind::NotFound,
                 format!(
@@ -360,7 +392,7 @@ impl ImageBuilder {
             if !name.starts_with(profile.as_str()) || name.starts_with('.') {
                 continue;
             }
-            if let Ok(Some(image)) = Self::load(&entry.path(), &name, profile) {
+            if let Ok(Some(image)) = Self::load(&entry.path(), &name, profile, false) {
                 let manifest = std::fs::read_to_string(entry.path().join("manifest.json"))
                     .ok()
                     .and_then(|t| serde_json::from_str::<ImageManifest>(&t).ok());
@@ -381,7 +413,9 @@ impl ImageBuilder {
         Ok(newest.map(|(_, image)| image))
     }
 
-    fn load(dir: &Path, id: &str, profile: &Profile) -> Result<Option<Image>> {
+    /// The image in `dir` if it is `id`, of `profile`, made by this builder (by any builder
+    /// with `any_builder`: a snapshot restores on the image it was taken on).
+    fn load(dir: &Path, id: &str, profile: &Profile, any_builder: bool) -> Result<Option<Image>> {
         let manifest_path = dir.join("manifest.json");
         let Ok(text) = std::fs::read_to_string(&manifest_path) else {
             return Ok(None);
@@ -393,7 +427,9 @@ impl ImageBuilder {
                 dir.display()
             ))
         })?;
-        if manifest.id != id || manifest.profile != *profile || manifest.builder != BUILDER_VERSION
+        if manifest.id != id
+            || manifest.profile != *profile
+            || !(any_builder || manifest.builder == BUILDER_VERSION)
         {
             return Ok(None);
         }
@@ -401,6 +437,7 @@ impl ImageBuilder {
             id: id.to_owned(),
             profile: profile.clone(),
             root: dir.join("rootfs"),
+            builder: manifest.builder,
         }))
     }
 
@@ -553,6 +590,7 @@ impl ImageBuilder {
             id: id.to_owned(),
             profile: profile.clone(),
             root: dir.join("rootfs"),
+            builder: BUILDER_VERSION,
         })
     }
 }

@@ -8,9 +8,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use super::packages::run;
-use super::{AGENT_PATH, MACHINE_HOME, MACHINE_UID, MPLCONFIGDIR, NSSWITCH_CONF, Profile};
+use super::{
+    AGENT_PATH, LEGACY_HOME, MACHINE_HOME, MACHINE_UID, MACHINE_USER, MPLCONFIGDIR, NSSWITCH_CONF,
+    Profile, SUDO_PATH,
+};
 use crate::error::{Error, Result};
-use crate::guest::AGENT_SOURCE;
+use crate::guest::{AGENT_SOURCE, SUDO_SOURCE};
 
 /// Directories removed from the root: documentation, locales, and parts of the standard library
 /// that need a display or a compiler.
@@ -91,18 +94,22 @@ pub(super) fn configure_root(root: &Path, profile: &Profile) -> Result<()> {
             symlink(&format!("{dir}/{name}"), &lib.join(name))?;
         }
     }
+    // E2B's user and home: code written for E2B's sandboxes finds `/home/user` and `user`.
     write_file(
         root,
         "/etc/passwd",
         &format!(
-            "root:x:0:0:root:/root:/bin/sh\nmachine:x:{MACHINE_UID}:{MACHINE_UID}:evervm machine:\
+            "root:x:0:0:root:/root:/bin/sh\n{MACHINE_USER}:x:{MACHINE_UID}:{MACHINE_UID}::\
              {MACHINE_HOME}:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"
         ),
     )?;
     write_file(
         root,
         "/etc/group",
-        &format!("root:x:0:\nmachine:x:{MACHINE_UID}:\nnogroup:x:65534:\n"),
+        &format!(
+            "root:x:0:\nsudo:x:27:{MACHINE_USER}\n{MACHINE_USER}:x:{MACHINE_UID}:\n\
+             nogroup:x:65534:\n"
+        ),
     )?;
     write_file(root, "/etc/hostname", "machine\n")?;
     write_file(
@@ -114,26 +121,24 @@ pub(super) fn configure_root(root: &Path, profile: &Profile) -> Result<()> {
     if root.join("usr/share/zoneinfo/Etc/UTC").exists() {
         symlink("/usr/share/zoneinfo/Etc/UTC", &root.join("etc/localtime"))?;
     }
-    for dir in [
-        "tmp",
-        "proc",
-        "dev",
-        "sys",
-        "root",
-        "home/machine",
-        "opt/evervm",
-    ] {
+    let home = MACHINE_HOME.trim_start_matches('/');
+    for dir in ["tmp", "proc", "dev", "sys", "root", home, "opt/evervm"] {
         std::fs::create_dir_all(root.join(dir))?;
     }
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(root.join("tmp"), std::fs::Permissions::from_mode(0o1777))?;
-    std::os::unix::fs::chown(
-        root.join("home/machine"),
-        Some(MACHINE_UID),
-        Some(MACHINE_UID),
+    std::fs::set_permissions(root.join("root"), std::fs::Permissions::from_mode(0o700))?;
+    std::os::unix::fs::chown(root.join(home), Some(MACHINE_UID), Some(MACHINE_UID))?;
+    // The home of images before this one, for code that still names it.
+    symlink(
+        MACHINE_USER,
+        &root.join(LEGACY_HOME.trim_start_matches('/')),
     )?;
-    // E2B's home, for code written for E2B's sandboxes (`open("/home/user/data.csv")`).
-    symlink("machine", &root.join("home/user"))?;
+    write_file(root, SUDO_PATH, SUDO_SOURCE)?;
+    std::fs::set_permissions(
+        root.join(SUDO_PATH.trim_start_matches('/')),
+        std::fs::Permissions::from_mode(0o755),
+    )?;
     write_file(root, AGENT_PATH, AGENT_SOURCE)?;
     if *profile == Profile::Data {
         write_file(

@@ -9,9 +9,8 @@ use tokio::process::{Child, Command};
 
 use super::runsc::{Runsc, global_args};
 use crate::error::{Error, Result};
-use crate::guest::image::{
-    AGENT_PATH, Image, MACHINE_HOME, MACHINE_UID, MPLCONFIGDIR, NSSWITCH_CONF_WITH_DNS,
-};
+use crate::guest::ROOT_HELPER_FLAG;
+use crate::guest::image::{AGENT_PATH, Image, MACHINE_UID, MPLCONFIGDIR, NSSWITCH_CONF_WITH_DNS};
 
 /// The part of the cgroup limit above `memory_mb`: the sentry, its page tables and buffers.
 pub(super) const BACKSTOP_EXTRA_MB: u64 = 192;
@@ -51,13 +50,32 @@ pub(super) fn check_finished(what: &str, output: &std::process::Output) -> Resul
     )))
 }
 
+/// What root inside a sandbox may do (a container's usual set; never `CAP_SYS_ADMIN`, `NET_ADMIN`
+/// or `NET_RAW`). The agent drops them all when it becomes the machine's user; `sudo` gets them
+/// through the agent's root helper.
+const ROOT_CAPABILITIES: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_AUDIT_WRITE",
+    "CAP_SETFCAP",
+];
+
 /// The OCI runtime spec of one sandbox.
 pub(super) fn bundle_spec(image: &Image, memory_mb: u32) -> serde_json::Value {
+    let home = image.home();
     let address_space = u64::from(memory_mb) * 1024 * 1024;
     let backstop = (u64::from(memory_mb) + BACKSTOP_EXTRA_MB) * 1024 * 1024;
     let mut env = vec![
         "PATH=/usr/local/bin:/usr/bin:/bin".to_owned(),
-        format!("HOME={MACHINE_HOME}"),
+        format!("HOME={home}"),
         "LANG=C.UTF-8".to_owned(),
         "TZ=UTC".to_owned(),
         "PYTHONIOENCODING=utf-8".to_owned(),
@@ -82,16 +100,29 @@ pub(super) fn bundle_spec(image: &Image, memory_mb: u32) -> serde_json::Value {
             env.push(format!("{key}={value}"));
         }
     }
+    // The agent starts as root only to keep a root helper for `sudo` (images since it has one).
+    let (uid, args, capabilities) = if image.has_root_helper() {
+        let uid = MACHINE_UID.to_string();
+        let args = vec!["/usr/bin/python3", "-I", AGENT_PATH, ROOT_HELPER_FLAG];
+        let args: Vec<String> = args.into_iter().map(str::to_owned).chain([uid]).collect();
+        (0, args, ROOT_CAPABILITIES)
+    } else {
+        let args = ["/usr/bin/python3", "-I", AGENT_PATH]
+            .map(str::to_owned)
+            .to_vec();
+        (MACHINE_UID, args, &[][..])
+    };
     json!({
         "ociVersion": "1.0.2",
         "process": {
             "terminal": false,
-            "user": {"uid": MACHINE_UID, "gid": MACHINE_UID},
-            "args": ["/usr/bin/python3", "-I", AGENT_PATH],
+            "user": {"uid": uid, "gid": uid},
+            "args": args,
             "env": env,
-            "cwd": MACHINE_HOME,
+            "cwd": home,
             "capabilities": {
-                "bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []
+                "bounding": capabilities, "effective": capabilities, "inheritable": [],
+                "permitted": capabilities, "ambient": []
             },
             "rlimits": [
                 {"type": "RLIMIT_AS", "hard": address_space, "soft": address_space},

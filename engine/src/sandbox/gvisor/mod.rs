@@ -406,7 +406,9 @@ impl SandboxBackend for GvisorBackend {
     }
 
     fn file_roots(&self) -> &'static [&'static str] {
-        &[crate::guest::image::MACHINE_HOME, "/tmp"]
+        // The sandbox's whole file system, as E2B's envd reaches it: the agent works as the
+        // machine's user, so the image (root's) is read-only and nothing of the host is there.
+        &["/"]
     }
 
     fn capabilities(&self) -> Capabilities {
