@@ -314,6 +314,7 @@ pub(crate) mod engine {
             engine::WriteFileOptions {
                 mode: options.mode,
                 make_parents: options.make_parents,
+                metadata: std::collections::BTreeMap::default(),
             }
         }
     }

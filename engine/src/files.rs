@@ -68,6 +68,9 @@ pub struct FileInfo {
     /// is a symlink (`path` and the rest then describe its target); for a listing's entry of
     /// kind [`FileKind::Symlink`] (which describes the link itself).
     pub symlink_target: Option<String>,
+    /// Its metadata: its `user.e2b.*` extended attributes (E2B's file metadata), by name without
+    /// the prefix.
+    pub metadata: std::collections::BTreeMap<String, String>,
 }
 
 impl FileInfo {
@@ -88,12 +91,48 @@ pub struct FileList {
 }
 
 /// How a file is written.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WriteFileOptions {
     /// Permission bits; those of the file it replaces, or `0o644`, when `None`.
     pub mode: Option<u32>,
     /// Make missing parent directories (inside the roots).
     pub make_parents: bool,
+    /// Metadata the file gets (see [`FileInfo::metadata`]; checked by [`validate_metadata`]);
+    /// the metadata of the file it replaces goes with it.
+    pub metadata: std::collections::BTreeMap<String, String>,
+}
+
+/// The most metadata entries a file carries, the longest name and the longest value.
+pub const MAX_METADATA_ENTRIES: usize = 64;
+pub const MAX_METADATA_NAME_BYTES: usize = 200;
+pub const MAX_METADATA_VALUE_BYTES: usize = 4096;
+
+/// Checks file metadata: at most [`MAX_METADATA_ENTRIES`]; names of HTTP token characters
+/// (letters, digits, ``!#$%&'*+-.^_`|~``), values of printable ASCII, within the lengths above.
+pub fn validate_metadata(metadata: &std::collections::BTreeMap<String, String>) -> Result<()> {
+    if metadata.len() > MAX_METADATA_ENTRIES {
+        return Err(Error::invalid(format!(
+            "a file carries at most {MAX_METADATA_ENTRIES} metadata entries"
+        )));
+    }
+    for (name, value) in metadata {
+        let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+        if name.is_empty() || name.len() > MAX_METADATA_NAME_BYTES || !name.bytes().all(token) {
+            return Err(Error::invalid(format!(
+                "metadata name {name:?}: 1 to {MAX_METADATA_NAME_BYTES} letters, digits or \
+                 !#$%&'*+-.^_`|~"
+            )));
+        }
+        if value.len() > MAX_METADATA_VALUE_BYTES
+            || !value.bytes().all(|b| (0x20..0x7f).contains(&b))
+        {
+            return Err(Error::invalid(format!(
+                "metadata {name:?}: a value is at most {MAX_METADATA_VALUE_BYTES} bytes of \
+                 printable ASCII"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A file being read: what it is, then its bytes. The stream ends with an error (never short
@@ -165,6 +204,7 @@ mod tests {
             mode: 0o644,
             modified: None,
             symlink_target: None,
+            metadata: std::collections::BTreeMap::default(),
         };
         assert_eq!(info.name(), "a.csv");
     }

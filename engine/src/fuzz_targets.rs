@@ -121,7 +121,11 @@ fn agent_event(payload: &[u8]) {
     let Ok(event) = decode_event(payload) else {
         return;
     };
-    if matches!(event, AgentEvent::FileData(_)) {
+    if matches!(
+        event,
+        AgentEvent::FileData(_)
+            | AgentEvent::Process(crate::guest::processes::ProcessEvent::Output { .. })
+    ) {
         event_json(&event);
         return;
     }
@@ -256,6 +260,39 @@ fn event_json(event: &AgentEvent) -> serde_json::Value {
             "ev": "packages", "environment": environment, "libc": libc, "installed": installed,
         }),
         AgentEvent::Installed { site } => json!({"ev": "installed", "site": site}),
+        AgentEvent::Process(process) => process_event_json(event, process),
+    }
+}
+
+/// A process event as the agent writes it (its output, binary only, is checked as itself).
+fn process_event_json(
+    event: &AgentEvent,
+    process: &crate::guest::processes::ProcessEvent,
+) -> serde_json::Value {
+    use crate::guest::processes::{ProcessEvent, ProcessStream};
+    use serde_json::json;
+    match process {
+        ProcessEvent::Started { id, pid } => json!({"ev": "proc_started", "id": id, "pid": pid}),
+        ProcessEvent::Failed { id, error, kind } => {
+            json!({"ev": "proc_failed", "id": id, "error": error, "kind": kind})
+        }
+        ProcessEvent::Exited { id, end } => json!({
+            "ev": "proc_exit", "id": id, "exit_code": end.exit_code, "signal": end.signal,
+            "error": end.error,
+        }),
+        ProcessEvent::Output { id, stream, data } => {
+            let mut frame = vec![
+                b'P',
+                match stream {
+                    ProcessStream::Stdout => b'o',
+                    ProcessStream::Stderr => b'e',
+                },
+            ];
+            frame.extend(id.to_be_bytes());
+            frame.extend(data.iter());
+            assert_eq!(decode_event(&frame).as_ref(), Ok(event));
+            json!({"ev": "ready", "python": ""})
+        }
     }
 }
 

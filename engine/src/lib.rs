@@ -50,5 +50,9 @@ pub use engine::{
 };
 pub use error::{Error, ErrorKind, Result};
 pub use files::{ByteStream, FileInfo, FileKind, FileList, FileRead, WriteFileOptions};
+#[cfg(feature = "runtime")]
+pub use guest::processes::{ProcessEnd, ProcessOutput, ProcessState, ProcessStream};
+#[cfg(feature = "runtime")]
+pub use machine::processes::{MAX_PROCESS_INPUT_BYTES, Process, ProcessSpec, ProcessUpdate};
 pub use packages::{InstallReport, InstalledPackage, SatisfiedPackage};
 pub use types::*;

@@ -63,9 +63,12 @@ async fn files_go_in_and_out_and_are_seen_by_the_machine() {
     // 3 MiB in odd pieces, into a directory that does not exist yet.
     let data: Vec<u8> = (0..3 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
     let parts: Vec<Vec<u8>> = data.chunks(100_003).map(<[u8]>::to_vec).collect();
+    let metadata: std::collections::BTreeMap<String, String> =
+        [("author".to_owned(), "mish".to_owned())].into();
     let options = WriteFileOptions {
         mode: Some(0o600),
         make_parents: true,
+        metadata: metadata.clone(),
     };
     let info = engine
         .write_file(&account, name, "out/data.bin", pieces(parts), options)
@@ -77,6 +80,31 @@ async fn files_go_in_and_out_and_are_seen_by_the_machine() {
     );
     assert!(info.path.ends_with("/out/data.bin"), "{}", info.path);
     assert!(info.modified.is_some());
+    // Metadata is the file's (extended attributes), seen as the machine's code sets it too, and
+    // goes with the file a write replaces.
+    assert_eq!(info.metadata, metadata);
+    let set = "import os; os.setxattr('out/data.bin', 'user.e2b.stage', b'two'); 1";
+    run(&engine, &account, name, set).await;
+    let stat = engine
+        .stat_file(&account, name, "out/data.bin")
+        .await
+        .unwrap();
+    assert_eq!(stat.metadata.get("stage").map(String::as_str), Some("two"));
+    let bad: std::collections::BTreeMap<String, String> = [("bad key".into(), "v".into())].into();
+    let refused = engine
+        .write_file(
+            &account,
+            name,
+            "out/bad.bin",
+            pieces(vec![b"x".to_vec()]),
+            WriteFileOptions {
+                metadata: bad,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::InvalidInput, "{refused}");
     assert_eq!(
         read_all(&engine, &account, name, "~/out/data.bin").await,
         data

@@ -409,14 +409,17 @@ def test_the_interpreter_answers_its_health_check_and_comes_back_when_killed(san
     sandbox.run_code("kept = 1")
     assert sandbox.commands.run(HEALTH_CHECK).stdout == "200"
     assert sandbox.commands.run(HEALTH_CHECK.replace("health", "other")).stdout == "404"
-    # Killed (it is the sandbox's first process), it takes its state with it, and says so; the
-    # next instruction has a fresh interpreter, which answers again.
-    with pytest.raises(Exception, match="stopped unexpectedly"):
+    # Killed (it is the sandbox's first process), it takes the sandbox and its state with it:
+    # the command's answer breaks off, as when an E2B sandbox dies. The next command gets a
+    # fresh sandbox, whose interpreter answers again, and the next cell says what was lost.
+    # (the newest SDKs say it could not be reached, the oldest pass the broken stream on)
+    with pytest.raises(Exception, match="could not be reached|killed|peer closed"):
         sandbox.commands.run("kill -9 1")
     after = sandbox.commands.run(HEALTH_CHECK)
     assert after.stdout == "200"
-    assert "earlier state was lost" in after.stderr
-    assert sandbox.run_code("x = 1; x").text == "1"
+    lost = sandbox.run_code("x = 1; x")
+    assert lost.text == "1"
+    assert "earlier state was lost" in "".join(lost.logs.stderr)
     assert sandbox.run_code("kept").error.name == "NameError"
 
 

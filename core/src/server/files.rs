@@ -206,6 +206,7 @@ pub(crate) async fn write(
     let options = engine::WriteFileOptions {
         mode: query.mode.as_deref().map(parse_mode).transpose()?,
         make_parents: query.parents,
+        metadata: std::collections::BTreeMap::default(),
     };
     let data = body
         .into_data_stream()

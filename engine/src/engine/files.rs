@@ -111,6 +111,7 @@ impl Engine {
         if let Some(mode) = options.mode {
             validate_mode(mode)?;
         }
+        crate::files::validate_metadata(&options.metadata)?;
         let operation = FileOperation::Write {
             path: path.to_owned(),
             options,

@@ -3,7 +3,7 @@
 //! `config.rs` holds the settings and limits, `home.rs` taking the home and choosing the
 //! backend, `inner.rs` what every part shares, `machines.rs` creating, finding, running and
 //! deleting machines, `forever.rs` swap, fork, checkpoints and rollback, `budget.rs` the swap
-//! policy.
+//! policy, `processes.rs` processes beside a machine's interpreter.
 
 mod budget;
 pub(crate) mod chunks;
@@ -17,6 +17,7 @@ mod inner;
 mod lifecycle;
 mod machines;
 mod node;
+mod processes;
 
 use std::path::Path;
 use std::sync::Arc;

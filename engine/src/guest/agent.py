@@ -29,6 +29,8 @@ Host -> agent:
   {"op": "install", "wheels": [path, ...]}: unpacks the wheels (written by the host, removed
   here afterwards) into the user's site-packages, which becomes importable at once; answered by
   `installed` or `file_error`
+  {"op": "proc_start" | "proc_input" | "proc_close_stdin" | "proc_signal", ...}: processes
+  beside the interpreter, handled at once even while an instruction runs (see processes.py)
 Agent -> host:
   {"ev": "ready", "python": "3.11.2", "pid": P}
   output, as a binary frame (no JSON escaping of large text): the byte "O", the byte "o"
@@ -507,6 +509,9 @@ class Watcher:
                     if request.get("id") == STATE.current:
                         interrupt("interrupt")
                         resend_at = time.monotonic() + RESEND_AFTER
+                elif isinstance(request, dict) and request.get("op") in PROCESS_OPERATIONS:
+                    # Processes run beside the instruction: their requests are not held back.
+                    PROCESSES.handle(request)
                 else:
                     self.stash.append(request)
                 continue
@@ -1150,13 +1155,41 @@ def _file_info(resolved_path, st):
         kind = "symlink"
     else:
         kind = "other"
-    return {
+    info = {
         "path": resolved_path,
         "type": kind,
         "size": st.st_size,
         "mode": stat_module.S_IMODE(st.st_mode),
         "mtime": st.st_mtime,
     }
+    metadata = _metadata(resolved_path) if kind in ("file", "directory") else None
+    if metadata:
+        info["metadata"] = metadata
+    return info
+
+
+# E2B's file metadata: extended attributes named `user.e2b.<name>`, at most this many kept.
+METADATA_PREFIX = "user.e2b."
+MAX_METADATA = 64
+
+
+def _metadata(path):
+    try:
+        names = [n for n in os.listxattr(path, follow_symlinks=False)
+                 if n.startswith(METADATA_PREFIX)]
+    except OSError:
+        return None
+    metadata = {}
+    for name in sorted(names)[:MAX_METADATA]:
+        key = name[len(METADATA_PREFIX):]
+        try:
+            value = os.getxattr(path, name, follow_symlinks=False).decode("ascii")
+        except (OSError, UnicodeDecodeError):
+            continue
+        token = all(c.isascii() and (c.isalnum() or c in "!#$%&'*+-.^_`|~") for c in key)
+        if token and 0 < len(key) <= 200 and len(value) <= 4096 and value.isprintable():
+            metadata[key] = value
+    return metadata
 
 
 def _stat(resolved, follow=True):
@@ -1220,6 +1253,7 @@ def op_mkdir(request):
                 raise _os_error(exc, resolved.path)
         except OSError as exc:
             raise _os_error(exc, resolved.path)
+        PROCESSES.drain_watches()
         send({"ev": "file", "info": _stat(resolved)})
     finally:
         resolved.close()
@@ -1242,6 +1276,7 @@ def op_remove(request):
                 os.rmdir(resolved.name, dir_fd=resolved.dir_fd)
         except OSError as exc:
             raise _os_error(exc, resolved.path)
+        PROCESSES.drain_watches()
         send({"ev": "file", "info": info})
     finally:
         resolved.close()
@@ -1366,6 +1401,8 @@ def op_write(request):
             op = frame.get("op")
             if op == "write_end" and failure is None:
                 try:
+                    for key, value in (request.get("metadata") or {}).items():
+                        os.setxattr(fd, METADATA_PREFIX + str(key), str(value).encode("ascii"))
                     os.fchmod(fd, mode & 0o7777)
                     os.close(fd)
                     fd = None
@@ -1374,6 +1411,7 @@ def op_write(request):
                     temp = None
                 except OSError as exc:
                     raise _os_error(exc, resolved.path)
+                PROCESSES.upload_done(resolved.path, existing is not None)
                 send({"ev": "file", "info": _stat(resolved)})
                 return
             if op in ("write_end", "write_abort"):
@@ -1760,8 +1798,9 @@ def main():
     builtins.display = display
     signal.signal(signal.SIGINT, _on_sigint)
     signal.signal(signal.SIGALRM, _on_sigalrm)
-    global OUTPUT, WATCHER, _PENDING_SITE
+    global OUTPUT, WATCHER, PROCESSES, _PENDING_SITE
     WATCHER = Watcher()
+    PROCESSES = Processes()
     start_health_check()
     captures = [Capture(1, "stdout"), Capture(2, "stderr")]
     # Writes to fds 1 and 2 (C code, subprocesses) arrive through the pipes; Python's own
@@ -1809,6 +1848,8 @@ def main():
                 send({"ev": "ready", "python": sys.version.split()[0], "pid": os.getpid()})
             elif request.get("op") in FILE_OPERATIONS:
                 file_operation(request)
+            elif request.get("op") in PROCESS_OPERATIONS:
+                PROCESSES.handle(request)
         except KeyboardInterrupt:
             continue
     os._exit(0)

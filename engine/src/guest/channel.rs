@@ -1,5 +1,6 @@
 //! Framing of the agent channel: a 4-byte big-endian length, then that many bytes: UTF-8 JSON, or
-//! a binary frame whose first byte says what it is (`O` output, `D` file data).
+//! a binary frame whose first byte says what it is (`O` output, `D` file data, `P` a process's
+//! output: see `processes.rs`).
 //!
 //! Everything here treats the guest as hostile: lengths are checked before anything is buffered,
 //! and a frame that does not decode is an error for that machine only.
@@ -139,6 +140,8 @@ pub enum AgentRequest {
         roots: Vec<String>,
         mode: Option<u32>,
         parents: bool,
+        #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+        metadata: std::collections::BTreeMap<String, String>,
     },
     WriteEnd,
     WriteAbort,
@@ -148,6 +151,36 @@ pub enum AgentRequest {
     /// site-packages and make them importable; answered by `installed` or `file_error`.
     Install {
         wheels: Vec<String>,
+    },
+    /// Start a process beside the interpreter (handled at once, even during an instruction);
+    /// answered by `proc_started` or `proc_failed`, then its output and `proc_exit`.
+    ProcStart {
+        id: u64,
+        argv: Vec<String>,
+        env: EnvValues,
+        cwd: Option<String>,
+        stdin: bool,
+    },
+    /// Bytes for a process's stdin, base64.
+    ProcInput {
+        id: u64,
+        data: String,
+    },
+    ProcCloseStdin {
+        id: u64,
+    },
+    /// A signal to the process's group (to a watch: its end).
+    ProcSignal {
+        id: u64,
+        signal: i32,
+    },
+    /// Watch a directory (inotify; `recursive`: its subdirectories too), followed as a process
+    /// whose output is its events, a JSON line each.
+    WatchStart {
+        id: u64,
+        path: String,
+        roots: Vec<String>,
+        recursive: bool,
     },
 }
 
@@ -241,6 +274,8 @@ pub enum AgentEvent {
     Installed {
         site: String,
     },
+    /// About a process beside the interpreter (the connection's reader routes these).
+    Process(super::processes::ProcessEvent),
 }
 
 /// Why the agent refused or failed a file operation.
@@ -416,6 +451,8 @@ struct RawFileInfo {
     mtime: f64,
     #[serde(default)]
     symlink_target: Option<String>,
+    #[serde(default)]
+    metadata: Option<std::collections::BTreeMap<String, String>>,
 }
 
 impl RawFileInfo {
@@ -437,6 +474,10 @@ impl RawFileInfo {
                 "has a symlink target that is not absolute or is too long",
             ));
         }
+        let metadata = self.metadata.unwrap_or_default();
+        if crate::files::validate_metadata(&metadata).is_err() {
+            return Err(malformed("has metadata beyond the limits"));
+        }
         // To the microsecond (what a double holds of a time now); none before 1970 or after 2286.
         let modified = (self.mtime.is_finite() && (0.0..1e10).contains(&self.mtime))
             .then(|| {
@@ -451,6 +492,7 @@ impl RawFileInfo {
             mode: self.mode,
             modified,
             symlink_target: self.symlink_target,
+            metadata,
         })
     }
 }
@@ -507,12 +549,19 @@ pub fn decode_event(payload: &[u8]) -> Result<AgentEvent, ProtocolError> {
     match payload.first() {
         Some(&b'O') => return decode_output(payload),
         Some(&b'D') => return Ok(AgentEvent::FileData(payload[1..].to_vec())),
+        Some(&b'P') => return super::processes::decode_output(payload).map(AgentEvent::Process),
         _ => {}
     }
+
     let raw: RawEvent =
         serde_json::from_slice(payload).map_err(|e| ProtocolError::Malformed(e.to_string()))?;
     let malformed = |what: &str| ProtocolError::Malformed(format!("{} event {what}", raw.ev));
     match raw.ev.as_str() {
+        "proc_started" | "proc_failed" | "proc_exit" => {
+            let raw: super::processes::RawProcessEvent = serde_json::from_slice(payload)
+                .map_err(|e| ProtocolError::Malformed(e.to_string()))?;
+            raw.check().map(AgentEvent::Process)
+        }
         "ready" => Ok(AgentEvent::Ready {
             python: raw.python.unwrap_or_default(),
         }),

@@ -7,7 +7,10 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
+use std::sync::Arc;
+
 use super::channel::{AgentEvent, AgentRequest, FrameDecoder, decode_frame};
+use super::processes::ProcessRouter;
 use crate::error::{Error, Result};
 
 /// Boxed halves of a channel, as a sandbox hands them out.
@@ -25,6 +28,9 @@ pub struct AgentConnection {
     events: mpsc::Receiver<Result<AgentEvent>>,
     reader_task: tokio::task::JoinHandle<()>,
     python: String,
+    /// The processes the agent runs beside the interpreter: their events never wait in
+    /// `events`, the reader hands them over as they come.
+    processes: Arc<ProcessRouter>,
 }
 
 impl AgentConnection {
@@ -35,7 +41,8 @@ impl AgentConnection {
         ready_timeout: Duration,
     ) -> Result<Self> {
         let (tx, mut events) = mpsc::channel(EVENT_QUEUE);
-        let reader_task = tokio::spawn(read_events(reader, tx));
+        let processes = Arc::new(ProcessRouter::default());
+        let reader_task = tokio::spawn(read_events(reader, tx, Arc::clone(&processes)));
         let first = tokio::time::timeout(ready_timeout, events.recv()).await;
         let python = match first {
             Ok(Some(Ok(AgentEvent::Ready { python }))) => python,
@@ -66,6 +73,7 @@ impl AgentConnection {
             events,
             reader_task,
             python,
+            processes,
         })
     }
 
@@ -73,12 +81,14 @@ impl AgentConnection {
     /// `ready` to wait for; the first request finds out whether it lives.
     pub fn resume(reader: ChannelReader, writer: ChannelWriter) -> Self {
         let (tx, events) = mpsc::channel(EVENT_QUEUE);
-        let reader_task = tokio::spawn(read_events(reader, tx));
+        let processes = Arc::new(ProcessRouter::default());
+        let reader_task = tokio::spawn(read_events(reader, tx, Arc::clone(&processes)));
         Self {
             writer,
             events,
             reader_task,
             python: String::new(),
+            processes,
         }
     }
 
@@ -154,6 +164,11 @@ impl AgentConnection {
         })
     }
 
+    /// The processes this agent runs beside the interpreter.
+    pub fn processes(&self) -> &Arc<ProcessRouter> {
+        &self.processes
+    }
+
     /// The Python version the agent reported.
     pub fn python_version(&self) -> &str {
         &self.python
@@ -196,10 +211,25 @@ impl AgentConnection {
 impl Drop for AgentConnection {
     fn drop(&mut self) {
         self.reader_task.abort();
+        self.processes
+            .lose_all("the machine's sandbox stopped (or was swapped out) while it ran");
     }
 }
 
-async fn read_events(mut reader: ChannelReader, tx: mpsc::Sender<Result<AgentEvent>>) {
+async fn read_events(
+    reader: ChannelReader,
+    tx: mpsc::Sender<Result<AgentEvent>>,
+    processes: Arc<ProcessRouter>,
+) {
+    read_until_closed(reader, tx, &processes).await;
+    processes.lose_all("the machine's sandbox stopped while it ran");
+}
+
+async fn read_until_closed(
+    mut reader: ChannelReader,
+    tx: mpsc::Sender<Result<AgentEvent>>,
+    processes: &ProcessRouter,
+) {
     let mut decoder = FrameDecoder::new();
     let mut buffer = vec![0u8; 256 * 1024];
     loop {
@@ -227,6 +257,10 @@ async fn read_events(mut reader: ChannelReader, tx: mpsc::Sender<Result<AgentEve
                 Ok(Some(payload)) => decode_frame(payload),
                 Err(e) => Err(e),
             };
+            if let Ok(AgentEvent::Process(event)) = event {
+                processes.deliver(event);
+                continue;
+            }
             let failed = event.is_err();
             let event = event.map_err(|e| Error::crashed(e.to_string()));
             if tx.send(event).await.is_err() || failed {

@@ -128,6 +128,7 @@ pub(super) async fn run(
                 roots,
                 mode: options.mode,
                 parents: options.make_parents,
+                metadata: options.metadata,
             };
             let written = write(&engine.metrics, &mut current, request, data, limit).await;
             send_answer(reply, written.map(|r| r.map(FileOutcome::Info)))
@@ -182,7 +183,7 @@ pub(super) async fn run(
 }
 
 /// The directories a caller's paths may touch in the machine (none: its home).
-fn file_roots(engine: &EngineInner) -> Vec<String> {
+pub(super) fn file_roots(engine: &EngineInner) -> Vec<String> {
     engine
         .backend
         .file_roots()
@@ -483,6 +484,7 @@ pub(super) async fn install(
             roots: roots.clone(),
             mode: Some(0o600),
             parents: true,
+            metadata: std::collections::BTreeMap::default(),
         };
         match write(&engine.metrics, current, request, data, u64::MAX).await? {
             Ok(info) => staged.push(info.path),

@@ -6,6 +6,7 @@ pub(crate) mod bucketed;
 mod files;
 mod history;
 mod live;
+pub(crate) mod processes;
 mod swap;
 mod task;
 
@@ -51,7 +52,10 @@ enum Work {
 impl MachineState {
     /// An instruction or a file operation is queued or running.
     fn has_work(&self) -> bool {
-        self.running.is_some() || !self.queued.is_empty() || self.file_operations > 0
+        self.running.is_some()
+            || !self.queued.is_empty()
+            || self.file_operations > 0
+            || self.processes.as_ref().is_some_and(|p| !p.is_empty())
     }
 }
 
@@ -83,6 +87,9 @@ struct MachineState {
     )>,
     /// The last reading of the sandbox's memory, and when it was taken.
     memory_reading: Option<(Instant, u64)>,
+    /// The processes of its sandbox's agent, while it has one: a process running keeps the
+    /// machine from counting as idle.
+    processes: Option<Arc<crate::guest::processes::ProcessRouter>>,
     /// Failed swap-outs in a row, and when the idle swapper may try again.
     swap_failures: u32,
     swap_retry_at: Option<Instant>,
@@ -155,6 +162,11 @@ pub(crate) struct MachineHandle {
     /// When the machine last accepted or finished an instruction.
     last_active: Mutex<Instant>,
     stopped: watch::Sender<bool>,
+    /// Requests about processes beside the interpreter, for its task (bounded: see
+    /// [`processes::PROCESS_OPS_WAITING`]).
+    process_ops: mpsc::Sender<processes::ProcessOp>,
+    /// The id the next process gets on the channel.
+    next_process_id: std::sync::atomic::AtomicU64,
 }
 
 impl MachineHandle {
@@ -197,6 +209,7 @@ impl MachineHandle {
         let (jobs, queue) = mpsc::unbounded_channel();
         let (controls, control_requests) =
             mpsc::channel(engine.config.limits.max_waiting_operations.max(1));
+        let (process_ops, process_requests) = mpsc::channel(processes::PROCESS_OPS_WAITING);
         let handle = Arc::new(Self {
             name: record.name.clone(),
             account_id: record.account_id,
@@ -215,12 +228,17 @@ impl MachineHandle {
             deleted: AtomicBool::new(false),
             last_active: Mutex::new(Instant::now()),
             stopped: watch::channel(false).0,
+            process_ops,
+            next_process_id: std::sync::atomic::AtomicU64::new(1),
         });
         tokio::spawn(task::run(
             engine,
             Arc::clone(&handle),
-            queue,
-            control_requests,
+            task::Queues {
+                work: queue,
+                controls: control_requests,
+                processes: process_requests,
+            },
             eager,
         ));
         handle
@@ -267,6 +285,12 @@ impl MachineHandle {
             .map(|r| r.sandbox.memory_roots())
             .unwrap_or_default();
         state.memory_reading = None;
+        state.processes = resident.map(|r| Arc::clone(r.agent.processes()));
+    }
+
+    /// The processes of the sandbox it has, if it has one.
+    fn process_router(&self) -> Option<Arc<crate::guest::processes::ProcessRouter>> {
+        lock(&self.state).processes.clone()
     }
 
     fn set_busy(&self, busy: bool) {

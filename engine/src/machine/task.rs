@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::processes::{self, ProcessOp};
 use super::swap::{
     Save, acquire, become_resident, compress_swapped, copy_out, recovery_note, rollback, save,
     swap_out,
@@ -24,13 +25,26 @@ use crate::types::{Durability, ExecResult, FailureCause, Outcome, OutputStream};
 /// Output of a running instruction is handed to the store in pieces of about this size.
 const STORE_OUTPUT_EVERY_BYTES: usize = 1024 * 1024;
 
+/// What the machine's task takes requests from.
+pub(super) struct Queues {
+    /// Instructions and file operations, in order.
+    pub work: mpsc::UnboundedReceiver<Work>,
+    pub controls: mpsc::Receiver<Control>,
+    /// Process requests: taken also while an instruction runs.
+    pub processes: mpsc::Receiver<ProcessOp>,
+}
+
 pub(super) async fn run(
     engine: Arc<EngineInner>,
     machine: Arc<MachineHandle>,
-    mut queue: mpsc::UnboundedReceiver<Work>,
-    mut controls: mpsc::Receiver<Control>,
+    queues: Queues,
     eager: bool,
 ) {
+    let Queues {
+        work: mut queue,
+        mut controls,
+        processes: mut process_ops,
+    } = queues;
     let mut resident: Option<Resident> = None;
     let keeps_history = machine.history > 0 && engine.backend.capabilities().save_in_place;
     if eager {
@@ -49,6 +63,23 @@ pub(super) async fn run(
             Some(control) = controls.recv() => {
                 machine.set_busy(true);
                 handle_control(&engine, &machine, &mut resident, control).await;
+                continue;
+            }
+            Some(op) = process_ops.recv() => {
+                machine.set_busy(true);
+                processes::handle_idle(&engine, &machine, &mut resident, op).await;
+                continue;
+            }
+            // While processes run, what else the agent says between instructions (output of
+            // the interpreter's own threads) is read and dropped, so that the channel never
+            // stops for their sake.
+            event = next_idle_event(&mut resident), if has_processes(resident.as_ref()) => {
+                if let Err(e) = event
+                    && let Some(current) = resident.take()
+                {
+                    lost(&engine, &machine, current, e.to_string()).await;
+                    machine.set_resident(resident.as_ref());
+                }
                 continue;
             }
             () = machine.wake.notified() => {
@@ -77,7 +108,7 @@ pub(super) async fn run(
                     history::take_point(&engine, &machine, &mut resident, job.seq - 1, false).await;
                 }
             }
-            run_job(&engine, &machine, &mut resident, &job).await
+            run_job(&engine, &machine, &mut resident, &job, &mut process_ops).await
         } else if machine.deleted.load(Ordering::SeqCst) {
             ExecResult::failure(
                 FailureCause::MachineDeleted,
@@ -344,9 +375,10 @@ async fn run_job(
     machine: &MachineHandle,
     resident: &mut Option<Resident>,
     job: &Job,
+    process_ops: &mut mpsc::Receiver<ProcessOp>,
 ) -> ExecResult {
     let mut output = OutputToStore::default();
-    let result = run_instruction(engine, machine, resident, job, &mut output).await;
+    let result = run_instruction(engine, machine, resident, job, &mut output, process_ops).await;
     output.wait(machine, job).await;
     result
 }
@@ -357,6 +389,7 @@ async fn run_instruction(
     resident: &mut Option<Resident>,
     job: &Job,
     output: &mut OutputToStore,
+    process_ops: &mut mpsc::Receiver<ProcessOp>,
 ) -> ExecResult {
     let note = recovery_note(engine, machine).await;
     let mut current = match take_resident(engine, machine, resident).await {
@@ -427,6 +460,13 @@ async fn run_instruction(
                     return crashed(engine, machine, current, e.to_string()).await;
                 }
             },
+            Some(op) = process_ops.recv() => {
+                if let Err(broken) = processes::handle(engine, machine, &mut current, op).await {
+                    lines.flush(&job.live);
+                    let error = broken.refuse();
+                    return crashed(engine, machine, current, error.to_string()).await;
+                }
+            }
             () = machine.wake.notified() => {
                 if machine.deleted.load(Ordering::SeqCst) {
                     current.kill().await;
@@ -491,6 +531,21 @@ async fn pip_install(
     *resident = Some(current);
     result.runtime_ms = started.elapsed().as_millis() as u64;
     result
+}
+
+/// Whether the machine's sandbox has processes running.
+fn has_processes(resident: Option<&Resident>) -> bool {
+    resident.is_some_and(|r| !r.agent.processes().is_empty())
+}
+
+/// The agent's next event between instructions (only read while processes run).
+async fn next_idle_event(resident: &mut Option<Resident>) -> Result<()> {
+    match resident {
+        Some(current) => current.agent.next_event().await.map(|event| {
+            tracing::debug!("between instructions, the agent said {event:?}");
+        }),
+        None => std::future::pending().await,
+    }
 }
 
 /// The machine's sandbox: the one it has, or one acquired now (a restore, or a fresh start).

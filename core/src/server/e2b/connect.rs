@@ -28,7 +28,6 @@ pub(super) const MAX_REQUEST_BYTES: usize = 1024 * 1024;
 /// A Connect error code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Code {
-    Canceled,
     InvalidArgument,
     DeadlineExceeded,
     NotFound,
@@ -46,7 +45,6 @@ impl Code {
     /// Its name on the wire.
     pub(super) fn as_str(self) -> &'static str {
         match self {
-            Code::Canceled => "canceled",
             Code::InvalidArgument => "invalid_argument",
             Code::DeadlineExceeded => "deadline_exceeded",
             Code::NotFound => "not_found",
@@ -64,7 +62,6 @@ impl Code {
     /// The HTTP status a unary error goes with (the Connect specification's table).
     pub(super) fn status(self) -> StatusCode {
         match self {
-            Code::Canceled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
             Code::InvalidArgument | Code::FailedPrecondition => StatusCode::BAD_REQUEST,
             Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
             Code::NotFound => StatusCode::NOT_FOUND,

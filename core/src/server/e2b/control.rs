@@ -503,13 +503,13 @@ pub(super) async fn set_timeout(
     body: Bytes,
 ) -> Result<StatusCode, E2bFailure> {
     let request: TimeoutRequest = parse_body(&body)?;
-    restart_clock(
-        &state,
-        &account,
-        &id,
-        timeout_from_seconds(request.timeout)?,
-    )
-    .await
+    // 0 is E2B's "now": the sandbox's timeout action runs at once.
+    let timeout = if request.timeout == 0 {
+        Duration::ZERO
+    } else {
+        timeout_from_seconds(request.timeout)?
+    };
+    restart_clock(&state, &account, &id, timeout).await
 }
 
 /// The sandbox runs for `timeout` from now.

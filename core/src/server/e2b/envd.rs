@@ -6,8 +6,7 @@
 //! Paths: E2B's home, `/home/user`, is the machine's home, both ways (a gVisor machine's home is
 //! `/home/user`, or `/home/machine` on images made before evervm took E2B's user).
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -15,28 +14,22 @@ use axum::extract::{FromRequest, Multipart, Path, Query, Request, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use base64::Engine as _;
-use evervm_engine::{
-    Account, ExecEvent, FileInfo, FileKind, MAX_TIMEOUT, Outcome, WriteFileOptions,
-};
+use evervm_engine::{Account, ExecEvent, FileInfo, FileKind, Outcome, WriteFileOptions};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use super::connect::{self, Code, RpcError};
 use super::interpreter::E2B_HOME;
-use super::run::{self, Run};
-use super::{E2bFailure, E2bState, EnvdCaller, SandboxCaller, lock};
+use super::run;
+use super::{E2bFailure, E2bState, EnvdCaller, SandboxCaller};
 
 /// The most entries a recursive listing returns.
 const MAX_LISTED: usize = evervm_engine::files::MAX_LIST_ENTRIES;
 /// The deepest listing (E2B's SDKs ask for 1 unless told).
 const MAX_DEPTH: u32 = 16;
-/// The most keepalive interval a client may ask for, and the one used when it asks for none.
-const MAX_KEEPALIVE: Duration = Duration::from_secs(300);
-const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(50);
 
 /// A path as E2B names it, as the engine takes it: `/home/user/...` is `~/...`.
-fn to_machine(path: &str) -> String {
+pub(super) fn to_machine(path: &str) -> String {
     if path == E2B_HOME {
         "~".to_owned()
     } else if let Some(rest) = path.strip_prefix(E2B_HOME).filter(|r| r.starts_with('/')) {
@@ -57,29 +50,6 @@ fn to_e2b(path: &str) -> String {
         format!("{E2B_HOME}{rest}")
     } else {
         path.to_owned()
-    }
-}
-
-/// The running commands' pids (an instruction's seq + 1), by account and machine: what
-/// SendSignal and List act on (a caller sees only its own account's). Entries live as long as
-/// their command's stream.
-#[derive(Debug, Default)]
-pub(crate) struct Commands {
-    running: Mutex<HashMap<CommandKey, ProcessConfig>>,
-}
-
-/// Removes a command from [`Commands`] when its stream ends.
-/// A running command: its account's id, its machine, its pid.
-type CommandKey = (i64, String, u32);
-
-struct Registered {
-    commands: Arc<Commands>,
-    key: CommandKey,
-}
-
-impl Drop for Registered {
-    fn drop(&mut self) {
-        lock(&self.commands.running).remove(&self.key);
     }
 }
 
@@ -142,6 +112,28 @@ struct WrittenEntry {
     #[serde(rename = "type")]
     kind: &'static str,
     path: String,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    metadata: BTreeMap<String, String>,
+}
+
+/// The metadata an upload gives its files: its `X-Metadata-<name>` headers (names lowercased,
+/// as envd does).
+fn upload_metadata(headers: &HeaderMap) -> Result<BTreeMap<String, String>, E2bFailure> {
+    let mut metadata = BTreeMap::new();
+    for (name, value) in headers {
+        let Some(key) = name.as_str().strip_prefix("x-metadata-") else {
+            continue;
+        };
+        let value = value.to_str().map_err(|_| {
+            E2bFailure::bad_request(format!(
+                "metadata {key:?}: the value is not printable ASCII"
+            ))
+        })?;
+        metadata.insert(key.to_owned(), value.to_owned());
+    }
+    evervm_engine::files::validate_metadata(&metadata)
+        .map_err(|e| E2bFailure::bad_request(e.message().to_owned()))?;
+    Ok(metadata)
 }
 
 fn written(info: &FileInfo) -> WrittenEntry {
@@ -153,7 +145,75 @@ fn written(info: &FileInfo) -> WrittenEntry {
             "file"
         },
         path: to_e2b(&info.path),
+        metadata: info.metadata.clone(),
     }
+}
+
+/// A gzip-encoded upload, decoded as it comes, in pieces of at most 64 KiB (a small piece that
+/// inflates to gigabytes never sits in memory whole); invalid gzip ends it with an error.
+fn gunzip(
+    body: axum::body::BodyDataStream,
+) -> impl futures::Stream<Item = std::io::Result<Bytes>> + Send + 'static {
+    use std::io::Read;
+
+    /// The compressed pieces, read on the decoding thread.
+    struct Pieces {
+        rx: tokio::sync::mpsc::Receiver<std::io::Result<Bytes>>,
+        current: Bytes,
+    }
+    impl Read for Pieces {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            while self.current.is_empty() {
+                match self.rx.blocking_recv() {
+                    Some(piece) => self.current = piece?,
+                    None => return Ok(0),
+                }
+            }
+            let n = buf.len().min(self.current.len());
+            buf[..n].copy_from_slice(&self.current.split_to(n));
+            Ok(n)
+        }
+    }
+
+    let (in_tx, in_rx) = tokio::sync::mpsc::channel(4);
+    let (out_tx, out_rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        let mut body = body;
+        while let Some(piece) = body.next().await {
+            let piece = piece.map_err(std::io::Error::other);
+            let failed = piece.is_err();
+            if in_tx.send(piece).await.is_err() || failed {
+                return;
+            }
+        }
+    });
+    tokio::task::spawn_blocking(move || {
+        let mut decoder = flate2::read::MultiGzDecoder::new(Pieces {
+            rx: in_rx,
+            current: Bytes::new(),
+        });
+        loop {
+            let mut buffer = vec![0u8; 64 * 1024];
+            let piece = match decoder.read(&mut buffer) {
+                Ok(0) => return,
+                Ok(n) => {
+                    buffer.truncate(n);
+                    Ok(Bytes::from(buffer))
+                }
+                Err(e) => Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("the upload is not valid gzip: {e}"),
+                )),
+            };
+            let failed = piece.is_err();
+            if out_tx.blocking_send(piece).is_err() || failed {
+                return;
+            }
+        }
+    });
+    futures::stream::unfold(out_rx, |mut rx| async move {
+        rx.recv().await.map(|piece| (piece, rx))
+    })
 }
 
 /// `POST /files`: multipart (a part `file` per file, its filename the destination unless
@@ -167,16 +227,25 @@ pub(super) async fn write_files(
     request: Request,
 ) -> Result<Response, E2bFailure> {
     let SandboxCaller { account, sandbox } = caller;
-    if headers
+    let encoding = headers
         .get(axum::http::header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|e| !e.eq_ignore_ascii_case("identity"))
-    {
-        return Err(E2bFailure::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "compressed uploads are not accepted: send the file uncompressed",
-        ));
-    }
+        .unwrap_or("identity")
+        .trim()
+        .to_ascii_lowercase();
+    let request = match encoding.as_str() {
+        "identity" | "" => request,
+        "gzip" => {
+            let (parts, body) = request.into_parts();
+            Request::from_parts(parts, Body::from_stream(gunzip(body.into_data_stream())))
+        }
+        other => {
+            return Err(E2bFailure::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!("uploads encoded as {other:?} are not accepted: send gzip or plain bytes"),
+            ));
+        }
+    };
     let content_type = headers
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -185,6 +254,7 @@ pub(super) async fn write_files(
     let options = WriteFileOptions {
         mode: None,
         make_parents: true,
+        metadata: upload_metadata(&headers)?,
     };
     let mut entries = Vec::new();
     if content_type.starts_with("multipart/form-data") {
@@ -232,7 +302,7 @@ pub(super) async fn write_files(
             let target = to_machine(&destination);
             let write = state
                 .engine
-                .write_file(&account, &sandbox, &target, data, options);
+                .write_file(&account, &sandbox, &target, data, options.clone());
             let ((), written_info) = tokio::join!(pump, write);
             let info = written_info.map_err(|e| file_failure(&e, &sandbox))?;
             entries.push(written(&info));
@@ -291,7 +361,7 @@ struct MoveRequest {
 /// envd's `EntryInfo`, as protobuf's JSON writes it.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-struct EntryInfo {
+pub(super) struct EntryInfo {
     name: String,
     #[serde(rename = "type")]
     kind: &'static str,
@@ -306,9 +376,11 @@ struct EntryInfo {
     modified_time: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     symlink_target: Option<String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    metadata: BTreeMap<String, String>,
 }
 
-fn entry(info: &FileInfo) -> EntryInfo {
+pub(super) fn entry(info: &FileInfo) -> EntryInfo {
     let kind = match info.kind {
         FileKind::File | FileKind::Other => "FILE_TYPE_FILE",
         FileKind::Directory => "FILE_TYPE_DIRECTORY",
@@ -327,6 +399,7 @@ fn entry(info: &FileInfo) -> EntryInfo {
             .modified
             .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)),
         symlink_target: None,
+        metadata: info.metadata.clone(),
     }
 }
 
@@ -357,7 +430,7 @@ fn symlink_entry(
 
 /// `path` as envd reports a path it was given: absolute (relative to `/home/user`), `.` and
 /// `..` taken out, symlinks left as they are.
-fn absolute(path: &str) -> String {
+pub(super) fn absolute(path: &str) -> String {
     let joined = if path.starts_with('/') {
         path.to_owned()
     } else if path == "~" || path.is_empty() {
@@ -398,7 +471,7 @@ fn permissions(info: &FileInfo) -> String {
 }
 
 /// The Connect error of an engine failure on a sandbox's files.
-fn rpc_failure(error: &evervm_engine::Error, sandbox: &str) -> RpcError {
+pub(super) fn rpc_failure(error: &evervm_engine::Error, sandbox: &str) -> RpcError {
     use evervm_engine::ErrorKind;
     if error.kind() == ErrorKind::NotFound && error.resource() == Some("machine") {
         return RpcError::new(
@@ -422,8 +495,26 @@ pub(super) async fn filesystem(
     State(state): State<E2bState>,
     EnvdCaller(caller): EnvdCaller,
     Path(method): Path<String>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let watched = match method.as_str() {
+        "WatchDir" => {
+            let keepalive = super::process::keepalive_interval(&headers);
+            let body = super::watch::stream(state.clone(), caller, keepalive, &body).await;
+            return super::process::stream_response(body);
+        }
+        "CreateWatcher" => Some(super::watch::create(&state, &caller, &body).await),
+        "GetWatcherEvents" => Some(super::watch::poll(&state, &caller, &body).await),
+        "RemoveWatcher" => Some(super::watch::remove(&state, &caller, &body).await),
+        _ => None,
+    };
+    if let Some(answer) = watched {
+        return match answer {
+            Ok(message) => connect::unary(&message),
+            Err(e) => e.into_response(),
+        };
+    }
     let SandboxCaller { account, sandbox } = caller;
     let call = Call {
         state: &state,
@@ -658,299 +749,6 @@ async fn final_outcome(
     None
 }
 
-// --- process.Process -----------------------------------------------------------------------
-
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-pub(crate) struct ProcessConfig {
-    #[serde(default)]
-    cmd: String,
-    #[serde(default)]
-    args: Vec<String>,
-    #[serde(default)]
-    envs: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    cwd: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-struct StartRequest {
-    process: ProcessConfig,
-    #[serde(default)]
-    stdin: Option<bool>,
-    #[serde(default)]
-    pty: Option<serde_json::Value>,
-}
-
-#[derive(Debug, Deserialize)]
-struct ProcessSelector {
-    #[serde(default)]
-    pid: Option<u32>,
-}
-
-#[derive(Debug, Deserialize)]
-struct SendSignalRequest {
-    process: ProcessSelector,
-}
-
-/// `POST /process.Process/{method}`.
-pub(super) async fn process(
-    State(state): State<E2bState>,
-    EnvdCaller(caller): EnvdCaller,
-    Path(method): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    match method.as_str() {
-        "Start" => start_process(state, caller, &headers, &body).await,
-        "SendSignal" => match send_signal(&state, &caller, &body).await {
-            Ok(()) => connect::unary(&serde_json::json!({})),
-            Err(e) => e.into_response(),
-        },
-        "List" => {
-            let processes: Vec<serde_json::Value> = lock(&state.commands.running)
-                .iter()
-                .filter(|((account, machine, _), _)| {
-                    *account == caller.account.id && *machine == caller.sandbox
-                })
-                .map(|((_, _, pid), config)| serde_json::json!({ "config": config, "pid": pid }))
-                .collect();
-            connect::unary(&serde_json::json!({ "processes": processes }))
-        }
-        other => RpcError::unimplemented(&format!("process.Process/{other}")).into_response(),
-    }
-}
-
-async fn send_signal(
-    state: &E2bState,
-    caller: &SandboxCaller,
-    body: &[u8],
-) -> Result<(), RpcError> {
-    let request: SendSignalRequest = connect::parse_unary(body)?;
-    let pid = request
-        .process
-        .pid
-        .ok_or_else(|| RpcError::invalid("SendSignal names a process by pid here"))?;
-    let key = (caller.account.id, caller.sandbox.clone(), pid);
-    let running = lock(&state.commands.running).contains_key(&key);
-    if !running {
-        return Err(RpcError::new(
-            Code::NotFound,
-            format!("no process {pid} is running"),
-        ));
-    }
-    // SIGTERM and SIGKILL both end it: the interrupt kills the command's process group.
-    state
-        .engine
-        .interrupt(&caller.account, &caller.sandbox)
-        .await
-        .map_err(|e| rpc_failure(&e, &caller.sandbox))?;
-    Ok(())
-}
-
-/// The Python that runs a command in the machine's sandbox: its output written to the
-/// interpreter's stdout and stderr as it comes, the exit code as the value; an interrupt (a
-/// timeout, SendSignal, the client leaving) kills its process group. The SDKs run every command
-/// as `/bin/bash -l -c CMD`: evervm's images have busybox's `sh` and no bash, which runs it then
-/// (an image with bash, `evervm image build` with `debian = ["bash"]`, runs bash).
-fn command_code(config: &ProcessConfig) -> Result<String, RpcError> {
-    if config.cmd.is_empty() {
-        return Err(RpcError::invalid("Start needs a process.cmd"));
-    }
-    let argv: Vec<&str> = std::iter::once(config.cmd.as_str())
-        .chain(config.args.iter().map(String::as_str))
-        .collect();
-    let cwd = match config.cwd.as_deref() {
-        None | Some("") => "None".to_owned(),
-        Some(cwd) => python_path(&to_machine(cwd))?,
-    };
-    let source = format!(
-        "import codecs, os, selectors, subprocess, sys\n\
-         env = dict(os.environ)\n\
-         env.update({envs})\n\
-         argv = {argv}\n\
-         if os.path.basename(argv[0]) == 'bash' and not os.path.exists(argv[0]):\n\
-         \x20   argv[0] = '/bin/sh'\n\
-         p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, \
-         stderr=subprocess.PIPE, cwd={cwd}, env=env, start_new_session=True)\n\
-         try:\n\
-         \x20   sel = selectors.DefaultSelector()\n\
-         \x20   for pipe, out in ((p.stdout, sys.stdout), (p.stderr, sys.stderr)):\n\
-         \x20       sel.register(pipe, selectors.EVENT_READ, (out, codecs.getincrementaldecoder('utf-8')('replace')))\n\
-         \x20   while sel.get_map():\n\
-         \x20       for key, _ in sel.select():\n\
-         \x20           data = os.read(key.fd, 65536)\n\
-         \x20           out, decoder = key.data\n\
-         \x20           if not data:\n\
-         \x20               sel.unregister(key.fileobj)\n\
-         \x20               out.write(decoder.decode(b'', True))\n\
-         \x20           else:\n\
-         \x20               out.write(decoder.decode(data))\n\
-         \x20           out.flush()\n\
-         \x20   code = p.wait()\n\
-         finally:\n\
-         \x20   if p.poll() is None:\n\
-         \x20       os.killpg(p.pid, 9)\n\
-         \x20       p.wait()\n",
-        envs = json(&config.envs),
-        argv = json(&argv),
-    );
-    let source = serde_json::to_string(&source).map_err(|e| RpcError::invalid(e.to_string()))?;
-    Ok(format!(
-        "(lambda g: (exec({source}, g), g['code'])[1])({{'__name__': '__evervm_command__'}})"
-    ))
-}
-
-/// JSON of a value, which is a Python literal for strings, lists and dicts of strings.
-fn json<T: Serialize>(value: &T) -> String {
-    serde_json::to_string(value).unwrap_or_else(|_| "None".to_owned())
-}
-
-fn event(value: serde_json::Value) -> Bytes {
-    connect::message(&serde_json::json!({ "event": value }))
-}
-
-/// The command's timeout: `Connect-Timeout-Ms`, at most the engine's longest.
-fn command_timeout(headers: &HeaderMap) -> Duration {
-    super::header_text(headers, "connect-timeout-ms")
-        .and_then(|ms| ms.parse::<u64>().ok())
-        .filter(|ms| *ms > 0)
-        .map_or(MAX_TIMEOUT, |ms| {
-            Duration::from_millis(ms.div_ceil(1000) * 1000).min(MAX_TIMEOUT)
-        })
-}
-
-fn keepalive_interval(headers: &HeaderMap) -> Duration {
-    super::header_text(headers, "keepalive-ping-interval")
-        .and_then(|s| s.parse::<u64>().ok())
-        .filter(|s| *s > 0)
-        .map_or(DEFAULT_KEEPALIVE, |s| {
-            Duration::from_secs(s).min(MAX_KEEPALIVE)
-        })
-}
-
-fn stream_response(body: Body) -> Response {
-    (
-        StatusCode::OK,
-        [(CONTENT_TYPE, connect::STREAM_CONTENT_TYPE)],
-        body,
-    )
-        .into_response()
-}
-
-/// `process.Process/Start`: runs the command and streams its start, output and end.
-async fn start_process(
-    state: E2bState,
-    caller: SandboxCaller,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Response {
-    let refused = |error: RpcError| stream_response(Body::from(error.end_of_stream()));
-    let request: StartRequest = match connect::parse_enveloped(body) {
-        Ok(request) => request,
-        Err(e) => return refused(e),
-    };
-    if request.pty.is_some() {
-        return refused(RpcError::unimplemented("a pty (sandbox.pty)"));
-    }
-    if request.stdin == Some(true) {
-        return refused(RpcError::unimplemented("stdin for commands"));
-    }
-    let code = match command_code(&request.process) {
-        Ok(code) => code,
-        Err(e) => return refused(e),
-    };
-    let SandboxCaller { account, sandbox } = caller;
-    let timeout = command_timeout(headers);
-    let (seq, events) = match run::start(
-        &state.engine,
-        &account,
-        &sandbox,
-        code,
-        timeout,
-        evervm_engine::Dialect::Python,
-    )
-    .await
-    {
-        Ok(started) => started,
-        Err(e) => return refused(rpc_failure(&e, &sandbox)),
-    };
-    state.sandboxes.touch(&account, &sandbox);
-    let pid = u32::try_from(seq + 1).unwrap_or(u32::MAX);
-    let key = (account.id, sandbox.clone(), pid);
-    lock(&state.commands.running).insert(key.clone(), request.process);
-    let registered = Registered {
-        commands: Arc::clone(&state.commands),
-        key,
-    };
-    let redactor = Arc::clone(&state.redactor);
-    let run = Run {
-        engine: state.engine.clone(),
-        account,
-        machine: sandbox,
-        after_interrupt: None,
-    };
-    let first = vec![event(serde_json::json!({ "start": { "pid": pid } }))];
-    let keepalive = event(serde_json::json!({ "keepalive": {} }));
-    let body = run.body(
-        first,
-        events,
-        keepalive_interval(headers),
-        keepalive,
-        move |happened| {
-            let _registered = &registered;
-            match happened {
-                ExecEvent::Output(chunk) => {
-                    let stream = match chunk.stream {
-                        evervm_engine::OutputStream::Stdout => "stdout",
-                        evervm_engine::OutputStream::Stderr => "stderr",
-                        evervm_engine::OutputStream::Display => return Vec::new(),
-                    };
-                    let data = base64::engine::general_purpose::STANDARD.encode(chunk.text());
-                    vec![event(serde_json::json!({ "data": { stream: data } }))]
-                }
-                ExecEvent::Result(result) => match result.outcome {
-                    Outcome::Value(value) => {
-                        let exit_code = value
-                            .as_deref()
-                            .and_then(|v| v.trim().parse::<i32>().ok())
-                            .unwrap_or(-1);
-                        let status = if exit_code < 0 {
-                            format!("signal: {}", -exit_code)
-                        } else {
-                            format!("exit status {exit_code}")
-                        };
-                        let mut end = serde_json::json!({
-                            "exitCode": exit_code,
-                            "exited": exit_code >= 0,
-                            "status": status,
-                        });
-                        if exit_code != 0 {
-                            end["error"] = status.into();
-                        }
-                        vec![
-                            event(serde_json::json!({ "end": end })),
-                            connect::end_of_stream(None),
-                        ]
-                    }
-                    Outcome::Error { text, cause } => {
-                        let code = match cause {
-                            evervm_engine::FailureCause::Timeout => Code::DeadlineExceeded,
-                            evervm_engine::FailureCause::Interrupted
-                            | evervm_engine::FailureCause::MachineDeleted => Code::Canceled,
-                            evervm_engine::FailureCause::MachineCrashed => Code::Unavailable,
-                            evervm_engine::FailureCause::LimitExceeded => Code::ResourceExhausted,
-                            evervm_engine::FailureCause::Exception => Code::InvalidArgument,
-                        };
-                        let last = text.lines().last().unwrap_or_default();
-                        vec![RpcError::new(code, redactor.text(last).into_owned()).end_of_stream()]
-                    }
-                },
-            }
-        },
-    );
-    stream_response(body)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -980,21 +778,8 @@ mod tests {
             mode: 0o755,
             modified: None,
             symlink_target: None,
+            metadata: BTreeMap::new(),
         };
         assert_eq!(permissions(&info), "drwxr-xr-x");
-    }
-
-    #[test]
-    fn commands_are_python_literals() {
-        let config = ProcessConfig {
-            cmd: "/bin/bash".into(),
-            args: vec!["-l".into(), "-c".into(), "echo \"hi\" 'there'\n".into()],
-            envs: BTreeMap::from([("A".into(), "1".into())]),
-            cwd: Some("/home/user/d".into()),
-        };
-        let code = command_code(&config).unwrap();
-        assert!(code.starts_with("(lambda g: (exec(\""), "{code}");
-        assert!(code.contains("expanduser"), "{code}");
-        assert!(command_code(&ProcessConfig::default()).is_err());
     }
 }

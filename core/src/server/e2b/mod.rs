@@ -20,8 +20,10 @@ mod connect;
 mod control;
 mod envd;
 mod interpreter;
+mod process;
 mod run;
 mod sandboxes;
+mod watch;
 
 use std::sync::Arc;
 
@@ -43,7 +45,7 @@ pub const ENVD_PORT: u16 = 49983;
 pub const INTERPRETER_PORT: u16 = 49999;
 /// The envd version this listener reports: the SDKs switch behaviours on it, and every feature
 /// up to it that they use is implemented here (see docs/e2b.md).
-pub const ENVD_VERSION: &str = "0.4.0";
+pub const ENVD_VERSION: &str = "0.6.4";
 /// What E2B keys start with; some SDK releases refuse keys that don't.
 const KEY_PREFIX: &str = "e2b_";
 
@@ -88,7 +90,8 @@ pub(crate) struct E2bState {
     pub(crate) engine: Engine,
     pub(crate) redactor: Arc<Redactor>,
     pub(crate) sandboxes: Arc<Sandboxes>,
-    pub(crate) commands: Arc<envd::Commands>,
+    pub(crate) commands: Arc<process::Commands>,
+    pub(crate) watchers: Arc<watch::Watchers>,
 }
 
 /// The E2B-compatible API over `engine`, served at its root. Spawns the task that pauses
@@ -100,6 +103,7 @@ pub fn router(engine: Engine) -> Router {
         redactor: Arc::new(Redactor::for_engine(&engine)),
         sandboxes,
         commands: Arc::default(),
+        watchers: Arc::default(),
         engine,
     };
     Router::new()
@@ -134,7 +138,7 @@ pub fn router(engine: Engine) -> Router {
                 .layer(axum::extract::DefaultBodyLimit::disable()),
         )
         .route("/filesystem.Filesystem/{method}", post(envd::filesystem))
-        .route("/process.Process/{method}", post(envd::process))
+        .route("/process.Process/{method}", post(process::process))
         // The code interpreter.
         .route("/execute", post(interpreter::execute))
         .route(
