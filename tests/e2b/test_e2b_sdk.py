@@ -463,3 +463,62 @@ def test_a_sandbox_killed_during_a_run_is_reported_as_killed(e2b_server, how) ->
     finally:
         running.set()
         killer.join()
+
+
+def test_the_sandbox_is_e2bs_user_home_and_processes(sandbox) -> None:
+    # As in E2B: `user` in /home/user, with sudo; root only through sudo.
+    who = sandbox.commands.run("whoami; pwd; echo $HOME; sudo id -u; id -u")
+    assert who.stdout.split() == ["user", "/home/user", "/home/user", "0", "1000"]
+    # A command is a real process with its own pid, beside the code, with stdin.
+    cat = sandbox.commands.run("cat", background=True, stdin=True)
+    assert sandbox.commands.run(f"kill -0 {cat.pid} && echo alive").stdout == "alive\n"
+    assert sandbox.run_code("6 * 7").text == "42"
+    follower = sandbox.commands.connect(cat.pid)
+    assert cat.pid in [p.pid for p in sandbox.commands.list()]
+    sandbox.commands.kill(cat.pid)
+    with pytest.raises(CommandExitException):
+        cat.wait()
+    with pytest.raises(CommandExitException):
+        follower.wait()
+    first_line = sandbox.commands.run("head -n 1", background=True, stdin=True)
+    sandbox.commands.send_stdin(first_line.pid, "hello\nnot this\n")
+    assert first_line.wait().stdout == "hello\n"
+    with pytest.raises(CommandExitException):
+        sandbox.commands.run(f"kill -0 {cat.pid}")
+
+
+def test_watches_metadata_and_signed_urls(e2b_server) -> None:
+    import inspect
+
+    from e2b import FilesystemEventType
+
+    sandbox = Sandbox.create(timeout=300, secure=True)
+    try:
+        sandbox.files.make_dir("watched")
+        handle = sandbox.files.watch_dir("watched", recursive=True)
+        sandbox.files.write("watched/a.txt", "first")
+        events = [(e.name, e.type) for e in handle.get_new_events()]
+        assert events == [
+            ("a.txt", FilesystemEventType.CREATE),
+            ("a.txt", FilesystemEventType.CHMOD),
+            ("a.txt", FilesystemEventType.WRITE),
+        ]
+        sandbox.files.remove("watched/a.txt")
+        assert ("a.txt", FilesystemEventType.REMOVE) in [
+            (e.name, e.type) for e in handle.get_new_events()
+        ]
+        handle.stop()
+        if "metadata" in inspect.signature(sandbox.files.write).parameters:
+            info = sandbox.files.write("m.txt", "x", metadata={"Author": "mish"})
+            assert info.metadata == {"author": "mish"}
+            assert sandbox.files.get_info("m.txt").metadata == {"author": "mish"}
+            assert sandbox.files.write("m.txt", "y").metadata is None
+        sandbox.files.write("signed.txt", "signed content")
+        with urllib.request.urlopen(sandbox.download_url("signed.txt", "user")) as answer:
+            assert answer.read() == b"signed content"
+        forged = sandbox.download_url("signed.txt", "user").replace("v1_", "v1_x")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(forged)
+        assert refused.value.code == 401
+    finally:
+        sandbox.kill()

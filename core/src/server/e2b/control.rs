@@ -115,15 +115,17 @@ async fn view(
     access: &Access,
 ) -> Result<SandboxView, E2bFailure> {
     let template_id = template_of(info);
+    let token = access
+        .envd_access_token(&state.engine, info.name.as_str())
+        .await?;
+    state.signed.handed(info.name.as_str(), &token);
     Ok(SandboxView {
         alias: template_id.clone(),
         template_id,
         sandbox_id: info.name.to_string(),
         client_id: CLIENT_ID,
         envd_version: ENVD_VERSION,
-        envd_access_token: access
-            .envd_access_token(&state.engine, info.name.as_str())
-            .await?,
+        envd_access_token: token,
         domain: access.domain(),
     })
 }
@@ -278,6 +280,7 @@ pub(super) async fn info(
     let token = access
         .envd_access_token(&state.engine, info.name.as_str())
         .await?;
+    state.signed.handed(info.name.as_str(), &token);
     Ok(Json(detail(&state, &info, Some(token), access.domain())))
 }
 
@@ -487,6 +490,7 @@ pub(super) async fn kill(
         return Err(not_found_as_sandbox(&e, &id));
     }
     state.sandboxes.stop(&id);
+    state.signed.forget(&id);
     Ok(StatusCode::NO_CONTENT)
 }
 

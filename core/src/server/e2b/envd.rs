@@ -74,6 +74,33 @@ pub(super) async fn health(
 pub(super) struct FileQuery {
     #[serde(default)]
     path: Option<String>,
+    /// A signed URL's (see `signed.rs`).
+    #[serde(default)]
+    username: Option<String>,
+    #[serde(default)]
+    signature: Option<String>,
+    #[serde(default)]
+    signature_expiration: Option<String>,
+}
+
+/// Who a files request acts for: a signed URL's signer, else the authenticated caller.
+async fn files_caller(
+    state: &E2bState,
+    caller: Result<EnvdCaller, E2bFailure>,
+    query: &FileQuery,
+    operation: &str,
+) -> Result<SandboxCaller, E2bFailure> {
+    let Some(signature) = query.signature.as_deref() else {
+        return caller.map(|EnvdCaller(caller)| caller);
+    };
+    let signed = super::signed::Signed {
+        path: query.path.as_deref().unwrap_or_default(),
+        username: query.username.as_deref().unwrap_or_default(),
+        signature,
+        expiration: query.signature_expiration.as_deref(),
+    };
+    let (account, sandbox) = super::signed::verify(state, &signed, operation).await?;
+    Ok(SandboxCaller { account, sandbox })
 }
 
 /// The envd form of a file failure: `{"code", "message"}` with its status; a missing machine
@@ -85,10 +112,10 @@ fn file_failure(error: &evervm_engine::Error, sandbox: &str) -> E2bFailure {
 /// `GET /files?path=`: the file's bytes, streamed.
 pub(super) async fn read_file(
     State(state): State<E2bState>,
-    EnvdCaller(caller): EnvdCaller,
+    caller: Result<EnvdCaller, E2bFailure>,
     Query(query): Query<FileQuery>,
 ) -> Result<Response, E2bFailure> {
-    let SandboxCaller { account, sandbox } = caller;
+    let SandboxCaller { account, sandbox } = files_caller(&state, caller, &query, "read").await?;
     let path = query
         .path
         .ok_or_else(|| E2bFailure::bad_request("GET /files needs ?path="))?;
@@ -221,12 +248,12 @@ fn gunzip(
 /// Parent directories are made; existing files are replaced.
 pub(super) async fn write_files(
     State(state): State<E2bState>,
-    EnvdCaller(caller): EnvdCaller,
+    caller: Result<EnvdCaller, E2bFailure>,
     Query(query): Query<FileQuery>,
     headers: HeaderMap,
     request: Request,
 ) -> Result<Response, E2bFailure> {
-    let SandboxCaller { account, sandbox } = caller;
+    let SandboxCaller { account, sandbox } = files_caller(&state, caller, &query, "write").await?;
     let encoding = headers
         .get(axum::http::header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok())

@@ -23,6 +23,7 @@ mod interpreter;
 mod process;
 mod run;
 mod sandboxes;
+mod signed;
 mod watch;
 
 use std::sync::Arc;
@@ -92,6 +93,7 @@ pub(crate) struct E2bState {
     pub(crate) sandboxes: Arc<Sandboxes>,
     pub(crate) commands: Arc<process::Commands>,
     pub(crate) watchers: Arc<watch::Watchers>,
+    pub(crate) signed: Arc<signed::SignedUrls>,
 }
 
 /// The E2B-compatible API over `engine`, served at its root. Spawns the task that pauses
@@ -104,6 +106,7 @@ pub fn router(engine: Engine) -> Router {
         sandboxes,
         commands: Arc::default(),
         watchers: Arc::default(),
+        signed: Arc::default(),
         engine,
     };
     Router::new()
