@@ -16,8 +16,9 @@ use tokio::sync::{broadcast, watch};
 use super::channel::ProtocolError;
 use crate::sync::lock;
 
-/// Pieces of output kept for a subscriber that has not read them yet (each at most 64 KiB).
-const OUTPUT_BACKLOG: usize = 1024;
+/// Pieces of output kept for a subscriber that has not read them yet (each at most 64 KiB: at
+/// most 2 MiB per process, 128 MiB for a machine's 64).
+const OUTPUT_BACKLOG: usize = 32;
 /// The longest error text kept from the agent about a process.
 const MAX_PROCESS_ERROR_BYTES: usize = 4096;
 

@@ -27,7 +27,7 @@ const MAX_KEEPALIVE: Duration = Duration::from_secs(300);
 const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(50);
 /// Encoded pieces waiting for a slow client; past that the client misses output (the process
 /// is never held back for a client).
-const QUEUED_PIECES: usize = 256;
+const QUEUED_PIECES: usize = 16;
 /// E2B's commands run `/bin/bash -l -c CMD`: where the image has no bash, `sh` runs it (in the
 /// same process: the pid stays the command's).
 /// The signals E2B's `SendSignal` names (Linux's numbers, as inside every sandbox).
