@@ -148,13 +148,20 @@ fn list(state: &E2bState, caller: &SandboxCaller) -> Vec<serde_json::Value> {
     processes.into_iter().map(|(_, entry)| entry).collect()
 }
 
-/// The pid a selector names among the caller's commands.
+/// The pid a selector names among the caller's commands (another account's are not there).
 fn selected(
     state: &E2bState,
     caller: &SandboxCaller,
     selector: &ProcessSelector,
 ) -> Result<u32, RpcError> {
     if let Some(pid) = selector.pid {
+        let key = (caller.account.id, caller.sandbox.clone(), pid);
+        if !lock(&state.commands.running).contains_key(&key) {
+            return Err(RpcError::new(
+                Code::NotFound,
+                format!("no process {pid} is running"),
+            ));
+        }
         return Ok(pid);
     }
     let Some(tag) = &selector.tag else {
