@@ -509,20 +509,34 @@ fn bounded(mut text: String, max: usize) -> String {
     text
 }
 
-/// Decodes a binary output frame: `O`, `o` or `e`, a big-endian i64 id (-1: none), UTF-8 text.
-fn decode_output(payload: &[u8]) -> Result<AgentEvent, ProtocolError> {
-    let malformed = |what: &str| ProtocolError::Malformed(format!("output frame {what}"));
-    let stream = match payload.get(1) {
-        Some(b'o') => OutputStream::Stdout,
-        Some(b'e') => OutputStream::Stderr,
+/// The parts of a binary output frame (`kind` names it in errors): its kind byte, then `o` or
+/// `e` (whether it is stdout), 8 bytes of id, the data.
+pub(super) fn split_output_frame<'a>(
+    payload: &'a [u8],
+    kind: &str,
+) -> Result<(bool, [u8; 8], &'a [u8]), ProtocolError> {
+    let malformed = |what: &str| ProtocolError::Malformed(format!("{kind} frame {what}"));
+    let stdout = match payload.get(1) {
+        Some(b'o') => true,
+        Some(b'e') => false,
         _ => return Err(malformed("names no stream")),
     };
     let id_bytes: [u8; 8] = payload
         .get(2..10)
         .and_then(|b| b.try_into().ok())
         .ok_or_else(|| malformed("is too short"))?;
+    Ok((stdout, id_bytes, &payload[10..]))
+}
+
+/// Decodes a binary output frame: `O`, `o` or `e`, a big-endian i64 id (-1: none), UTF-8 text.
+fn decode_output(payload: &[u8]) -> Result<AgentEvent, ProtocolError> {
+    let (stdout, id_bytes, text) = split_output_frame(payload, "output")?;
+    let stream = if stdout {
+        OutputStream::Stdout
+    } else {
+        OutputStream::Stderr
+    };
     let id = i64::from_be_bytes(id_bytes);
-    let text = &payload[10..];
     let data = match std::str::from_utf8(text) {
         Ok(text) => text.to_owned(),
         Err(_) => String::from_utf8_lossy(text).into_owned(),

@@ -100,20 +100,15 @@ pub struct ProcessOutput {
 
 /// Decodes a binary process output frame: `P`, `o` or `e`, a big-endian u64 id, the bytes.
 pub(super) fn decode_output(payload: &[u8]) -> Result<ProcessEvent, ProtocolError> {
-    let malformed = |what: &str| ProtocolError::Malformed(format!("process output frame {what}"));
-    let stream = match payload.get(1) {
-        Some(b'o') => ProcessStream::Stdout,
-        Some(b'e') => ProcessStream::Stderr,
-        _ => return Err(malformed("names no stream")),
-    };
-    let id_bytes: [u8; 8] = payload
-        .get(2..10)
-        .and_then(|b| b.try_into().ok())
-        .ok_or_else(|| malformed("is too short"))?;
+    let (stdout, id_bytes, data) = super::channel::split_output_frame(payload, "process output")?;
     Ok(ProcessEvent::Output {
         id: u64::from_be_bytes(id_bytes),
-        stream,
-        data: Bytes::copy_from_slice(&payload[10..]),
+        stream: if stdout {
+            ProcessStream::Stdout
+        } else {
+            ProcessStream::Stderr
+        },
+        data: Bytes::copy_from_slice(data),
     })
 }
 
@@ -299,5 +294,79 @@ impl ProcessRouter {
         if let Some(entry) = lock(&self.running).remove(&id) {
             entry.state.send_replace(ProcessState::Lost(why.to_owned()));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::channel::{AgentEvent, decode_event};
+    use super::*;
+
+    fn process_event(payload: &[u8]) -> Result<ProcessEvent, ProtocolError> {
+        match decode_event(payload)? {
+            AgentEvent::Process(event) => Ok(event),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn what_the_agent_says_of_processes_is_checked() {
+        let mut frame = b"Pe".to_vec();
+        frame.extend(7u64.to_be_bytes());
+        frame.extend(b"\xffraw");
+        assert_eq!(
+            process_event(&frame),
+            Ok(ProcessEvent::Output {
+                id: 7,
+                stream: ProcessStream::Stderr,
+                data: Bytes::from_static(b"\xffraw"),
+            })
+        );
+        assert!(decode_event(b"Px").is_err());
+        assert!(decode_event(br#"{"ev": "proc_started", "id": 1, "pid": 0}"#).is_err());
+        assert!(decode_event(br#"{"ev": "proc_exit", "id": 1, "exit_code": 4294967296}"#).is_err());
+        let failed =
+            process_event(br#"{"ev": "proc_failed", "id": 2, "error": "x", "kind": "Not-A-Kind"}"#);
+        assert_eq!(
+            failed,
+            Ok(ProcessEvent::Failed {
+                id: 2,
+                error: "x".into(),
+                kind: None
+            })
+        );
+        let long = format!(
+            r#"{{"ev": "proc_failed", "id": 3, "error": "{}"}}"#,
+            "e".repeat(9000)
+        );
+        let Ok(ProcessEvent::Failed { error, .. }) = process_event(long.as_bytes()) else {
+            panic!("not decoded");
+        };
+        assert_eq!(error.len(), MAX_PROCESS_ERROR_BYTES);
+    }
+
+    #[test]
+    fn a_router_forgets_what_ended_and_loses_the_rest_when_the_channel_ends() {
+        let router = ProcessRouter::default();
+        let first = router.register(1);
+        let second = router.register(2);
+        router.deliver(ProcessEvent::Started { id: 1, pid: 10 });
+        // An id the host never started is dropped.
+        router.deliver(ProcessEvent::Started { id: 9, pid: 90 });
+        assert_eq!(first.pid(), Some(10));
+        router.deliver(ProcessEvent::Exited {
+            id: 1,
+            end: ProcessEnd {
+                exit_code: Some(0),
+                signal: None,
+                error: None,
+            },
+        });
+        assert!(router.get(1).is_none() && router.get(9).is_none());
+        router.lose_all("gone");
+        assert_eq!(*second.state().borrow(), ProcessState::Lost("gone".into()));
+        let late = router.register(3);
+        assert!(late.state().borrow().is_over());
+        assert!(router.is_empty());
     }
 }
