@@ -522,3 +522,30 @@ def test_watches_metadata_and_signed_urls(e2b_server) -> None:
         assert refused.value.code == 401
     finally:
         sandbox.kill()
+
+
+def test_the_async_sdk_watches_as_a_stream(e2b_server) -> None:
+    from e2b import FilesystemEventType
+
+    async def scenario() -> list:
+        sandbox = await AsyncSandbox.create(timeout=300)
+        try:
+            await sandbox.files.make_dir("streamed")
+            seen = []
+            written = asyncio.Event()
+
+            def on_event(event) -> None:
+                seen.append((event.name, event.type))
+                if event.type == FilesystemEventType.WRITE:
+                    written.set()
+
+            handle = await sandbox.files.watch_dir("streamed", on_event=on_event)
+            await sandbox.files.write("streamed/b.txt", "data")
+            await asyncio.wait_for(written.wait(), timeout=60)
+            await handle.stop()
+            return seen
+        finally:
+            await sandbox.kill()
+
+    seen = asyncio.run(scenario())
+    assert seen[0] == ("b.txt", FilesystemEventType.CREATE), seen

@@ -240,8 +240,8 @@ pub(super) async fn stream(
     let (tx, rx) = mpsc::channel::<std::io::Result<Bytes>>(64);
     let directory = super::envd::to_machine(&request.path);
     tokio::spawn(async move {
-        let event =
-            |value: serde_json::Value| connect::message(&serde_json::json!({ "event": value }));
+        // WatchDirResponse's oneof is the message itself (no `event` field as a process's has).
+        let event = |value: serde_json::Value| connect::message(&value);
         if tx
             .send(Ok(event(serde_json::json!({ "start": {} }))))
             .await
