@@ -17,6 +17,9 @@ use super::{E2bFailure, E2bState, lock};
 
 /// The access tokens kept per sandbox (the newest).
 const TOKENS_PER_SANDBOX: usize = 4;
+/// The most sandboxes whose tokens are kept: past it, one is forgotten for each new one (its
+/// signed URLs work again once the SDK connects to it).
+const MAX_SANDBOXES: usize = 65_536;
 
 #[derive(Default)]
 pub(crate) struct SignedUrls {
@@ -27,6 +30,12 @@ impl SignedUrls {
     /// Notes an access token handed out for `sandbox`.
     pub(super) fn handed(&self, sandbox: &str, token: &str) {
         let mut handed = lock(&self.handed);
+        if handed.len() >= MAX_SANDBOXES
+            && !handed.contains_key(sandbox)
+            && let Some(evicted) = handed.keys().next().cloned()
+        {
+            handed.remove(&evicted);
+        }
         let tokens = handed.entry(sandbox.to_owned()).or_default();
         if !tokens.iter().any(|t| t == token) {
             tokens.push(token.to_owned());
