@@ -183,11 +183,16 @@ class Processes:
     def _send_watch(self, watch, extra=()):
         """Sends what the watch has seen (then `extra`). Called with the lock held."""
         events = watch.read_events() + list(extra)
-        if events:
-            data = _watch_lines(events)
-            header = struct.pack(">IccQ", len(data) + 10, b"P", b"o", watch.ident)
+        data = _watch_lines(events)
+        # In pieces of at most PROCESS_READ bytes, whole lines each (the host refuses more).
+        while data:
+            cut = len(data) if len(data) <= PROCESS_READ else data.rfind(b"\n", 0, PROCESS_READ) + 1
+            if cut <= 0:
+                cut = PROCESS_READ
+            piece, data = data[:cut], data[cut:]
+            header = struct.pack(">IccQ", len(piece) + 10, b"P", b"o", watch.ident)
             with _out_lock:
-                _write_all([header, data])
+                _write_all([header, piece])
 
     def drain_watches(self):
         """Sends what every watch has seen so far: called before a file operation answers."""

@@ -16,9 +16,12 @@ use tokio::sync::{broadcast, watch};
 use super::channel::ProtocolError;
 use crate::sync::lock;
 
-/// Pieces of output kept for a subscriber that has not read them yet (each at most 64 KiB: at
-/// most 2 MiB per process, 128 MiB for a machine's 64).
+/// Pieces of output kept for a subscriber that has not read them yet (each at most
+/// [`MAX_PIECE_BYTES`]: at most 2 MiB per process, 128 MiB for a machine's 64).
 const OUTPUT_BACKLOG: usize = 32;
+/// The largest piece of a process's output a frame may carry (the agent sends at most this; a
+/// larger one is a protocol violation, so that the backlog above stays bounded).
+pub const MAX_PIECE_BYTES: usize = 64 * 1024;
 /// The longest error text kept from the agent about a process.
 const MAX_PROCESS_ERROR_BYTES: usize = 4096;
 
@@ -101,6 +104,12 @@ pub struct ProcessOutput {
 /// Decodes a binary process output frame: `P`, `o` or `e`, a big-endian u64 id, the bytes.
 pub(super) fn decode_output(payload: &[u8]) -> Result<ProcessEvent, ProtocolError> {
     let (stdout, id_bytes, data) = super::channel::split_output_frame(payload, "process output")?;
+    if data.len() > MAX_PIECE_BYTES {
+        return Err(ProtocolError::Malformed(format!(
+            "process output frame of {} bytes, over the limit of {MAX_PIECE_BYTES}",
+            data.len()
+        )));
+    }
     Ok(ProcessEvent::Output {
         id: u64::from_be_bytes(id_bytes),
         stream: if stdout {
@@ -323,6 +332,10 @@ mod tests {
             })
         );
         assert!(decode_event(b"Px").is_err());
+        let mut big = b"Po".to_vec();
+        big.extend(7u64.to_be_bytes());
+        big.extend(vec![b'x'; MAX_PIECE_BYTES + 1]);
+        assert!(decode_event(&big).is_err());
         assert!(decode_event(br#"{"ev": "proc_started", "id": 1, "pid": 0}"#).is_err());
         assert!(decode_event(br#"{"ev": "proc_exit", "id": 1, "exit_code": 4294967296}"#).is_err());
         let failed =
