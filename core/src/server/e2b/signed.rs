@@ -18,12 +18,17 @@ use super::{E2bFailure, E2bState, lock};
 /// The access tokens kept per sandbox (the newest).
 const TOKENS_PER_SANDBOX: usize = 4;
 /// The most sandboxes whose tokens are kept: past it, one is forgotten for each new one (its
-/// signed URLs work again once the SDK connects to it).
-const MAX_SANDBOXES: usize = 65_536;
+/// signed URLs work again once the SDK connects to it). A check costs a hash per token kept.
+const MAX_SANDBOXES: usize = 4096;
+/// Signatures that match no token, at most, per second (each cost a hash per token kept):
+/// past it, signed URLs are refused with 429 for the rest of the second.
+const MAX_MISSES_PER_SECOND: u32 = 50;
 
 #[derive(Default)]
 pub(crate) struct SignedUrls {
     handed: Mutex<HashMap<String, Vec<String>>>,
+    /// The second signatures missed in, and how many.
+    misses: Mutex<Option<(std::time::Instant, u32)>>,
 }
 
 impl SignedUrls {
@@ -98,6 +103,18 @@ pub(super) async fn verify(
             return Err(E2bFailure::unauthorized("signature is already expired"));
         }
     }
+    {
+        let misses = lock(&state.signed.misses);
+        if let Some((since, count)) = *misses
+            && since.elapsed() < std::time::Duration::from_secs(1)
+            && count >= MAX_MISSES_PER_SECOND
+        {
+            return Err(E2bFailure::new(
+                axum::http::StatusCode::TOO_MANY_REQUESTS,
+                "too many invalid signatures: try again in a second",
+            ));
+        }
+    }
     let found = {
         let handed = lock(&state.signed.handed);
         handed.iter().find_map(|(sandbox, tokens)| {
@@ -117,6 +134,13 @@ pub(super) async fn verify(
         })
     };
     let Some((sandbox, token)) = found else {
+        let mut misses = lock(&state.signed.misses);
+        *misses = match *misses {
+            Some((since, count)) if since.elapsed() < std::time::Duration::from_secs(1) => {
+                Some((since, count + 1))
+            }
+            _ => Some((std::time::Instant::now(), 1)),
+        };
         return Err(E2bFailure::unauthorized("invalid signature"));
     };
     // The token must still hold (its account's token may have been revoked since).
