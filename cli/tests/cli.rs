@@ -982,10 +982,19 @@ fn with_instruction_durability_a_sigkilled_engine_loses_no_acknowledged_state() 
         // The machine is up (restored, or started from its image's base snapshot) before the
         // killer's clock starts.
         ok(server.evervm(&["exec", "-m", &name, read_back]));
-        // Kill the engine at a random point of a loop of instructions.
-        let delay = 800 + u64::from(seed.rotate_left(round * 7) % 1600);
+        // Kill the engine at a random point of a loop of instructions, once the loop has had an
+        // instruction acknowledged (however slow the host, each round then acknowledges some).
+        let delay = 400 + u64::from(seed.rotate_left(round * 7) % 1600);
         let pid = server.child.id();
+        let running = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let started = std::sync::Arc::clone(&running);
         let killer = std::thread::spawn(move || {
+            let waited = std::time::Instant::now();
+            while !started.load(std::sync::atomic::Ordering::SeqCst)
+                && waited.elapsed() < std::time::Duration::from_secs(120)
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
             std::thread::sleep(std::time::Duration::from_millis(delay));
             // SAFETY: kill has no memory effects; the pid is our own child, not yet reaped.
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
@@ -996,6 +1005,7 @@ fn with_instruction_durability_a_sigkilled_engine_loses_no_acknowledged_state() 
                 Some(n) => {
                     assert_eq!(n, last_acknowledged + 1, "round {round}");
                     last_acknowledged = n;
+                    running.store(true, std::sync::atomic::Ordering::SeqCst);
                 }
                 None => break,
             }
