@@ -41,6 +41,10 @@ struct Internet {
     host_udp_port: u16,
 }
 
+/// Held by each test that makes networks: the namespace checks count what this process holds,
+/// which another such test running at the same time would change.
+static NETWORK_TESTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn internet() -> Option<&'static Internet> {
     static INTERNET: OnceLock<Option<Internet>> = OnceLock::new();
     INTERNET
@@ -348,6 +352,7 @@ fn answer_from(ip: Ipv4Addr) -> Reached {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn public_reaches_public_hosts_and_nothing_else() {
+    let _one_at_a_time = NETWORK_TESTS.lock().await;
     let Some(internet) = internet() else { return };
     let fabric = fabric();
     let network = fabric
@@ -457,6 +462,7 @@ async fn public_reaches_public_hosts_and_nothing_else() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allow_reaches_names_it_looked_up_and_blocks_it_lists() {
+    let _one_at_a_time = NETWORK_TESTS.lock().await;
     if internet().is_none() {
         return;
     }
@@ -595,6 +601,7 @@ fn holders(id: &str) -> Vec<PathBuf> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_network_leaves_no_namespace_and_no_rule() {
+    let _one_at_a_time = NETWORK_TESTS.lock().await;
     if internet().is_none() {
         return;
     }
@@ -746,6 +753,7 @@ fn namespaces_held() -> std::collections::BTreeSet<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn machines_reach_what_their_policy_allows_across_swap_and_fork() {
+    let _one_at_a_time = NETWORK_TESTS.lock().await;
     let Some(internet) = internet() else { return };
     if !evervm_tests::backends().iter().any(|b| b == "gvisor") {
         eprintln!("skipping: the gVisor backend is not available here");
