@@ -986,15 +986,10 @@ fn with_instruction_durability_a_sigkilled_engine_loses_no_acknowledged_state() 
         // instruction acknowledged (however slow the host, each round then acknowledges some).
         let delay = 400 + u64::from(seed.rotate_left(round * 7) % 1600);
         let pid = server.child.id();
-        let running = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let started = std::sync::Arc::clone(&running);
+        let (first_acknowledged, started) = std::sync::mpsc::channel::<()>();
         let killer = std::thread::spawn(move || {
-            let waited = std::time::Instant::now();
-            while !started.load(std::sync::atomic::Ordering::SeqCst)
-                && waited.elapsed() < std::time::Duration::from_secs(120)
-            {
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
+            // Waits for the round's first acknowledgement (or gives up after 2 minutes).
+            let _ = started.recv_timeout(std::time::Duration::from_secs(120));
             std::thread::sleep(std::time::Duration::from_millis(delay));
             // SAFETY: kill has no memory effects; the pid is our own child, not yet reaped.
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
@@ -1005,7 +1000,7 @@ fn with_instruction_durability_a_sigkilled_engine_loses_no_acknowledged_state() 
                 Some(n) => {
                     assert_eq!(n, last_acknowledged + 1, "round {round}");
                     last_acknowledged = n;
-                    running.store(true, std::sync::atomic::Ordering::SeqCst);
+                    let _ = first_acknowledged.send(());
                 }
                 None => break,
             }

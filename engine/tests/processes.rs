@@ -156,10 +156,15 @@ async fn stdin_is_fed_and_closed_and_a_signal_ends_the_whole_group() {
 async fn a_process_runs_while_an_instruction_does_and_its_timeout_kills_it() {
     let dir = tempfile::tempdir().unwrap();
     let (engine, account, name) = engine(&dir).await;
-    // The instruction waits for what the process writes: were processes held back behind
-    // instructions, it would time out instead.
-    let waits = "import os, time\npath = os.path.expanduser('~/beside.txt')\n\
-                 while not os.path.exists(path): time.sleep(0.05)\nopen(path).read()";
+    // The instruction waits on a FIFO for what the process writes: were processes held back
+    // behind instructions, it would time out instead.
+    let fifo = "import os; os.mkfifo(os.path.expanduser('~/beside.txt')); 1";
+    let made = engine
+        .exec(&account, &name, ExecRequest::new(fifo))
+        .await
+        .unwrap();
+    engine.result(&account, &name, made.seq).await.unwrap();
+    let waits = "import os\nopen(os.path.expanduser('~/beside.txt')).read()";
     let mut request = ExecRequest::new(waits);
     request.timeout = Duration::from_secs(60);
     let seq = engine.exec(&account, &name, request).await.unwrap().seq;
@@ -167,7 +172,11 @@ async fn a_process_runs_while_an_instruction_does_and_its_timeout_kills_it() {
         .start_process(
             &account,
             &name,
-            spec(&["sh", "-c", "echo beside > \"$HOME/beside.txt.tmp\" && mv \"$HOME/beside.txt.tmp\" \"$HOME/beside.txt\" && echo done"]),
+            spec(&[
+                "sh",
+                "-c",
+                "echo beside > \"$HOME/beside.txt\" && echo done",
+            ]),
         )
         .await
         .unwrap();

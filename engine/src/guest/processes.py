@@ -227,6 +227,7 @@ class Processes:
                 self._pump_once()
             except Exception as exc:
                 _warn("the process pump stopped a round: %s: %s" % (type(exc).__name__, exc))
+                # A round that keeps failing must not spin a core: at most ten tries a second.
                 time.sleep(0.1)
 
     def _pump_once(self):

@@ -130,7 +130,8 @@ async fn code_runs_as_user_and_sudo_is_root_inside_the_sandbox_only() {
     assert_eq!(
         value(
             &m,
-            "import signal, time\np = subprocess.Popen(['sudo', 'sleep', '60'])\ntime.sleep(1)\n\
+            "import signal\np = subprocess.Popen(['sudo', 'sh', '-c', 'echo up; exec sleep 60'], \
+             stdout=subprocess.PIPE, text=True)\np.stdout.readline()\n\
              p.send_signal(signal.SIGTERM)\np.wait(timeout=20)"
         )
         .await,
