@@ -301,6 +301,11 @@ fn event(value: serde_json::Value) -> Bytes {
     connect::message(&serde_json::json!({ "event": value }))
 }
 
+/// A streamed call refused before it started: its only message is the error.
+fn refused(error: RpcError) -> Response {
+    stream_response(Body::from(error.end_of_stream()))
+}
+
 pub(super) fn stream_response(body: Body) -> Response {
     (
         StatusCode::OK,
@@ -317,7 +322,6 @@ async fn start(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Response {
-    let refused = |error: RpcError| stream_response(Body::from(error.end_of_stream()));
     let request: StartRequest = match connect::parse_enveloped(body) {
         Ok(request) => request,
         Err(e) => return refused(e),
@@ -352,7 +356,6 @@ async fn reconnect(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Response {
-    let refused = |error: RpcError| stream_response(Body::from(error.end_of_stream()));
     let request: SelectRequest = match connect::parse_enveloped(body) {
         Ok(request) => request,
         Err(e) => return refused(e),

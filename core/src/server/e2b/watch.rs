@@ -37,6 +37,13 @@ struct Watcher {
     pending: Vec<serde_json::Value>,
 }
 
+impl Watcher {
+    /// Whether it is the caller's (another account's or sandbox's watcher is not found).
+    fn belongs_to(&self, caller: &SandboxCaller) -> bool {
+        self.account == caller.account.id && self.sandbox == caller.sandbox
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct WatchRequest {
@@ -174,7 +181,7 @@ fn taken(
     let mut watching = lock(&state.watchers.watching);
     let watcher = watching
         .get_mut(&request.watcher_id)
-        .filter(|w| w.account == caller.account.id && w.sandbox == caller.sandbox)
+        .filter(|w| w.belongs_to(caller))
         .ok_or_else(|| not_found(&request.watcher_id))?;
     while watcher.pending.len() < MAX_EVENTS_PER_POLL {
         match watcher.process.output.try_recv() {
@@ -200,10 +207,10 @@ pub(super) async fn remove(
     let request: WatcherRequest = connect::parse_unary(body)?;
     let watcher = {
         let mut watching = lock(&state.watchers.watching);
-        let mine = watching
+        if !watching
             .get(&request.watcher_id)
-            .is_some_and(|w| w.account == caller.account.id && w.sandbox == caller.sandbox);
-        if !mine {
+            .is_some_and(|w| w.belongs_to(caller))
+        {
             return Err(not_found(&request.watcher_id));
         }
         watching.remove(&request.watcher_id)
