@@ -565,6 +565,7 @@ pub(crate) mod server {
             timeout: Duration::from_secs(seconds),
             interrupt,
             dialect: instruction.dialect,
+            context: None,
         })
     }
 

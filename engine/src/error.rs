@@ -119,6 +119,14 @@ impl Error {
         }
     }
 
+    pub fn context_not_found(machine: &str, context: &str) -> Self {
+        Self {
+            kind: ErrorKind::NotFound,
+            message: format!("machine {machine:?} has no context {context:?}"),
+            resource: Some("context"),
+        }
+    }
+
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::InvalidInput, message)
     }

@@ -260,6 +260,7 @@ fn event_json(event: &AgentEvent) -> serde_json::Value {
             "ev": "packages", "environment": environment, "libc": libc, "installed": installed,
         }),
         AgentEvent::Installed { site } => json!({"ev": "installed", "site": site}),
+        AgentEvent::Contexts(contexts) => json!({"ev": "contexts", "contexts": contexts}),
         AgentEvent::Process(process) => process_event_json(event, process),
     }
 }

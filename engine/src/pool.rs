@@ -230,6 +230,7 @@ async fn make_base(
             code: DATA_WARM_UP.to_owned(),
             timeout_ms: 300_000,
             dialect: crate::Dialect::Python,
+            context: None,
         };
         let warmed = async {
             fresh.agent.send(&warm_up).await?;

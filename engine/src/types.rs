@@ -554,6 +554,47 @@ pub struct ExecRequest {
     pub interrupt: bool,
     /// How the code is run: a REPL line (the default) or a Jupyter cell.
     pub dialect: Dialect,
+    /// Which of the machine's interpreters runs it: `None` (or [`DEFAULT_CONTEXT`]) the
+    /// machine's own, else a context made by `create_context`.
+    pub context: Option<String>,
+}
+
+/// The context every machine has: its own interpreter.
+pub const DEFAULT_CONTEXT: &str = "default";
+/// The longest context id.
+pub const MAX_CONTEXT_ID_BYTES: usize = 64;
+/// The longest working directory of a context.
+pub const MAX_CONTEXT_CWD_BYTES: usize = 4096;
+
+/// One of a machine's interpreters: the default (the machine's own) or a context made by
+/// `create_context`, with globals and a working directory of its own, sharing the machine's
+/// files, packages and environment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct ContextInfo {
+    /// `default`, or the id the machine gave the context.
+    pub id: String,
+    /// The working directory it was made with.
+    pub cwd: String,
+    /// Its interpreter's process id in the machine; `None` while it is not running (it starts
+    /// again with its next instruction, its variables gone).
+    pub pid: Option<u32>,
+}
+
+/// Checks a context id: 1 to [`MAX_CONTEXT_ID_BYTES`] ASCII letters, digits, `-` and `_`.
+pub fn validate_context_id(id: &str) -> Result<()> {
+    if id.is_empty()
+        || id.len() > MAX_CONTEXT_ID_BYTES
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(Error::invalid(format!(
+            "context {:?}: a context id is 1 to {MAX_CONTEXT_ID_BYTES} letters, digits, '-' or '_'",
+            id.chars().take(80).collect::<String>()
+        )));
+    }
+    Ok(())
 }
 
 /// How an instruction's code is run. Every dialect shares the machine's one namespace.
@@ -610,6 +651,7 @@ impl ExecRequest {
             timeout: DEFAULT_TIMEOUT,
             interrupt: false,
             dialect: Dialect::Python,
+            context: None,
         }
     }
 
@@ -623,6 +665,9 @@ impl ExecRequest {
         }
         if self.code.contains('\0') {
             return Err(Error::invalid("code contains a NUL byte"));
+        }
+        if let Some(context) = &self.context {
+            validate_context_id(context)?;
         }
         if self.timeout.is_zero() || self.timeout > MAX_TIMEOUT {
             return Err(Error::invalid(format!(

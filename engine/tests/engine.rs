@@ -849,3 +849,207 @@ async fn jupyter_cells_run_as_an_ipython_kernel_runs_them() {
     let (_, plain) = run_cell(ExecRequest::new("x")).await;
     assert_eq!(value(&plain).as_deref(), Some("21"));
 }
+
+/// An instruction's output lines and its result.
+async fn run_with_output(
+    engine: &Engine,
+    account: &evervm_engine::Account,
+    name: &str,
+    request: ExecRequest,
+) -> (Vec<String>, evervm_engine::ExecResult) {
+    let seq = engine.exec(account, name, request).await.unwrap().seq;
+    let mut events = engine.events(account, name, seq).await.unwrap();
+    let mut lines = Vec::new();
+    while let Some(event) = events.next().await {
+        match event {
+            ExecEvent::Output(chunk) => lines.push(chunk.data),
+            ExecEvent::Result(result) => return (lines, result),
+        }
+    }
+    panic!("the instruction's events ended without a result");
+}
+
+/// An instruction in `context` (none: the machine's own interpreter).
+fn in_context(code: &str, context: Option<&str>) -> ExecRequest {
+    ExecRequest {
+        context: context.map(str::to_owned),
+        ..ExecRequest::new(code)
+    }
+}
+
+/// Contexts are interpreters of their own in one machine: their own globals and working
+/// directory, the machine's files; restarted, their variables are gone; one that exits starts
+/// again with its next instruction, saying so; one that ignores its timeout's interrupt is killed;
+/// removed, it is gone, and an instruction for it says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn contexts_are_interpreters_of_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(&dir).await;
+    let account = engine.ensure_account("local").await.unwrap();
+    let name = machine_after(
+        &engine,
+        &account,
+        "x = 'default'; open('shared.txt', 'w').write('s')",
+    )
+    .await;
+    let somewhere = tempfile::tempdir().unwrap();
+    let somewhere_path = somewhere.path().to_str().unwrap().to_owned();
+
+    let made = engine
+        .create_context(&account, &name, Some(&somewhere_path))
+        .await
+        .unwrap();
+    assert_eq!(made.cwd, somewhere_path);
+    assert!(made.pid.is_some());
+    let ctx = Some(made.id.as_str());
+    let listed = engine.list_contexts(&account, &name).await.unwrap();
+    assert_eq!(
+        listed.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(),
+        ["default", made.id.as_str()]
+    );
+
+    // Its own globals and working directory; the machine's files (by absolute path).
+    let home = value(
+        &run(
+            &engine,
+            &account,
+            &name,
+            in_context("import os; os.getcwd()", None),
+        )
+        .await,
+    )
+    .unwrap();
+    let seen = run(&engine, &account, &name, in_context("x", ctx)).await;
+    assert_eq!(
+        seen.exception.as_ref().map(|e| e.name.as_str()),
+        Some("NameError")
+    );
+    let code = format!(
+        "import os; x = 'ctx'; print('hello'); \
+         (os.getcwd(), open(os.path.join({home}, 'shared.txt')).read())"
+    );
+    let (output, result) = run_with_output(&engine, &account, &name, in_context(&code, ctx)).await;
+    assert_eq!(
+        value(&result).unwrap(),
+        format!("({somewhere_path:?}, 's')").replace('"', "'")
+    );
+    assert_eq!(output, ["hello"]);
+    assert_eq!(
+        value(&run(&engine, &account, &name, in_context("x", None)).await).unwrap(),
+        "'default'"
+    );
+    assert_eq!(
+        value(&run(&engine, &account, &name, in_context("x", ctx)).await).unwrap(),
+        "'ctx'"
+    );
+
+    // A timeout interrupts it and keeps its state; code that ignores the interrupt loses it.
+    let slow = ExecRequest {
+        timeout: Duration::from_secs(1),
+        ..in_context("import time; time.sleep(30)", ctx)
+    };
+    assert_eq!(
+        failure(&run(&engine, &account, &name, slow).await),
+        Some(FailureCause::Timeout)
+    );
+    assert_eq!(
+        value(&run(&engine, &account, &name, in_context("x", ctx)).await).unwrap(),
+        "'ctx'"
+    );
+    let stubborn = ExecRequest {
+        timeout: Duration::from_secs(1),
+        ..in_context(
+            "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)",
+            ctx,
+        )
+    };
+    let killed = run(&engine, &account, &name, stubborn).await;
+    assert_eq!(failure(&killed), Some(FailureCause::Timeout));
+    assert_eq!(
+        killed.exception.as_ref().map(|e| e.name.as_str()),
+        Some("ContextKilled")
+    );
+    let (output, result) = run_with_output(&engine, &account, &name, in_context("x", ctx)).await;
+    assert_eq!(
+        result.exception.as_ref().map(|e| e.name.as_str()),
+        Some("NameError")
+    );
+    assert!(
+        output.iter().any(|line| line.contains("started again")),
+        "{output:?}"
+    );
+
+    // An exit ends the instruction and says so.
+    let exited = run(
+        &engine,
+        &account,
+        &name,
+        in_context("import os; os._exit(3)", ctx),
+    )
+    .await;
+    assert_eq!(
+        exited.exception.as_ref().map(|e| e.name.as_str()),
+        Some("ContextExited")
+    );
+
+    // Restarted: its variables are gone, its working directory is the one it was made with.
+    run(&engine, &account, &name, in_context("x = 1", ctx)).await;
+    let restarted = engine
+        .restart_context(&account, &name, &made.id)
+        .await
+        .unwrap();
+    assert_eq!(restarted.id, made.id);
+    let after = run(
+        &engine,
+        &account,
+        &name,
+        in_context("import os; os.getcwd()", ctx),
+    )
+    .await;
+    assert_eq!(value(&after).unwrap(), format!("'{somewhere_path}'"));
+    let gone = run(&engine, &account, &name, in_context("x", ctx)).await;
+    assert_eq!(
+        gone.exception.as_ref().map(|e| e.name.as_str()),
+        Some("NameError")
+    );
+
+    // The default context is not restarted or removed; an unknown one is not found.
+    let refused = engine
+        .remove_context(&account, &name, "default")
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::InvalidInput);
+    let missing = engine
+        .restart_context(&account, &name, "nope")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (missing.kind(), missing.resource()),
+        (ErrorKind::NotFound, Some("context"))
+    );
+    let bad = engine
+        .exec(&account, &name, in_context("1", Some("a/b")))
+        .await
+        .unwrap_err();
+    assert_eq!(bad.kind(), ErrorKind::InvalidInput);
+
+    // Removed: gone from the list, and an instruction for it says so.
+    engine
+        .remove_context(&account, &name, &made.id)
+        .await
+        .unwrap();
+    assert_eq!(
+        engine.list_contexts(&account, &name).await.unwrap().len(),
+        1
+    );
+    let orphan = run(&engine, &account, &name, in_context("1", ctx)).await;
+    assert_eq!(
+        orphan.exception.as_ref().map(|e| e.name.as_str()),
+        Some("ContextNotFound")
+    );
+    assert_eq!(
+        value(&run(&engine, &account, &name, in_context("x", None)).await).unwrap(),
+        "'default'"
+    );
+    engine.shutdown().await;
+}

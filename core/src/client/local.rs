@@ -60,6 +60,7 @@ impl LocalTransport {
             timeout: options.timeout,
             interrupt: options.interrupt,
             dialect: options.dialect,
+            context: None,
         }
     }
 }

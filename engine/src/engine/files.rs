@@ -149,6 +149,6 @@ impl Engine {
     }
 }
 
-fn unexpected() -> Error {
+pub(super) fn unexpected() -> Error {
     Error::internal("a file operation answered with the wrong kind of answer")
 }

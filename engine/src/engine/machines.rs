@@ -308,7 +308,13 @@ impl Engine {
         self.inner.take_instruction_token(account.id)?;
         let interrupted = request.interrupt && handle.interrupt();
         let seq = handle
-            .enqueue(&self.inner, request.code, request.timeout, request.dialect)
+            .enqueue(
+                &self.inner,
+                request.code,
+                request.timeout,
+                request.dialect,
+                request.context,
+            )
             .await?;
         Ok(ExecAccepted { seq, interrupted })
     }

@@ -8,6 +8,7 @@
 mod budget;
 pub(crate) mod chunks;
 mod config;
+mod contexts;
 mod files;
 mod forever;
 mod history;

@@ -31,6 +31,8 @@ Host -> agent:
   `installed` or `file_error`
   {"op": "proc_start" | "proc_input" | "proc_close_stdin" | "proc_signal", ...}: processes
   beside the interpreter, handled at once even while an instruction runs (see processes.py)
+  {"op": "context_create" | "context_list" | "context_restart" | "context_remove", ...}, and
+  "context" on `exec`: more interpreters in the machine (see contexts.py)
 Agent -> host:
   {"ev": "ready", "python": "3.11.2", "pid": P}
   output, as a binary frame (no JSON escaping of large text): the byte "O", the byte "o"
@@ -161,9 +163,8 @@ class ChannelReader:
             self.buffer += chunk
         return True
 
-    def receive(self):
-        """The next request (a dict, or the bytes of a data frame), or None once the host has
-        closed the channel."""
+    def receive_frame(self):
+        """The next frame's bytes, or None once the other end has closed the channel."""
         if not self._fill(4):
             return None
         (length,) = struct.unpack(">I", self.buffer[:4])
@@ -173,6 +174,14 @@ class ChannelReader:
             return None
         payload = bytes(self.buffer[4:4 + length])
         del self.buffer[:4 + length]
+        return payload
+
+    def receive(self):
+        """The next request (a dict, or the bytes of a data frame), or None once the host has
+        closed the channel."""
+        payload = self.receive_frame()
+        if payload is None:
+            return None
         if payload[:1] == b"D":
             return payload[1:]
         return json.loads(payload.decode("utf-8"))
@@ -509,6 +518,8 @@ class Watcher:
                     if request.get("id") == STATE.current:
                         interrupt("interrupt")
                         resend_at = time.monotonic() + RESEND_AFTER
+                    else:
+                        CONTEXTS.pass_interrupt(request)
                 elif isinstance(request, dict) and request.get("op") in PROCESS_OPERATIONS:
                     # Processes run beside the instruction: their requests are not held back.
                     PROCESSES.handle(request)
@@ -1783,6 +1794,9 @@ def next_request():
                 request = None
         if request is None or (isinstance(request, dict) and request.get("op") != "interrupt"):
             return request
+        if isinstance(request, dict):
+            # For an instruction another context runs (contexts.py).
+            CONTEXTS.pass_interrupt(request)
 
 
 def main():
@@ -1790,6 +1804,14 @@ def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--root-helper" and os.getuid() == 0:
         uid = int(sys.argv[2])
         start_root_helper(uid, uid)
+    # Started by another agent as one of its contexts (contexts.py), in a working directory that
+    # may not exist (then the home, as IPython's `%cd` leaves it).
+    in_context = len(sys.argv) == 3 and sys.argv[1] == "--context"
+    if in_context:
+        try:
+            os.chdir(sys.argv[2])
+        except OSError:
+            pass
     threading.stack_size(512 * 1024)
     os.environ.setdefault("MPLBACKEND", "Agg")
     sys.meta_path.insert(0, _PyplotFinder())
@@ -1798,10 +1820,12 @@ def main():
     builtins.display = display
     signal.signal(signal.SIGINT, _on_sigint)
     signal.signal(signal.SIGALRM, _on_sigalrm)
-    global OUTPUT, WATCHER, PROCESSES, _PENDING_SITE
+    global OUTPUT, WATCHER, PROCESSES, CONTEXTS, _PENDING_SITE
     WATCHER = Watcher()
     PROCESSES = Processes()
-    start_health_check()
+    CONTEXTS = Contexts()
+    if not in_context:
+        start_health_check()
     captures = [Capture(1, "stdout"), Capture(2, "stderr")]
     # Writes to fds 1 and 2 (C code, subprocesses) arrive through the pipes; Python's own
     # sys.stdout and sys.stderr skip them and keep their order.
@@ -1839,9 +1863,13 @@ def main():
             if request is None:
                 break
             if request.get("op") == "exec":
-                run_instruction(machine, captures, request)
+                if request.get("context") not in (None, DEFAULT_CONTEXT):
+                    CONTEXTS.execute(request)
+                else:
+                    run_instruction(machine, captures, request)
             elif request.get("op") == "reseed":
                 reseed()
+                CONTEXTS.reseed()
                 send({"ev": "ready", "python": sys.version.split()[0], "pid": os.getpid()})
             elif request.get("op") == "configure":
                 configure(request)
@@ -1850,6 +1878,8 @@ def main():
                 file_operation(request)
             elif request.get("op") in PROCESS_OPERATIONS:
                 PROCESSES.handle(request)
+            elif request.get("op") in CONTEXT_OPERATIONS:
+                CONTEXTS.handle(request)
         except KeyboardInterrupt:
             continue
     os._exit(0)

@@ -94,6 +94,9 @@ pub enum AgentRequest {
         timeout_ms: u64,
         #[serde(default, skip_serializing_if = "crate::Dialect::is_python")]
         dialect: crate::Dialect,
+        /// The context that runs it (none: the machine's own interpreter).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        context: Option<String>,
     },
     Interrupt {
         id: i64,
@@ -181,6 +184,19 @@ pub enum AgentRequest {
         path: String,
         roots: Vec<String>,
         recursive: bool,
+    },
+    /// Contexts (`contexts.py`), between instructions; answered by `contexts` or `file_error`.
+    /// Make one, its interpreter started in `cwd` (none: the home).
+    ContextCreate {
+        cwd: Option<String>,
+    },
+    ContextList,
+    /// Start a context's interpreter again, its variables gone.
+    ContextRestart {
+        context: String,
+    },
+    ContextRemove {
+        context: String,
     },
 }
 
@@ -276,6 +292,8 @@ pub enum AgentEvent {
     },
     /// About a process beside the interpreter (the connection's reader routes these).
     Process(super::processes::ProcessEvent),
+    /// A context operation's answer: the contexts it concerned.
+    Contexts(Vec<crate::ContextInfo>),
 }
 
 /// Why the agent refused or failed a file operation.
@@ -712,6 +730,7 @@ pub fn decode_event(payload: &[u8]) -> Result<AgentEvent, ProtocolError> {
                 installed,
             })
         }
+        "contexts" => super::contexts::decode(payload).map(AgentEvent::Contexts),
         "installed" => {
             let site = raw.site.ok_or_else(|| malformed("has no site"))?;
             if site.len() > MAX_PATH_BYTES {

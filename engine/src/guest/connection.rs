@@ -146,6 +146,7 @@ impl AgentConnection {
             code: "pass".to_owned(),
             timeout_ms: timeout.as_millis() as u64,
             dialect: crate::Dialect::Python,
+            context: None,
         })
         .await?;
         let answered = tokio::time::timeout(timeout, async {

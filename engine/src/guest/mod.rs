@@ -3,18 +3,21 @@
 
 pub mod channel;
 pub mod connection;
+pub mod contexts;
 pub mod image;
 pub mod processes;
 
 /// The agent's source: its Jupyter cells' part, its health check, its root helper for `sudo`,
-/// the processes it runs beside the interpreter, then the rest (one program). The process
-/// backend runs it with `python3 -I -c`; images carry it as a file.
+/// the processes it runs beside the interpreter, its watches, its other contexts' interpreters,
+/// then the rest (one program). The process backend runs it with `python3 -I -c`; images carry
+/// it as a file.
 pub const AGENT_SOURCE: &str = concat!(
     include_str!("jupyter.py"),
     include_str!("health.py"),
     include_str!("root.py"),
     include_str!("processes.py"),
     include_str!("watches.py"),
+    include_str!("contexts.py"),
     include_str!("agent.py")
 );
 

@@ -64,6 +64,17 @@ pub(crate) enum FileOperation {
     Install {
         requirements: Vec<String>,
     },
+    /// Makes, lists, restarts or removes the machine's contexts (`contexts.py`).
+    Context(ContextOperation),
+}
+
+/// What a context operation does.
+#[derive(Debug)]
+pub(crate) enum ContextOperation {
+    Create { cwd: Option<String> },
+    List,
+    Restart { context: String },
+    Remove { context: String },
 }
 
 impl FileOperation {
@@ -74,6 +85,11 @@ impl FileOperation {
                 | FileOperation::Remove { .. }
                 | FileOperation::Write { .. }
                 | FileOperation::Install { .. }
+                | FileOperation::Context(
+                    ContextOperation::Create { .. }
+                        | ContextOperation::Restart { .. }
+                        | ContextOperation::Remove { .. }
+                )
         )
     }
 }
@@ -84,6 +100,8 @@ pub(crate) enum FileOutcome {
     List(FileList),
     Read(FileRead),
     Installed(crate::packages::InstallReport),
+    /// The contexts a context operation concerned.
+    Contexts(Vec<crate::ContextInfo>),
 }
 
 /// A file operation in the machine's queue, and where its answer goes.
@@ -156,6 +174,10 @@ pub(super) async fn run(
         FileOperation::Install { requirements } => {
             let installed = install(engine, &mut current, &requirements).await;
             send_answer(reply, installed.map(|r| r.map(FileOutcome::Installed)))
+        }
+        FileOperation::Context(operation) => {
+            let answered = context(machine.name.as_str(), &mut current, operation).await;
+            send_answer(reply, answered)
         }
         FileOperation::Remove { path, recursive } => {
             let request = AgentRequest::Remove {
@@ -285,6 +307,41 @@ async fn simple(
             }
         })),
         AgentEvent::FileError { failure, message } => Ok(Err(refused(failure, message))),
+        other => Err(out_of_place(&other)),
+    }
+}
+
+/// Runs a context operation: the agent answers with the contexts it concerned.
+async fn context(
+    machine: &str,
+    current: &mut Resident,
+    operation: ContextOperation,
+) -> Result<Result<FileOutcome>> {
+    let (request, named) = match operation {
+        ContextOperation::Create { cwd } => (AgentRequest::ContextCreate { cwd }, None),
+        ContextOperation::List => (AgentRequest::ContextList, None),
+        ContextOperation::Restart { context } => (
+            AgentRequest::ContextRestart {
+                context: context.clone(),
+            },
+            Some(context),
+        ),
+        ContextOperation::Remove { context } => (
+            AgentRequest::ContextRemove {
+                context: context.clone(),
+            },
+            Some(context),
+        ),
+    };
+    current.agent.send(&request).await?;
+    match next_file_event(current).await? {
+        AgentEvent::Contexts(contexts) => Ok(Ok(FileOutcome::Contexts(contexts))),
+        AgentEvent::FileError { failure, message } => Ok(Err(match named {
+            Some(context) if failure == FileFailure::NotFound => {
+                Error::context_not_found(machine, &context)
+            }
+            _ => refused(failure, message),
+        })),
         other => Err(out_of_place(&other)),
     }
 }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 
-pub(crate) use self::files::{FileOperation, FileOutcome};
+pub(crate) use self::files::{ContextOperation, FileOperation, FileOutcome};
 pub(crate) use self::live::LiveInstruction;
 use crate::engine::EngineInner;
 use crate::error::{Error, Result};
@@ -40,6 +40,8 @@ struct Job {
     code: String,
     timeout: Duration,
     dialect: crate::Dialect,
+    /// The context that runs it (none: the machine's own interpreter).
+    context: Option<String>,
     live: Arc<LiveInstruction>,
 }
 
@@ -477,6 +479,7 @@ impl MachineHandle {
         code: String,
         timeout: Duration,
         dialect: crate::Dialect,
+        context: Option<String>,
     ) -> Result<i64> {
         let _order = self.enqueueing.lock().await;
         if self.deleted.load(Ordering::SeqCst) {
@@ -520,6 +523,7 @@ impl MachineHandle {
             code,
             timeout,
             dialect,
+            context,
             live,
         };
         if self.jobs.send(Work::Instruction(job)).is_err() {

@@ -419,6 +419,7 @@ async fn run_instruction(
         code: job.code.clone(),
         timeout_ms: job.timeout.as_millis() as u64,
         dialect: job.dialect,
+        context: job.context.clone(),
     };
     let started = Instant::now();
     if let Err(e) = current.agent.send(&request).await {

@@ -4,6 +4,7 @@
 mod bucket;
 mod chunks;
 mod client;
+mod contexts;
 mod environment;
 mod faults;
 mod files;

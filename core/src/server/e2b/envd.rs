@@ -743,6 +743,7 @@ async fn move_entry(
         code,
         Duration::from_secs(60),
         evervm_engine::Dialect::Python,
+        None,
     )
     .await
     .map_err(|e| rpc_failure(&e, sandbox))?;

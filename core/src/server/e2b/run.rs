@@ -24,6 +24,8 @@ pub(super) struct Run {
     pub(super) machine: String,
     /// Code queued after an interrupt (the cleanup the interrupt cancelled).
     pub(super) after_interrupt: Option<String>,
+    /// The context it runs in (none: the machine's own interpreter).
+    pub(super) context: Option<String>,
 }
 
 /// Queues `code` on the machine and returns its seq and events.
@@ -34,10 +36,12 @@ pub(super) async fn start(
     code: String,
     timeout: Duration,
     dialect: Dialect,
+    context: Option<String>,
 ) -> evervm_engine::Result<(i64, BoxStream<'static, ExecEvent>)> {
     let mut request = ExecRequest::new(code);
     request.timeout = timeout;
     request.dialect = dialect;
+    request.context = context;
     let accepted = engine.exec(account, machine, request).await?;
     let events = engine.events(account, machine, accepted.seq).await?;
     Ok((accepted.seq, events))
@@ -48,12 +52,12 @@ pub(super) async fn queue(
     engine: &Engine,
     account: &Account,
     machine: &str,
+    context: Option<String>,
     code: String,
 ) -> evervm_engine::Result<()> {
-    engine
-        .exec(account, machine, ExecRequest::new(code))
-        .await
-        .map(drop)
+    let mut request = ExecRequest::new(code);
+    request.context = context;
+    engine.exec(account, machine, request).await.map(drop)
 }
 
 impl Run {
@@ -140,7 +144,14 @@ impl Run {
             tracing::debug!(machine = self.machine, "cannot interrupt: {e}");
         }
         if let Some(code) = self.after_interrupt
-            && let Err(e) = queue(&self.engine, &self.account, &self.machine, code).await
+            && let Err(e) = queue(
+                &self.engine,
+                &self.account,
+                &self.machine,
+                self.context,
+                code,
+            )
+            .await
         {
             tracing::warn!(machine = self.machine, "cannot queue the cleanup: {e}");
         }
