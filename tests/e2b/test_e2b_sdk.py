@@ -77,6 +77,45 @@ def test_rich_results(sandbox) -> None:
     assert base64.b64decode(pngs[0]).startswith(PNG_SIGNATURE)
 
 
+def test_code_contexts_are_interpreters_of_their_own(sandbox) -> None:
+    from e2b import NotFoundException
+
+    assert sandbox.run_code("x = 'default'").error is None
+    context = sandbox.create_code_context(cwd="/tmp")
+    assert (context.language, context.cwd) == ("python", "/tmp")
+    homed = sandbox.create_code_context()
+    assert homed.cwd == "/home/user"
+    listed = sandbox.list_code_contexts()
+    assert [c.id for c in listed][-2:] == [context.id, homed.id]
+    assert (listed[0].language, listed[0].cwd) == ("python", "/home/user")
+    # Its own globals and working directory; the sandbox's files and environment.
+    sandbox.files.write("/home/user/shared.txt", "s")
+    execution = sandbox.run_code(
+        "import os\nx = 'ctx'\nprint(os.getcwd())\nopen('/home/user/shared.txt').read()",
+        context=context)
+    assert execution.error is None, execution.error
+    assert (execution.logs.stdout, execution.text) == (["/tmp\n"], "s")
+    assert sandbox.run_code("import os; os.getcwd()", context=homed).text == "/home/user"
+    assert sandbox.run_code("x").text == "default"
+    assert sandbox.run_code("x", context=context).text == "ctx"
+    assert sandbox.run_code("os.environ['GREETING']", context=context).text == "hi"
+    assert sandbox.run_code("os.environ['PER_CALL']", context=context,
+                            envs={"PER_CALL": "c"}).text == "c"
+    assert sandbox.run_code("os.environ.get('PER_CALL')", context=context).text is None
+    # Restarted: its variables are gone.
+    sandbox.restart_code_context(context)
+    restarted = sandbox.run_code("x", context=context)
+    assert (restarted.error.name, restarted.error.value) == ("NameError", "name 'x' is not defined")
+    # Removed: gone, and E2B's 404 for what names it.
+    sandbox.remove_code_context(context.id)
+    assert context.id not in [c.id for c in sandbox.list_code_contexts()]
+    with pytest.raises(NotFoundException):
+        sandbox.run_code("1", context=context)
+    with pytest.raises(NotFoundException):
+        sandbox.restart_code_context(context.id)
+    assert sandbox.run_code("x").text == "default"
+
+
 def test_errors_carry_their_traceback(sandbox) -> None:
     errors = []
     execution = sandbox.run_code("def f():\n    return 1 / 0\nf()", on_error=errors.append)

@@ -210,6 +210,26 @@ sdkTest('create with metadata and envs; runCode keeps state, streams output, see
   assert.equal((await run(sandbox, "os.environ['GREETING']")).text, 'hi', 'the create envs stay')
 })
 
+sdkTest('code contexts: their own globals and cwd, restarted, removed', async () => {
+  const sandbox = await sharedSandbox()
+  await run(sandbox, "x = 'default'")
+  const context = await sandbox.createCodeContext({ cwd: '/tmp' })
+  assert.deepEqual([context.language, context.cwd], ['python', '/tmp'])
+  const listed = await sandbox.listCodeContexts()
+  assert.equal(listed[listed.length - 1].id, context.id, 'the newest context is listed last')
+  const here = await run(sandbox, "import os\nx = 'ctx'\nos.getcwd()", { context })
+  assert.equal(here.text, '/tmp', 'a context starts in its cwd')
+  assert.equal((await run(sandbox, 'x')).text, 'default', "the default context's globals are its own")
+  assert.equal((await run(sandbox, 'x', { context })).text, 'ctx')
+  await sandbox.restartCodeContext(context)
+  const gone = await sandbox.runCode('x', { context })
+  assert.equal(gone.error?.name, 'NameError', 'a restarted context has lost its variables')
+  await sandbox.removeCodeContext(context)
+  const after = await sandbox.listCodeContexts()
+  assert.ok(!after.some((c) => c.id === context.id), 'a removed context is not listed')
+  await assert.rejects(sandbox.runCode('1', { context }), (e) => e.name === 'NotFoundError')
+})
+
 sdkTest('rich results: a DataFrame as HTML, a matplotlib figure as PNG', async () => {
   const sandbox = await sharedSandbox()
   const frame = await run(sandbox, "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': [3, 4]})")

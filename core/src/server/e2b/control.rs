@@ -64,6 +64,9 @@ struct SandboxView {
     /// The sandbox's own access token: the SDKs send it back on every sandbox request
     /// (`X-Access-Token`).
     envd_access_token: String,
+    /// The same token, which the code interpreter's SDKs send (`E2B-Traffic-Access-Token`) on
+    /// the calls that carry no `X-Access-Token` (code contexts).
+    traffic_access_token: String,
     /// A domain that leads back here (see [`super::access`]).
     domain: String,
 }
@@ -92,6 +95,9 @@ pub(super) struct SandboxDetail {
     state: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     envd_access_token: Option<String>,
+    /// The same token (see [`SandboxView`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    traffic_access_token: Option<String>,
     domain: String,
 }
 
@@ -125,6 +131,7 @@ async fn view(
         sandbox_id: info.name.to_string(),
         client_id: CLIENT_ID,
         envd_version: ENVD_VERSION,
+        traffic_access_token: token.clone(),
         envd_access_token: token,
         domain: access.domain(),
     })
@@ -161,6 +168,7 @@ fn detail(
         disk_size_mb: state.engine.limits().max_disk_mb_per_account,
         metadata: metadata_of(&info.tags),
         state: if running { "running" } else { "paused" },
+        traffic_access_token: envd_access_token.clone(),
         envd_access_token,
         domain,
     }

@@ -1,7 +1,9 @@
 //! E2B's code interpreter (port 49999): `POST /execute` runs code on the machine's REPL and
 //! streams NDJSON (`stdout`, `stderr`, `result` with MIME fields, `error`,
-//! `number_of_executions`, `keepalive`, `end_of_execution`); `/contexts` describes the one
-//! context there is, the machine's REPL.
+//! `number_of_executions`, `keepalive`, `end_of_execution`); `/contexts` makes, lists, restarts
+//! and removes code contexts: more Python interpreters in the machine (the engine's contexts),
+//! each with globals and a working directory of its own. The default context is the machine's
+//! own REPL. Python is the only language.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -13,16 +15,16 @@ use axum::http::StatusCode;
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::response::{IntoResponse, Response};
 use evervm_engine::{
-    Dialect, ExecEvent, ExecResult, FailureCause, MAX_TIMEOUT, Outcome, OutputStream, RichKind,
-    RichResult,
+    Dialect, ErrorKind, ExecEvent, ExecResult, FailureCause, MAX_TIMEOUT, Outcome, OutputStream,
+    RichKind, RichResult,
 };
 use serde::{Deserialize, Serialize};
 
 use super::run::{self, Run};
 use super::{E2bFailure, E2bState, InterpreterCaller, SandboxCaller};
 
-/// The id of the one context: the machine's REPL.
-pub(super) const DEFAULT_CONTEXT: &str = "default";
+/// The id of the default context: the machine's REPL.
+pub(super) const DEFAULT_CONTEXT: &str = evervm_engine::DEFAULT_CONTEXT;
 /// Where E2B's contexts start (evervm's file APIs here take it for the machine's home).
 pub(super) const E2B_HOME: &str = "/home/user";
 /// A keepalive line after this much quiet, which also notices a client that left.
@@ -41,16 +43,29 @@ pub(super) struct ExecuteRequest {
 
 #[derive(Debug, Serialize)]
 pub(super) struct Context {
-    id: &'static str,
+    id: String,
     language: &'static str,
-    cwd: &'static str,
+    cwd: String,
 }
 
-const THE_CONTEXT: Context = Context {
-    id: DEFAULT_CONTEXT,
-    language: "python",
-    cwd: E2B_HOME,
-};
+impl Context {
+    /// A context as E2B describes it: the default one starts in `/home/user`, the others where
+    /// they were asked to (the machine's home, `~`, is `/home/user`).
+    fn from_engine(context: evervm_engine::ContextInfo) -> Self {
+        let cwd = if context.id == DEFAULT_CONTEXT || context.cwd == "~" {
+            E2B_HOME.to_owned()
+        } else if let Some(rest) = context.cwd.strip_prefix("~/") {
+            format!("{E2B_HOME}/{rest}")
+        } else {
+            context.cwd
+        };
+        Self {
+            id: context.id,
+            language: "python",
+            cwd,
+        }
+    }
+}
 
 fn check_language(language: Option<&str>) -> Result<(), E2bFailure> {
     match language {
@@ -62,17 +77,44 @@ fn check_language(language: Option<&str>) -> Result<(), E2bFailure> {
     }
 }
 
-fn check_context(id: &str) -> Result<(), E2bFailure> {
+/// E2B's answer for a context the sandbox does not have.
+fn context_not_found(id: &str) -> E2bFailure {
+    E2bFailure::new(StatusCode::NOT_FOUND, format!("Context {id} not found"))
+}
+
+/// A failed context operation as E2B answers it.
+fn context_failure(error: &evervm_engine::Error, sandbox: &str, id: &str) -> E2bFailure {
+    if error.kind() == ErrorKind::NotFound && error.resource() == Some("context") {
+        context_not_found(id)
+    } else if error.kind() == ErrorKind::InvalidInput && id != DEFAULT_CONTEXT {
+        // Not an id the engine could have made.
+        context_not_found(id)
+    } else {
+        super::sandbox_failure(error, sandbox)
+    }
+}
+
+/// Checks that the sandbox has the context `id` (E2B answers 404 before running anything).
+async fn check_context(
+    state: &E2bState,
+    caller: &SandboxCaller,
+    id: &str,
+) -> Result<(), E2bFailure> {
     if id == DEFAULT_CONTEXT {
+        return Ok(());
+    }
+    if evervm_engine::validate_context_id(id).is_err() {
+        return Err(context_not_found(id));
+    }
+    let contexts = state
+        .engine
+        .list_contexts(&caller.account, &caller.sandbox)
+        .await
+        .map_err(|e| super::sandbox_failure(&e, &caller.sandbox))?;
+    if contexts.iter().any(|c| c.id == id) {
         Ok(())
     } else {
-        Err(E2bFailure::new(
-            StatusCode::NOT_FOUND,
-            format!(
-                "context {id:?} not found: evervm has one context per sandbox, {DEFAULT_CONTEXT:?} \
-                 (the machine's REPL)"
-            ),
-        ))
+        Err(context_not_found(id))
     }
 }
 
@@ -116,16 +158,22 @@ pub(super) async fn execute(
 ) -> Result<Response, E2bFailure> {
     let request: ExecuteRequest = serde_json::from_slice(&body)
         .map_err(|e| E2bFailure::bad_request(format!("the request body is not valid: {e}")))?;
+    if request.context_id.is_some() && request.language.is_some() {
+        return Err(E2bFailure::bad_request(
+            "Only one of context_id or language can be provided",
+        ));
+    }
     check_language(request.language.as_deref())?;
-    if let Some(id) = request.context_id.as_deref() {
-        check_context(id)?;
+    let context = request.context_id.filter(|id| id != DEFAULT_CONTEXT);
+    if let Some(id) = context.as_deref() {
+        check_context(&state, &caller, id).await?;
     }
     let SandboxCaller { account, sandbox } = caller;
     let env = env_code(&request.env_vars.unwrap_or_default())?;
     let engine = &state.engine;
     let restore = match env {
         Some((set, restore)) => {
-            run::queue(engine, &account, &sandbox, set)
+            run::queue(engine, &account, &sandbox, context.clone(), set)
                 .await
                 .map_err(|e| super::sandbox_failure(&e, &sandbox))?;
             Some(restore)
@@ -140,11 +188,13 @@ pub(super) async fn execute(
         request.code,
         MAX_TIMEOUT,
         Dialect::E2b,
+        context.clone(),
     )
     .await;
     if let Some(restore) = &restore {
         // Queued right behind the code: it runs whether or not the client stays.
-        if let Err(e) = run::queue(engine, &account, &sandbox, restore.clone()).await {
+        let queued = run::queue(engine, &account, &sandbox, context.clone(), restore.clone());
+        if let Err(e) = queued.await {
             tracing::warn!(machine = sandbox, "cannot queue the env restore: {e}");
         }
     }
@@ -156,6 +206,7 @@ pub(super) async fn execute(
         account,
         machine: sandbox,
         after_interrupt: restore,
+        context,
     };
     let keepalive = line(&serde_json::json!({ "type": "keepalive" }));
     let mut shown = 0;
@@ -331,9 +382,19 @@ fn failure_name_and_value(text: &str, cause: FailureCause) -> (String, String) {
     (name.to_owned(), text.trim().to_owned())
 }
 
-/// `GET /contexts`: the one context.
-pub(super) async fn list_contexts() -> Json<Vec<Context>> {
-    Json(vec![THE_CONTEXT])
+/// `GET /contexts`: the default context, then the others in the order they were made.
+pub(super) async fn list_contexts(
+    State(state): State<E2bState>,
+    InterpreterCaller(caller): InterpreterCaller,
+) -> Result<Json<Vec<Context>>, E2bFailure> {
+    let contexts = state
+        .engine
+        .list_contexts(&caller.account, &caller.sandbox)
+        .await
+        .map_err(|e| super::sandbox_failure(&e, &caller.sandbox))?;
+    Ok(Json(
+        contexts.into_iter().map(Context::from_engine).collect(),
+    ))
 }
 
 #[derive(Debug, Deserialize)]
@@ -344,8 +405,13 @@ pub(super) struct NewContext {
     cwd: Option<String>,
 }
 
-/// `POST /contexts`: more contexts than the machine's REPL are not offered.
-pub(super) async fn create_context(body: Bytes) -> Result<Json<Context>, E2bFailure> {
+/// `POST /contexts`: a new Python interpreter in the machine, started in `cwd` (default
+/// `/home/user`; one that does not exist leaves it there, as E2B's `%cd` does).
+pub(super) async fn create_context(
+    State(state): State<E2bState>,
+    InterpreterCaller(caller): InterpreterCaller,
+    body: Bytes,
+) -> Result<Json<Context>, E2bFailure> {
     let request: NewContext = if body.trim_ascii().is_empty() {
         NewContext {
             language: None,
@@ -356,44 +422,63 @@ pub(super) async fn create_context(body: Bytes) -> Result<Json<Context>, E2bFail
             .map_err(|e| E2bFailure::bad_request(format!("the request body is not valid: {e}")))?
     };
     check_language(request.language.as_deref())?;
-    Err(E2bFailure::new(
-        StatusCode::NOT_IMPLEMENTED,
-        format!(
-            "evervm does not create code contexts (asked for {} in {}): each sandbox has one, \
-             {DEFAULT_CONTEXT:?}, the machine's REPL, used when run_code names none",
-            request.language.as_deref().unwrap_or("python"),
-            request.cwd.as_deref().unwrap_or(E2B_HOME),
-        ),
-    ))
+    let asked = request
+        .cwd
+        .filter(|cwd| !cwd.is_empty())
+        .unwrap_or_else(|| E2B_HOME.to_owned());
+    let cwd = super::envd::to_machine(&asked);
+    let made = state
+        .engine
+        .create_context(&caller.account, &caller.sandbox, Some(&cwd))
+        .await
+        .map_err(|e| super::sandbox_failure(&e, &caller.sandbox))?;
+    state.sandboxes.touch(&caller.account, &caller.sandbox);
+    Ok(Json(Context {
+        cwd: asked,
+        ..Context::from_engine(made)
+    }))
 }
 
-/// `DELETE /contexts/{id}`: the machine's REPL is not removed (kill the sandbox instead).
+/// `DELETE /contexts/{id}`: the context's interpreter is stopped and the context forgotten. The
+/// default one goes only with its sandbox (kill).
 pub(super) async fn remove_context(
+    State(state): State<E2bState>,
+    InterpreterCaller(caller): InterpreterCaller,
     axum::extract::Path(id): axum::extract::Path<String>,
-) -> E2bFailure {
-    refuse_context(
-        &id,
-        "the default context is the machine's REPL: it is removed with its sandbox (kill)",
-    )
-}
-
-/// `POST /contexts/{id}/restart`: not offered (the REPL lives for ever; kill and create to start
-/// afresh).
-pub(super) async fn restart_context(
-    axum::extract::Path(id): axum::extract::Path<String>,
-) -> E2bFailure {
-    refuse_context(
-        &id,
-        "evervm does not restart a machine's REPL: create a new sandbox to start afresh",
-    )
-}
-
-/// 404 for a context that is not the default one, else 501 with `why`.
-fn refuse_context(id: &str, why: &str) -> E2bFailure {
-    match check_context(id) {
-        Err(e) => e,
-        Ok(()) => E2bFailure::new(StatusCode::NOT_IMPLEMENTED, why),
+) -> Result<Json<()>, E2bFailure> {
+    if id == DEFAULT_CONTEXT {
+        return Err(E2bFailure::bad_request(
+            "the default context is the machine's REPL: it is removed with its sandbox (kill)",
+        ));
     }
+    state
+        .engine
+        .remove_context(&caller.account, &caller.sandbox, &id)
+        .await
+        .map_err(|e| context_failure(&e, &caller.sandbox, &id))?;
+    Ok(Json(()))
+}
+
+/// `POST /contexts/{id}/restart`: the context's interpreter starts again, its variables gone.
+/// The default one is the machine's REPL, which is not restarted (create a sandbox afresh).
+pub(super) async fn restart_context(
+    State(state): State<E2bState>,
+    InterpreterCaller(caller): InterpreterCaller,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Json<()>, E2bFailure> {
+    if id == DEFAULT_CONTEXT {
+        return Err(E2bFailure::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "evervm does not restart a machine's own REPL: make a context to start afresh, or \
+             create a new sandbox",
+        ));
+    }
+    state
+        .engine
+        .restart_context(&caller.account, &caller.sandbox, &id)
+        .await
+        .map_err(|e| context_failure(&e, &caller.sandbox, &id))?;
+    Ok(Json(()))
 }
 
 #[cfg(test)]
@@ -410,6 +495,26 @@ mod tests {
             failure_name_and_value("ran past 5 s", FailureCause::Timeout).0,
             "TimeoutError"
         );
+    }
+
+    #[test]
+    fn contexts_are_described_in_e2b_paths() {
+        let described = |id: &str, cwd: &str| {
+            let context = Context::from_engine(evervm_engine::ContextInfo {
+                id: id.into(),
+                cwd: cwd.into(),
+                pid: Some(2),
+            });
+            (context.id, context.language, context.cwd)
+        };
+        assert_eq!(
+            described("default", "/home/machine"),
+            ("default".into(), "python", E2B_HOME.into())
+        );
+        assert_eq!(described("c1", "~").2, E2B_HOME);
+        assert_eq!(described("c1", "~/a/b").2, "/home/user/a/b");
+        assert_eq!(described("c1", "/tmp").2, "/tmp");
+        assert_eq!(described("c1", "~x").2, "~x");
     }
 
     #[test]

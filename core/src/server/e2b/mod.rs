@@ -322,7 +322,8 @@ fn sandbox_target(parts: &Parts) -> Result<(String, Option<u16>), E2bFailure> {
 
 impl SandboxCaller {
     /// The caller and its sandbox, for a request to `port`: authenticated by the sandbox's
-    /// access token (`X-Access-Token`), or the account's API key.
+    /// access token (`X-Access-Token`, or `E2B-Traffic-Access-Token` where the code
+    /// interpreter's SDKs send only that), or the account's API key.
     async fn extract(parts: &Parts, state: &E2bState, port: u16) -> Result<Self, E2bFailure> {
         let (sandbox, asked_port) = sandbox_target(parts)?;
         if let Some(asked) = asked_port
@@ -338,6 +339,7 @@ impl SandboxCaller {
             ));
         }
         let key = header_text(&parts.headers, "x-access-token")
+            .or_else(|| header_text(&parts.headers, "e2b-traffic-access-token"))
             .or_else(|| header_text(&parts.headers, "x-api-key"))
             .or_else(|| bearer(&parts.headers))
             .ok_or_else(|| {
