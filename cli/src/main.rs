@@ -963,6 +963,7 @@ async fn exec(
         timeout: Duration::from_secs(timeout),
         interrupt: false,
         dialect,
+        context: None,
     };
     let (seq, mut events) = machine.stream(&code, &options).await?;
     let mut output = Vec::new();

@@ -565,7 +565,7 @@ pub(crate) mod server {
             timeout: Duration::from_secs(seconds),
             interrupt,
             dialect: instruction.dialect,
-            context: None,
+            context: instruction.context,
         })
     }
 
@@ -581,6 +581,7 @@ pub(crate) mod server {
                 code: "1".into(),
                 timeout_seconds,
                 dialect: engine::Dialect::Python,
+                context: None,
             };
             for bad in [0, -1, i32::MIN] {
                 let err = exec_from_wire(instruction(bad), false).unwrap_err();

@@ -96,6 +96,9 @@ pub struct ExecOptions {
     pub interrupt: bool,
     /// How the code runs: a REPL line (the default) or a Jupyter cell (IPython's shell).
     pub dialect: Dialect,
+    /// Which of the machine's interpreters runs it: a context's id from
+    /// [`crate::Machine::create_context`] (none: the machine's own).
+    pub context: Option<String>,
 }
 
 impl Default for ExecOptions {
@@ -104,6 +107,7 @@ impl Default for ExecOptions {
             timeout: DEFAULT_TIMEOUT,
             interrupt: false,
             dialect: Dialect::Python,
+            context: None,
         }
     }
 }
@@ -305,6 +309,10 @@ pub use evervm_engine::ExceptionInfo;
 
 /// What a rewind did, a machine's history, and one instruction in it.
 pub use evervm_engine::{HistoryEntry, MachineHistory, Rewound};
+
+/// One of a machine's interpreters (a code context): `default`, or one made by
+/// [`crate::Machine::create_context`].
+pub use evervm_engine::{ContextInfo, DEFAULT_CONTEXT};
 /// A machine's family tree of forks, with checkpoints and what rewinds took back.
 pub use evervm_engine::{Lineage, LineageCheckpoint, LineageNode, TakenBack};
 

@@ -563,14 +563,21 @@ pub struct ExecRequest {
 pub const DEFAULT_CONTEXT: &str = "default";
 /// The longest context id.
 pub const MAX_CONTEXT_ID_BYTES: usize = 64;
-/// The longest working directory of a context.
-pub const MAX_CONTEXT_CWD_BYTES: usize = 4096;
+/// The longest working directory a caller may give a context, in characters.
+pub const MAX_CONTEXT_CWD_CHARS: usize = 1024;
+/// The longest working directory of a context the machine may report, in bytes (UTF-8: up to
+/// 4 per character).
+pub const MAX_CONTEXT_CWD_BYTES: usize = 4 * MAX_CONTEXT_CWD_CHARS;
 
 /// One of a machine's interpreters: the default (the machine's own) or a context made by
 /// `create_context`, with globals and a working directory of its own, sharing the machine's
 /// files, packages and environment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(rename = "Context")
+)]
 pub struct ContextInfo {
     /// `default`, or the id the machine gave the context.
     pub id: String,

@@ -9,9 +9,9 @@ use super::{EventStream, SessionTransport, Transport};
 use crate::convert::engine::event_from_engine;
 use crate::error::Result;
 use crate::types::{
-    Accepted, ByteStream, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult,
-    FileInfo, FileList, FileRead, InstallReport, Lineage, MachineHistory, MachineInfo, MachinePage,
-    Rewound, Tags, WriteFileOptions,
+    Accepted, ByteStream, CheckpointInfo, ContextInfo, CreateMachineOptions, ExecEvent,
+    ExecOptions, ExecResult, FileInfo, FileList, FileRead, InstallReport, Lineage, MachineHistory,
+    MachineInfo, MachinePage, Rewound, Tags, WriteFileOptions,
 };
 use evervm_engine::{self as engine, Account, Engine, EngineConfig};
 
@@ -60,7 +60,7 @@ impl LocalTransport {
             timeout: options.timeout,
             interrupt: options.interrupt,
             dialect: options.dialect,
-            context: None,
+            context: options.context.clone(),
         }
     }
 }
@@ -205,6 +205,28 @@ impl Transport for LocalTransport {
 
     async fn history(&self, name: &str, limit: usize) -> Result<MachineHistory> {
         Ok(self.engine.history(&self.account, name, limit).await?)
+    }
+
+    async fn create_context(&self, name: &str, cwd: Option<&str>) -> Result<ContextInfo> {
+        Ok(self.engine.create_context(&self.account, name, cwd).await?)
+    }
+
+    async fn list_contexts(&self, name: &str) -> Result<Vec<ContextInfo>> {
+        Ok(self.engine.list_contexts(&self.account, name).await?)
+    }
+
+    async fn restart_context(&self, name: &str, context: &str) -> Result<ContextInfo> {
+        Ok(self
+            .engine
+            .restart_context(&self.account, name, context)
+            .await?)
+    }
+
+    async fn remove_context(&self, name: &str, context: &str) -> Result<()> {
+        Ok(self
+            .engine
+            .remove_context(&self.account, name, context)
+            .await?)
     }
 
     async fn delete_checkpoint(&self, name: &str, checkpoint: &str) -> Result<()> {

@@ -14,9 +14,9 @@ use futures::stream::BoxStream;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::types::{
-    Accepted, ByteStream, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult,
-    Execution, FileInfo, FileList, FileRead, InstallReport, Lineage, MachineHistory, MachineInfo,
-    MachinePage, OutputChunk, Rewound, Tags, WriteFileOptions,
+    Accepted, ByteStream, CheckpointInfo, ContextInfo, CreateMachineOptions, ExecEvent,
+    ExecOptions, ExecResult, Execution, FileInfo, FileList, FileRead, InstallReport, Lineage,
+    MachineHistory, MachineInfo, MachinePage, OutputChunk, Rewound, Tags, WriteFileOptions,
 };
 
 #[cfg(feature = "local")]
@@ -62,6 +62,10 @@ pub(crate) trait Transport: Send + Sync + 'static {
     async fn lineage(&self, name: &str) -> Result<Lineage>;
     async fn install(&self, name: &str, requirements: &[String]) -> Result<InstallReport>;
     async fn delete_checkpoint(&self, name: &str, checkpoint: &str) -> Result<()>;
+    async fn create_context(&self, name: &str, cwd: Option<&str>) -> Result<ContextInfo>;
+    async fn list_contexts(&self, name: &str) -> Result<Vec<ContextInfo>>;
+    async fn restart_context(&self, name: &str, context: &str) -> Result<ContextInfo>;
+    async fn remove_context(&self, name: &str, context: &str) -> Result<()>;
     /// Writes `data` (of `length` bytes, when known) to `path` in the machine.
     async fn write_file(
         &self,
@@ -362,6 +366,30 @@ impl Machine {
         self.transport
             .delete_checkpoint(&self.name, checkpoint)
             .await
+    }
+
+    /// Makes a code context: another Python interpreter in the machine, with globals of its own,
+    /// started in `cwd` (none: the machine's home), sharing the machine's files, packages and
+    /// environment. Run code in it with [`ExecOptions::context`]. Swap, fork, checkpoints and
+    /// history keep it with its variables.
+    pub async fn create_context(&self, cwd: Option<&str>) -> Result<ContextInfo> {
+        self.transport.create_context(&self.name, cwd).await
+    }
+
+    /// The machine's contexts: `default` (its own interpreter) first, then the others in the
+    /// order made.
+    pub async fn contexts(&self) -> Result<Vec<ContextInfo>> {
+        self.transport.list_contexts(&self.name).await
+    }
+
+    /// Starts a context's interpreter again: its variables are gone.
+    pub async fn restart_context(&self, context: &str) -> Result<ContextInfo> {
+        self.transport.restart_context(&self.name, context).await
+    }
+
+    /// Removes a context, its interpreter stopped.
+    pub async fn remove_context(&self, context: &str) -> Result<()> {
+        self.transport.remove_context(&self.name, context).await
     }
 
     /// Opens a session (a WebSocket REPL on a remote server) on this machine.

@@ -17,9 +17,9 @@ use crate::protocol::{
     MessageFromServer, MessageToServer, WhoamiResponse, WireInstruction,
 };
 use crate::types::{
-    Accepted, ByteStream, CheckpointInfo, CreateMachineOptions, ExecEvent, ExecOptions, ExecResult,
-    FileInfo, FileKind, FileList, FileRead, InstallReport, Lineage, MachineHistory, MachineInfo,
-    MachinePage, Rewound, Tags, WriteFileOptions,
+    Accepted, ByteStream, CheckpointInfo, ContextInfo, CreateMachineOptions, ExecEvent,
+    ExecOptions, ExecResult, FileInfo, FileKind, FileList, FileRead, InstallReport, Lineage,
+    MachineHistory, MachineInfo, MachinePage, Rewound, Tags, WriteFileOptions,
 };
 
 pub(crate) struct RemoteTransport {
@@ -385,6 +385,7 @@ impl Transport for RemoteTransport {
                 code: code.to_owned(),
                 timeout_seconds: seconds(options)?,
                 dialect: options.dialect,
+                context: options.context.clone(),
             },
             interrupt: options.interrupt,
         };
@@ -645,6 +646,33 @@ impl Transport for RemoteTransport {
         self.call(Method::GET, url, None).await
     }
 
+    async fn create_context(&self, name: &str, cwd: Option<&str>) -> Result<ContextInfo> {
+        let request = protocol::CreateContextRequest {
+            cwd: cwd.map(str::to_owned),
+        };
+        let url = self.machine_url(name, &["contexts"])?;
+        self.call(Method::POST, url, Some(body(&request))).await
+    }
+
+    async fn list_contexts(&self, name: &str) -> Result<Vec<ContextInfo>> {
+        let url = self.machine_url(name, &["contexts"])?;
+        let answer: protocol::ListContextsResponse = self.call(Method::GET, url, None).await?;
+        Ok(answer.contexts)
+    }
+
+    async fn restart_context(&self, name: &str, context: &str) -> Result<ContextInfo> {
+        evervm_engine::validate_context_id(context)?;
+        let url = self.machine_url(name, &["contexts", context, "restart"])?;
+        self.call(Method::POST, url, None).await
+    }
+
+    async fn remove_context(&self, name: &str, context: &str) -> Result<()> {
+        evervm_engine::validate_context_id(context)?;
+        let url = self.machine_url(name, &["contexts", context])?;
+        let _: protocol::DeleteContextResponse = self.call(Method::DELETE, url, None).await?;
+        Ok(())
+    }
+
     async fn delete_checkpoint(&self, name: &str, checkpoint: &str) -> Result<()> {
         let _: protocol::DeleteCheckpointResponse = self
             .call(
@@ -846,6 +874,7 @@ impl SessionTransport for WebSocketSession {
                 code: code.to_owned(),
                 timeout_seconds: seconds(options)?,
                 dialect: options.dialect,
+                context: options.context.clone(),
             },
             request_id,
         };

@@ -19,6 +19,9 @@ mod errors;
 
 pub use errors::{ERROR_CODES, ErrorCode};
 
+mod contexts;
+pub use contexts::{ApiContext, CreateContextRequest, DeleteContextResponse, ListContextsResponse};
+
 /// Tags on the wire: a JSON object of strings.
 pub type WireTags = BTreeMap<String, String>;
 
@@ -283,6 +286,12 @@ pub struct WireInstruction {
     /// IPython's formatters and tracebacks; the image needs IPython). Other clients leave it out.
     #[serde(default, skip_serializing_if = "Dialect::is_python")]
     pub dialect: Dialect,
+    /// evervm addition: which of the machine's interpreters runs it, a context's id from
+    /// `POST /v1/machine/{machine_name}/contexts` (absent or `default`: the machine's own). An id
+    /// the machine does not have ends the instruction with the error `ContextNotFound`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "server", schemars(with = "Option<schema::ContextId>"))]
+    pub context: Option<String>,
 }
 
 fn default_timeout_seconds() -> i32 {
@@ -790,6 +799,7 @@ mod tests {
                 dialect: Dialect::Python,
                 code: "1".into(),
                 timeout_seconds: 7,
+                context: None,
             },
             interrupt: false,
         };
@@ -848,7 +858,8 @@ mod tests {
                 instruction: WireInstruction {
                     dialect: Dialect::Python,
                     code: "1".into(),
-                    timeout_seconds: 15
+                    timeout_seconds: 15,
+                    context: None,
                 },
                 request_id: 0
             }

@@ -254,6 +254,48 @@ impl JsonSchema for Network {
     }
 }
 
+/// A context's working directory: a path without NUL, at most
+/// [`engine::MAX_CONTEXT_CWD_CHARS`] characters.
+pub(crate) struct ContextCwd;
+
+impl JsonSchema for ContextCwd {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> Cow<'static, str> {
+        "ContextCwd".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        schema(json!({
+            "type": "string",
+            "minLength": 1,
+            "maxLength": engine::MAX_CONTEXT_CWD_CHARS,
+            "pattern": CODE_PATTERN,
+        }))
+    }
+}
+
+/// A context's id.
+pub(crate) struct ContextId;
+
+impl JsonSchema for ContextId {
+    fn schema_name() -> Cow<'static, str> {
+        "ContextId".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        schema(json!({
+            "type": "string",
+            "description": "`default` (the machine's own interpreter), or a context's id: 1 to 64 \
+                letters, digits, `_` or `-`.",
+            "pattern": "^[A-Za-z0-9_-]{1,64}$",
+            "examples": ["default"],
+        }))
+    }
+}
+
 /// A checkpoint's name.
 pub(crate) struct CheckpointName;
 

@@ -25,6 +25,7 @@
 //! ```
 
 mod auth;
+mod contexts;
 pub mod e2b;
 pub(crate) mod error;
 mod exec;
@@ -82,6 +83,10 @@ pub(crate) mod paths {
     pub(crate) const CHECKPOINT: &str = "/v1/machine/{machine_name}/checkpoints/{checkpoint}";
     pub(crate) const ROLLBACK: &str =
         "/v1/machine/{machine_name}/checkpoints/{checkpoint}/rollback";
+    pub(crate) const CONTEXTS: &str = "/v1/machine/{machine_name}/contexts";
+    pub(crate) const CONTEXT: &str = "/v1/machine/{machine_name}/contexts/{context}";
+    pub(crate) const CONTEXT_RESTART: &str =
+        "/v1/machine/{machine_name}/contexts/{context}/restart";
     pub(crate) const REWIND: &str = "/v1/machine/{machine_name}/rewind";
     pub(crate) const HISTORY: &str = "/v1/machine/{machine_name}/history";
     pub(crate) const LINEAGE: &str = "/v1/machine/{machine_name}/lineage";
@@ -117,6 +122,9 @@ pub(crate) mod paths {
         CHECKPOINTS,
         CHECKPOINT,
         ROLLBACK,
+        CONTEXTS,
+        CONTEXT,
+        CONTEXT_RESTART,
         REWIND,
         HISTORY,
         LINEAGE,
@@ -181,6 +189,9 @@ pub fn router_with_metrics_token(engine: Engine, metrics_token: Option<String>) 
         )
         .route(paths::CHECKPOINT, delete(machines::delete_checkpoint))
         .route(paths::ROLLBACK, post(machines::rollback))
+        .route(paths::CONTEXTS, get(contexts::list).post(contexts::create))
+        .route(paths::CONTEXT, delete(contexts::remove))
+        .route(paths::CONTEXT_RESTART, post(contexts::restart))
         .route(paths::REWIND, post(machines::rewind))
         .route(paths::HISTORY, get(machines::history))
         .route(paths::LINEAGE, get(machines::lineage))

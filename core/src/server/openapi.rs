@@ -70,13 +70,14 @@ mod tests {
 
     use super::DOCUMENT;
     use crate::protocol::{
-        ApiCheckpoint, ApiError, CreateCheckpointRequest, CreateMachineRequest,
-        CreateMachineResponse, DeleteCheckpointResponse, DeleteMachineResponse, ExecRequest,
-        ExecResponse, ExecResultResponse, ForkMachineRequest, HealthResponse, HistoryResponse,
-        InstallRequest, InstallResponse, InterruptRequest, InterruptResponse, LineageResponse,
-        ListCheckpointsResponse, ListMachinesRequest, ListMachinesResponse, MachineInfoResponse,
-        MessageFromServer, MessageToServer, NodesResponse, RewindRequest, RewindResponse,
-        SignupRequest, SwapResponse, WhoamiResponse,
+        ApiCheckpoint, ApiContext, ApiError, CreateCheckpointRequest, CreateContextRequest,
+        CreateMachineRequest, CreateMachineResponse, DeleteCheckpointResponse,
+        DeleteContextResponse, DeleteMachineResponse, ExecRequest, ExecResponse,
+        ExecResultResponse, ForkMachineRequest, HealthResponse, HistoryResponse, InstallRequest,
+        InstallResponse, InterruptRequest, InterruptResponse, LineageResponse,
+        ListCheckpointsResponse, ListContextsResponse, ListMachinesRequest, ListMachinesResponse,
+        MachineInfoResponse, MessageFromServer, MessageToServer, NodesResponse, RewindRequest,
+        RewindResponse, SignupRequest, SwapResponse, WhoamiResponse,
     };
     use crate::server::paths;
     use crate::types::{FileInfo, FileList};
@@ -191,6 +192,30 @@ mod tests {
                 paths::ROLLBACK,
                 None,
                 Json(body::<MachineInfoResponse>),
+            ),
+            (
+                "get",
+                paths::CONTEXTS,
+                None,
+                Json(body::<ListContextsResponse>),
+            ),
+            (
+                "post",
+                paths::CONTEXTS,
+                Optional(body::<Option<CreateContextRequest>>),
+                Json(body::<ApiContext>),
+            ),
+            (
+                "delete",
+                paths::CONTEXT,
+                None,
+                Json(body::<DeleteContextResponse>),
+            ),
+            (
+                "post",
+                paths::CONTEXT_RESTART,
+                None,
+                Json(body::<ApiContext>),
             ),
             (
                 "post",

@@ -7,7 +7,7 @@ use super::Engine;
 use super::files::unexpected;
 use crate::error::{Error, Result};
 use crate::machine::{ContextOperation, FileOperation, FileOutcome};
-use crate::types::{Account, ContextInfo, MAX_CONTEXT_CWD_BYTES, validate_context_id};
+use crate::types::{Account, ContextInfo, MAX_CONTEXT_CWD_CHARS, validate_context_id};
 
 impl Engine {
     async fn context_operation(
@@ -36,11 +36,11 @@ impl Engine {
         cwd: Option<&str>,
     ) -> Result<ContextInfo> {
         if let Some(cwd) = cwd
-            && (cwd.is_empty() || cwd.len() > MAX_CONTEXT_CWD_BYTES || cwd.contains('\0'))
+            && (cwd.is_empty() || cwd.chars().count() > MAX_CONTEXT_CWD_CHARS || cwd.contains('\0'))
         {
             return Err(Error::invalid(format!(
-                "a context's working directory is a path of 1 to {MAX_CONTEXT_CWD_BYTES} bytes \
-                 without NUL"
+                "a context's working directory is a path of 1 to {MAX_CONTEXT_CWD_CHARS} \
+                 characters without NUL"
             )));
         }
         let operation = ContextOperation::Create {

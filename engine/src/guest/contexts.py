@@ -115,12 +115,20 @@ class _Interpreter:
             )
         except (OSError, ValueError) as exc:
             raise _ContextError("io", "the context's interpreter did not start: %s" % exc)
-        os.set_blocking(popen.stdin.fileno(), False)
-        relay = _Relay(popen)
+        try:
+            os.set_blocking(popen.stdin.fileno(), False)
+            relay = _Relay(popen)
+            _agent_thread(lambda: self._relay(relay), "evervm-context")
+        except Exception as exc:
+            # No thread (or no descriptor) for it under the machine's limits.
+            popen.kill()
+            popen.wait()
+            popen.stdin.close()
+            popen.stdout.close()
+            raise _ContextError("no_space", "the context's interpreter did not start: %s" % exc)
         with self.lock:
             self.relay = relay
             self.running = None
-        _agent_thread(lambda: self._relay(relay), "evervm-context")
 
     def close_stdin(self):
         popen = self.popen
@@ -271,6 +279,12 @@ class Contexts:
     def handle(self, request):
         op = request.get("op")
         try:
+            self._handle(op, request)
+        except Exception as exc:
+            send({"ev": "file_error", "kind": "io", "error": "%s: %s" % (type(exc).__name__, exc)})
+
+    def _handle(self, op, request):
+        try:
             if op == "context_list":
                 contexts = self._list()
             elif op == "context_create":
@@ -317,10 +331,17 @@ class Contexts:
 
     def execute(self, request):
         """Runs an instruction in the context it names; its result comes from the relay."""
+        try:
+            self._execute(request)
+        except Exception as exc:
+            message = "%s: %s" % (type(exc).__name__, exc)
+            send(_result_error(request.get("id"), "ContextExited", message))
+
+    def _execute(self, request):
         instruction_id = request.get("id")
         ident = request.get("context")
         with self.lock:
-            interpreter = self.by_id.get(ident)
+            interpreter = self.by_id.get(ident) if isinstance(ident, str) else None
         if interpreter is None:
             send(_result_error(instruction_id, "ContextNotFound", "no context %r" % (ident,)))
             return

@@ -336,10 +336,10 @@ async fn context(
     current.agent.send(&request).await?;
     match next_file_event(current).await? {
         AgentEvent::Contexts(contexts) => Ok(Ok(FileOutcome::Contexts(contexts))),
-        AgentEvent::FileError { failure, message } => Ok(Err(match named {
-            Some(context) if failure == FileFailure::NotFound => {
-                Error::context_not_found(machine, &context)
-            }
+        AgentEvent::FileError { failure, message } => Ok(Err(match (named, failure) {
+            (Some(context), FileFailure::NotFound) => Error::context_not_found(machine, &context),
+            // Too many contexts, or none more under the machine's limits.
+            (_, FileFailure::NoSpace) => Error::limit_exceeded(message),
             _ => refused(failure, message),
         })),
         other => Err(out_of_place(&other)),

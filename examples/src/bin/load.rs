@@ -248,6 +248,7 @@ impl WsLink {
                 code: code.to_owned(),
                 timeout_seconds: DEFAULT_TIMEOUT_SECONDS,
                 dialect: evervm::Dialect::Python,
+                context: None,
             },
             request_id,
         };
