@@ -76,6 +76,21 @@ export declare class NativeMachine {
   /** The tree of forks this machine is in, parents first. */
   lineage(): Promise<Lineage>
   deleteCheckpoint(checkpoint: string): Promise<void>
+  /**
+   * Makes a code context: another Python interpreter in the machine, with globals of its
+   * own, started in `cwd` (absent: the machine's home). Run code in it with `exec`'s
+   * `context`.
+   */
+  createContext(cwd?: string | undefined | null): Promise<Context>
+  /**
+   * The machine's contexts: `default` (its own interpreter) first, then the others in the
+   * order made.
+   */
+  contexts(): Promise<Array<Context>>
+  /** Starts a context's interpreter again: its variables are gone. */
+  restartContext(context: string): Promise<Context>
+  /** Removes a context, its interpreter stopped. */
+  removeContext(context: string): Promise<void>
   delete(): Promise<void>
   writeFile(path: string, data: Buffer, options?: WriteOptions | undefined | null): Promise<FileInfo>
   /**
@@ -113,6 +128,23 @@ export interface Checkpoint {
   /** The machine's instruction count when it was taken. */
   instructionCount: number
   diskBytes: number
+}
+
+/**
+ * One of a machine's interpreters (a code context): `default`, or one made by
+ * `createContext`, with globals and a working directory of its own, sharing the machine's
+ * files, packages and environment.
+ */
+export interface Context {
+  /** `default`, or the id the machine gave it (pass it as `exec`'s `context`). */
+  id: string
+  /** The working directory it was made with. */
+  cwd: string
+  /**
+   * Its interpreter's process id in the machine; absent while it is not running (it starts
+   * again with its next instruction, its variables gone).
+   */
+  pid?: number
 }
 
 /** A new machine's options. */
@@ -177,6 +209,12 @@ export interface ExecOptions {
    * IPython's shell) or `'e2b'` (a Jupyter cell with E2B's formatters).
    */
   dialect?: 'python' | 'jupyter' | 'e2b'
+  /**
+   * Which of the machine's interpreters runs it: a context's `id` from `createContext`
+   * (absent: the machine's own, `default`). An unknown id ends the instruction with the
+   * exception `ContextNotFound`.
+   */
+  context?: string
 }
 
 /** How an instruction ended, with everything it printed. */

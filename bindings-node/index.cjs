@@ -60,8 +60,8 @@ function defined(options) {
 }
 
 function execOptions(options) {
-  const { timeoutSeconds, interrupt } = options ?? {}
-  return defined({ timeoutSeconds, interrupt })
+  const { timeoutSeconds, interrupt, dialect, context } = options ?? {}
+  return defined({ timeoutSeconds, interrupt, dialect, context })
 }
 
 /** Bytes as a `Buffer` (a view, not a copy), or `undefined` for anything else. */
@@ -151,6 +151,7 @@ class Machine {
 
   /** Runs `code`; resolves to its result (`value`, `error`, `stdout`, `stderr`, `output`,
    * `results`, `data`, `runtimeMs`, `timedOut`, ...). Options: `timeoutSeconds`, `interrupt`,
+   * `dialect`, `context` (a context's id from `createContext`: the interpreter that runs it),
    * `signal` (an `AbortSignal`: aborting interrupts the instruction, state kept, and rejects
    * with an `AbortError`), `onStdout` / `onStderr` (each line as it comes), `onResult` (each
    * rich result shown while it runs). */
@@ -270,6 +271,29 @@ class Machine {
 
   async deleteCheckpoint(checkpoint) {
     return call(this.#native.deleteCheckpoint(String(checkpoint)))
+  }
+
+  /** Makes a code context: another Python interpreter in the machine, with globals of its own,
+   * started in `cwd` (default: the machine's home), sharing its files, packages and environment.
+   * Resolves to `{ id, cwd, pid }`; run code in it with `exec(code, { context: id })`. */
+  async createContext(options) {
+    const cwd = options?.cwd ?? null
+    return call(this.#native.createContext(cwd === null ? null : String(cwd)))
+  }
+
+  /** The machine's contexts, `default` (its own interpreter) first. */
+  async contexts() {
+    return call(this.#native.contexts())
+  }
+
+  /** Starts a context's interpreter again: its variables are gone. */
+  async restartContext(context) {
+    return call(this.#native.restartContext(String(context)))
+  }
+
+  /** Removes a context, its interpreter stopped. */
+  async removeContext(context) {
+    return call(this.#native.removeContext(String(context)))
   }
 
   /** Deletes the machine, its state and its history. */

@@ -2,6 +2,7 @@
 
 import type {
   Checkpoint,
+  Context,
   CreateMachineOptions,
   ExceptionInfo,
   ExecOptions as NativeExecOptions,
@@ -27,6 +28,7 @@ import type {
 
 export type {
   Checkpoint,
+  Context,
   CreateMachineOptions,
   ExceptionInfo,
   ExecResult,
@@ -110,6 +112,15 @@ export declare class Machine {
   /** The tree of forks this machine is in, parents first. */
   lineage(): Promise<Lineage>
   deleteCheckpoint(checkpoint: string): Promise<void>
+  /** Another Python interpreter in the machine, with globals of its own, started in `cwd`
+   * (default: the machine's home); run code in it with `exec(code, { context: id })`. */
+  createContext(options?: { cwd?: string }): Promise<Context>
+  /** The machine's contexts, `default` (its own interpreter) first. */
+  contexts(): Promise<Context[]>
+  /** Starts a context's interpreter again: its variables are gone. */
+  restartContext(context: string): Promise<Context>
+  /** Removes a context, its interpreter stopped. */
+  removeContext(context: string): Promise<void>
   delete(): Promise<void>
 }
 

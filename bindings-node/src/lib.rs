@@ -112,6 +112,7 @@ fn exec_options(options: Option<ExecOptions>) -> Result<evervm::ExecOptions> {
         timeout,
         interrupt: options.interrupt.unwrap_or(false),
         dialect,
+        context: options.context,
     })
 }
 
@@ -380,6 +381,44 @@ impl NativeMachine {
             .delete_checkpoint(&checkpoint)
             .await
             .map_err(to_js)
+    }
+
+    /// Makes a code context: another Python interpreter in the machine, with globals of its
+    /// own, started in `cwd` (absent: the machine's home). Run code in it with `exec`'s
+    /// `context`.
+    #[napi]
+    pub async fn create_context(&self, cwd: Option<String>) -> Result<Context> {
+        let info = self
+            .machine
+            .create_context(cwd.as_deref())
+            .await
+            .map_err(to_js)?;
+        Ok(info.into())
+    }
+
+    /// The machine's contexts: `default` (its own interpreter) first, then the others in the
+    /// order made.
+    #[napi]
+    pub async fn contexts(&self) -> Result<Vec<Context>> {
+        let list = self.machine.contexts().await.map_err(to_js)?;
+        Ok(list.into_iter().map(Context::from).collect())
+    }
+
+    /// Starts a context's interpreter again: its variables are gone.
+    #[napi]
+    pub async fn restart_context(&self, context: String) -> Result<Context> {
+        let info = self
+            .machine
+            .restart_context(&context)
+            .await
+            .map_err(to_js)?;
+        Ok(info.into())
+    }
+
+    /// Removes a context, its interpreter stopped.
+    #[napi]
+    pub async fn remove_context(&self, context: String) -> Result<()> {
+        self.machine.remove_context(&context).await.map_err(to_js)
     }
 
     #[napi]

@@ -66,6 +66,10 @@ pub struct ExecOptions {
     /// IPython's shell) or `'e2b'` (a Jupyter cell with E2B's formatters).
     #[napi(ts_type = "'python' | 'jupyter' | 'e2b'")]
     pub dialect: Option<String>,
+    /// Which of the machine's interpreters runs it: a context's `id` from `createContext`
+    /// (absent: the machine's own, `default`). An unknown id ends the instruction with the
+    /// exception `ContextNotFound`.
+    pub context: Option<String>,
 }
 
 /// A file write's options.
@@ -392,6 +396,30 @@ impl From<evervm::CheckpointInfo> for Checkpoint {
             created_at: time(c.created_at),
             instruction_count: c.instruction_count,
             disk_bytes: number(c.disk_bytes),
+        }
+    }
+}
+
+/// One of a machine's interpreters (a code context): `default`, or one made by
+/// `createContext`, with globals and a working directory of its own, sharing the machine's
+/// files, packages and environment.
+#[napi(object)]
+pub struct Context {
+    /// `default`, or the id the machine gave it (pass it as `exec`'s `context`).
+    pub id: String,
+    /// The working directory it was made with.
+    pub cwd: String,
+    /// Its interpreter's process id in the machine; absent while it is not running (it starts
+    /// again with its next instruction, its variables gone).
+    pub pid: Option<u32>,
+}
+
+impl From<evervm::ContextInfo> for Context {
+    fn from(c: evervm::ContextInfo) -> Self {
+        Self {
+            id: c.id,
+            cwd: c.cwd,
+            pid: c.pid,
         }
     }
 }

@@ -42,6 +42,10 @@ test('state, values, output, errors and rich results, in both transports', async
       value: 'division by zero',
     })
 
+    const cell = await machine.exec('\n    y = x + 1\n    y', { dialect: 'jupyter' })
+    assert.deepEqual([cell.value, cell.ok], ['21', true], `${label}: an indented Jupyter cell runs`)
+    await assert.rejects(machine.exec('1', { dialect: 'basic' }), InvalidInputError)
+
     const slow = await machine.exec('import time\ntime.sleep(5)', { timeoutSeconds: 1 })
     assert.equal(slow.timedOut, true, label)
     assert.equal((await machine.exec('x')).value, '20', 'state kept after a timeout')

@@ -12,16 +12,21 @@ use pyo3::prelude::*;
 use crate::error::{invalid_input, to_py};
 use crate::history::{Lineage, MachineHistory, Rewound};
 use crate::runtime::{awaitable, wait};
-use crate::types::{Checkpoint, ExecResult, InstallReport, MachineInfo, MachinePage, OutputChunk};
+use crate::types::{
+    Checkpoint, Context, ContextArg, ExecResult, InstallReport, MachineInfo, MachinePage,
+    OutputChunk,
+};
 
 type Tags = BTreeMap<String, String>;
 
 /// An instruction's options; `timeout` in seconds, [`evervm::DEFAULT_TIMEOUT`] when `None`;
-/// `dialect` `"python"`, `"jupyter"` or `"e2b"`.
+/// `dialect` `"python"`, `"jupyter"` or `"e2b"`; `context` the code context that runs it (`None`:
+/// the machine's own interpreter).
 fn exec_options(
     timeout: Option<f64>,
     interrupt: bool,
     dialect: &str,
+    context: Option<ContextArg>,
 ) -> PyResult<evervm::ExecOptions> {
     let timeout = match timeout {
         Some(secs) => evervm::timeout_from_secs(secs).map_err(to_py)?,
@@ -32,6 +37,7 @@ fn exec_options(
         timeout,
         interrupt,
         dialect,
+        context: context.map(ContextArg::id),
     })
 }
 
@@ -174,6 +180,31 @@ async fn rollback(machine: evervm::Machine, checkpoint: String) -> PyResult<Mach
 async fn checkpoints(machine: evervm::Machine) -> PyResult<Vec<Checkpoint>> {
     let list = machine.checkpoints().await.map_err(to_py)?;
     Ok(list.into_iter().map(Into::into).collect())
+}
+
+async fn create_context(machine: evervm::Machine, cwd: Option<String>) -> PyResult<Context> {
+    machine
+        .create_context(cwd.as_deref())
+        .await
+        .map(Into::into)
+        .map_err(to_py)
+}
+
+async fn contexts(machine: evervm::Machine) -> PyResult<Vec<Context>> {
+    let list = machine.contexts().await.map_err(to_py)?;
+    Ok(list.into_iter().map(Into::into).collect())
+}
+
+async fn restart_context(machine: evervm::Machine, context: String) -> PyResult<Context> {
+    machine
+        .restart_context(&context)
+        .await
+        .map(Into::into)
+        .map_err(to_py)
+}
+
+async fn remove_context(machine: evervm::Machine, context: String) -> PyResult<()> {
+    machine.remove_context(&context).await.map_err(to_py)
 }
 
 async fn rewind(machine: evervm::Machine, seq: i64) -> PyResult<Rewound> {
@@ -456,8 +487,9 @@ impl Machine {
 
     /// Runs code and returns its result with everything it printed; `timeout` in seconds
     /// (`DEFAULT_TIMEOUT`, 15 s, when not given); `dialect="jupyter"` runs it as a Jupyter cell
-    /// (IPython's shell). Ctrl-C while waiting interrupts the instruction.
-    #[pyo3(signature = (code, *, timeout=None, interrupt=false, dialect="python"))]
+    /// (IPython's shell); `context` (a `Context` or its id) runs it in that code context instead
+    /// of the machine's own interpreter. Ctrl-C while waiting interrupts the instruction.
+    #[pyo3(signature = (code, *, timeout=None, interrupt=false, dialect="python", context=None))]
     fn exec(
         &self,
         py: Python<'_>,
@@ -465,8 +497,9 @@ impl Machine {
         timeout: Option<f64>,
         interrupt: bool,
         dialect: &str,
+        context: Option<ContextArg>,
     ) -> PyResult<ExecResult> {
-        let options = exec_options(timeout, interrupt, dialect)?;
+        let options = exec_options(timeout, interrupt, dialect, context)?;
         let machine = self.checked()?;
         let on_interrupt = {
             let machine = self.checked()?;
@@ -478,15 +511,16 @@ impl Machine {
     }
 
     /// Runs code and yields its output chunks as they come, then its `ExecResult`.
-    #[pyo3(signature = (code, *, timeout=None, dialect="python"))]
+    #[pyo3(signature = (code, *, timeout=None, dialect="python", context=None))]
     fn stream(
         &self,
         py: Python<'_>,
         code: String,
         timeout: Option<f64>,
         dialect: &str,
+        context: Option<ContextArg>,
     ) -> PyResult<ExecStream> {
-        let options = exec_options(timeout, false, dialect)?;
+        let options = exec_options(timeout, false, dialect, context)?;
         let machine = self.checked()?;
         let state = wait(py, open_stream(machine, code, options), None)?;
         Ok(ExecStream { state })
@@ -607,6 +641,29 @@ impl Machine {
             async move { machine.delete_checkpoint(&checkpoint).await.map_err(to_py) },
             None,
         )
+    }
+
+    /// Makes a code context: another Python interpreter in the machine, with globals of its
+    /// own, starting in `cwd` (the machine's home by default), sharing its files, packages and
+    /// environment. Run code in it with `exec(code, context=...)`.
+    #[pyo3(signature = (cwd=None))]
+    fn create_context(&self, py: Python<'_>, cwd: Option<String>) -> PyResult<Context> {
+        wait(py, create_context(self.checked()?, cwd), None)
+    }
+
+    /// The machine's code contexts: `default` (its own interpreter) first.
+    fn contexts(&self, py: Python<'_>) -> PyResult<Vec<Context>> {
+        wait(py, contexts(self.checked()?), None)
+    }
+
+    /// Starts a context's interpreter again (a `Context` or its id): its variables are gone.
+    fn restart_context(&self, py: Python<'_>, context: ContextArg) -> PyResult<Context> {
+        wait(py, restart_context(self.checked()?, context.id()), None)
+    }
+
+    /// Removes a context (a `Context` or its id), its interpreter stopped.
+    fn remove_context(&self, py: Python<'_>, context: ContextArg) -> PyResult<()> {
+        wait(py, remove_context(self.checked()?, context.id()), None)
     }
 
     /// Deletes the machine, its state and its history.
@@ -920,7 +977,7 @@ impl AsyncMachine {
         }
     }
 
-    #[pyo3(signature = (code, *, timeout=None, interrupt=false, dialect="python"))]
+    #[pyo3(signature = (code, *, timeout=None, interrupt=false, dialect="python", context=None))]
     fn exec<'py>(
         &self,
         py: Python<'py>,
@@ -928,21 +985,23 @@ impl AsyncMachine {
         timeout: Option<f64>,
         interrupt: bool,
         dialect: &str,
+        context: Option<ContextArg>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let options = exec_options(timeout, interrupt, dialect)?;
+        let options = exec_options(timeout, interrupt, dialect, context)?;
         awaitable(py, exec(self.checked()?, code, options))
     }
 
     /// `async for event in machine.stream(code)`: output chunks, then the result (the
     /// instruction starts at the first iteration).
-    #[pyo3(signature = (code, *, timeout=None, dialect="python"))]
+    #[pyo3(signature = (code, *, timeout=None, dialect="python", context=None))]
     fn stream(
         &self,
         code: String,
         timeout: Option<f64>,
         dialect: &str,
+        context: Option<ContextArg>,
     ) -> PyResult<AsyncExecStream> {
-        let options = exec_options(timeout, false, dialect)?;
+        let options = exec_options(timeout, false, dialect, context)?;
         Ok(AsyncExecStream {
             state: Arc::new(tokio::sync::Mutex::new(StreamState {
                 start: Some((self.checked()?, code, options)),
@@ -1051,6 +1110,35 @@ impl AsyncMachine {
         awaitable(py, async move {
             machine.delete_checkpoint(&checkpoint).await.map_err(to_py)
         })
+    }
+
+    #[pyo3(signature = (cwd=None))]
+    fn create_context<'py>(
+        &self,
+        py: Python<'py>,
+        cwd: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        awaitable(py, create_context(self.checked()?, cwd))
+    }
+
+    fn contexts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        awaitable(py, contexts(self.checked()?))
+    }
+
+    fn restart_context<'py>(
+        &self,
+        py: Python<'py>,
+        context: ContextArg,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        awaitable(py, restart_context(self.checked()?, context.id()))
+    }
+
+    fn remove_context<'py>(
+        &self,
+        py: Python<'py>,
+        context: ContextArg,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        awaitable(py, remove_context(self.checked()?, context.id()))
     }
 
     fn delete<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {

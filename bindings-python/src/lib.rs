@@ -25,6 +25,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<types::MachineInfo>()?;
     m.add_class::<types::MachinePage>()?;
     m.add_class::<types::Checkpoint>()?;
+    m.add_class::<types::Context>()?;
     m.add_class::<history::Rewound>()?;
     m.add_class::<history::MachineHistory>()?;
     m.add_class::<history::HistoryEntry>()?;
@@ -44,6 +45,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Seconds: what `timeout=None` means, and the longest timeout accepted.
     m.add("DEFAULT_TIMEOUT", evervm::DEFAULT_TIMEOUT.as_secs_f64())?;
     m.add("MAX_TIMEOUT", evervm::MAX_TIMEOUT.as_secs_f64())?;
+    // The id of a machine's own interpreter among its code contexts.
+    m.add("DEFAULT_CONTEXT", evervm::DEFAULT_CONTEXT)?;
     m.add("TOOL_NAME", evervm::tool::NAME)?;
     m.add("TOOL_DESCRIPTION", evervm::tool::DESCRIPTION)?;
     m.add("TOOL_CODE_DESCRIPTION", evervm::tool::CODE_DESCRIPTION)?;

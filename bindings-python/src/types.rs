@@ -573,3 +573,52 @@ impl From<evervm::CheckpointInfo> for Checkpoint {
         }
     }
 }
+
+/// A code context: another Python interpreter in the machine, with globals and a working
+/// directory of its own, sharing the machine's files, packages and environment.
+#[pyclass(module = "evervm", frozen, get_all)]
+pub(crate) struct Context {
+    /// `"default"` (the machine's own interpreter), or the id the machine gave it.
+    pub id: String,
+    /// The working directory it was made with.
+    pub cwd: String,
+    /// Its interpreter's process id in the machine; `None` while it is not running (it starts
+    /// again with its next instruction, its variables gone).
+    pub pid: Option<u32>,
+}
+
+#[pymethods]
+impl Context {
+    fn __repr__(&self) -> String {
+        let pid = self
+            .pid
+            .map_or_else(|| "None".to_owned(), |pid| pid.to_string());
+        format!("Context(id={:?}, cwd={:?}, pid={pid})", self.id, self.cwd)
+    }
+}
+
+impl From<evervm::ContextInfo> for Context {
+    fn from(c: evervm::ContextInfo) -> Self {
+        Self {
+            id: c.id,
+            cwd: c.cwd,
+            pid: c.pid,
+        }
+    }
+}
+
+/// `context=`: a `Context` or its id.
+#[derive(FromPyObject)]
+pub(crate) enum ContextArg {
+    Id(String),
+    Context(Py<Context>),
+}
+
+impl ContextArg {
+    pub(crate) fn id(self) -> String {
+        match self {
+            ContextArg::Id(id) => id,
+            ContextArg::Context(context) => context.get().id.clone(),
+        }
+    }
+}

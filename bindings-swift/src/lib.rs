@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll};
+use std::task::Poll;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -53,7 +53,7 @@ impl<T> Drop for AbortOnDrop<T> {
 impl<T> Future for AbortOnDrop<T> {
     type Output = std::result::Result<T, tokio::task::JoinError>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
         Pin::new(&mut self.0).poll(cx)
     }
 }
@@ -72,8 +72,14 @@ fn tag_map(map: Option<HashMap<String, String>>) -> evervm::Tags {
     map.unwrap_or_default().into_iter().collect()
 }
 
-fn exec_options(timeout_seconds: Option<f64>) -> Result<evervm::ExecOptions> {
-    let mut options = evervm::ExecOptions::default();
+fn exec_options(
+    timeout_seconds: Option<f64>,
+    context: Option<String>,
+) -> Result<evervm::ExecOptions> {
+    let mut options = evervm::ExecOptions {
+        context,
+        ..evervm::ExecOptions::default()
+    };
     if let Some(seconds) = timeout_seconds {
         let max = evervm::MAX_TIMEOUT.as_secs_f64();
         if !(seconds.is_finite() && seconds > 0.0 && seconds <= max) {
@@ -274,14 +280,17 @@ impl Machine {
     }
 
     /// Starts `code` and returns at once; `result()` waits for how it ended, `cancel()`
-    /// interrupts it. (Swift's `exec(code:timeoutSeconds:)` is this, cancelled with its `Task`.)
-    #[uniffi::method(default(timeout_seconds = None))]
+    /// interrupts it. (Swift's `exec(code:timeoutSeconds:context:)` is this, cancelled with its
+    /// `Task`.) `context` is a context's id from `createContext` (nil: the machine's own
+    /// interpreter); an unknown one ends the instruction with the exception `ContextNotFound`.
+    #[uniffi::method(default(timeout_seconds = None, context = None))]
     pub fn start_exec(
         &self,
         code: String,
         timeout_seconds: Option<f64>,
+        context: Option<String>,
     ) -> Result<Arc<PendingExecution>> {
-        let options = exec_options(timeout_seconds)?;
+        let options = exec_options(timeout_seconds, context)?;
         let machine = self.machine.clone();
         let (cancel, cancelled) = tokio::sync::watch::channel(false);
         let task = runtime()?.spawn(async move {
@@ -296,10 +305,16 @@ impl Machine {
         }))
     }
 
-    /// Starts `code` and streams its output and rich results as they come, then its result.
-    #[uniffi::method(default(timeout_seconds = None))]
-    pub fn stream(&self, code: String, timeout_seconds: Option<f64>) -> Result<Arc<ExecStream>> {
-        let options = exec_options(timeout_seconds)?;
+    /// Starts `code` and streams its output and rich results as they come, then its result;
+    /// in the context `context` when given (as `startExec`).
+    #[uniffi::method(default(timeout_seconds = None, context = None))]
+    pub fn stream(
+        &self,
+        code: String,
+        timeout_seconds: Option<f64>,
+        context: Option<String>,
+    ) -> Result<Arc<ExecStream>> {
+        let options = exec_options(timeout_seconds, context)?;
         let machine = self.machine.clone();
         let (cancel, mut cancelled) = tokio::sync::watch::channel(false);
         let (sender, receiver) = tokio::sync::mpsc::channel(64);
@@ -487,6 +502,43 @@ impl Machine {
     pub async fn delete_checkpoint(&self, checkpoint: String) -> Result<()> {
         let machine = self.machine.clone();
         on_runtime(async move { Ok(machine.delete_checkpoint(&checkpoint).await?) }).await
+    }
+
+    /// Makes a code context: another Python interpreter in the machine, with globals of its
+    /// own, started in `cwd` (nil: the machine's home), sharing its files, packages and
+    /// environment. Run code in it with `exec(code:context:)`.
+    #[uniffi::method(default(cwd = None))]
+    pub async fn create_context(&self, cwd: Option<String>) -> Result<Context> {
+        let machine = self.machine.clone();
+        Ok(
+            on_runtime(async move { Ok(machine.create_context(cwd.as_deref()).await?) })
+                .await?
+                .into(),
+        )
+    }
+
+    /// The machine's contexts: `default` (its own interpreter) first, then the others in the
+    /// order made.
+    pub async fn contexts(&self) -> Result<Vec<Context>> {
+        let machine = self.machine.clone();
+        let list = on_runtime(async move { Ok(machine.contexts().await?) }).await?;
+        Ok(list.into_iter().map(Into::into).collect())
+    }
+
+    /// Starts a context's interpreter again: its variables are gone.
+    pub async fn restart_context(&self, context: String) -> Result<Context> {
+        let machine = self.machine.clone();
+        Ok(
+            on_runtime(async move { Ok(machine.restart_context(&context).await?) })
+                .await?
+                .into(),
+        )
+    }
+
+    /// Removes a context, its interpreter stopped.
+    pub async fn remove_context(&self, context: String) -> Result<()> {
+        let machine = self.machine.clone();
+        on_runtime(async move { Ok(machine.remove_context(&context).await?) }).await
     }
 
     /// Deletes the machine, its state and its history.

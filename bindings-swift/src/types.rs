@@ -387,6 +387,30 @@ impl From<evervm::CheckpointInfo> for Checkpoint {
     }
 }
 
+/// One of a machine's interpreters (a code context): `default`, or one made by
+/// `createContext`, with globals and a working directory of its own, sharing the machine's
+/// files, packages and environment.
+#[derive(Debug, Clone, uniffi::Record)]
+pub struct Context {
+    /// `default`, or the id the machine gave it (pass it as `exec`'s `context`).
+    pub id: String,
+    /// The working directory it was made with.
+    pub cwd: String,
+    /// Its interpreter's process id in the machine; nil while it is not running (it starts
+    /// again with its next instruction, its variables gone).
+    pub pid: Option<u32>,
+}
+
+impl From<evervm::ContextInfo> for Context {
+    fn from(c: evervm::ContextInfo) -> Self {
+        Self {
+            id: c.id,
+            cwd: c.cwd,
+            pid: c.pid,
+        }
+    }
+}
+
 /// What a rewind (`rewind`, `undo`) did.
 #[derive(Debug, Clone, uniffi::Record)]
 pub struct Rewound {

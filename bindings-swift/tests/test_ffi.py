@@ -175,6 +175,53 @@ def test_fork_checkpoints_rollback_and_swap(ffi, server) -> None:
     run(scenario())
 
 
+def test_contexts_have_their_own_globals_and_cwd(ffi, server) -> None:
+    async def scenario() -> None:
+        client = ffi.Client(server.url, server.token)
+        machine = await client.create_machine(image="minimal")
+        made = await machine.start_exec(
+            "import os, tempfile\nprint(os.path.realpath(tempfile.mkdtemp(prefix='ctx-')))").result()
+        cwd = made.stdout.strip()
+        assert cwd.startswith("/"), made.error
+        context = await machine.create_context(cwd)
+        assert context.cwd == cwd and context.id != "default"
+        assert [c.id for c in await machine.contexts()] == ["default", context.id]
+        await machine.start_exec("x = 1").result()
+        missing = await machine.start_exec("x", None, context.id).result()
+        assert missing.exception is not None and missing.exception.name == "NameError"
+        here = await machine.start_exec("import os\nos.getcwd()", context=context.id).result()
+        assert here.value == repr(cwd)
+        stream = machine.stream("y = 2\nprint(os.getcwd())", None, context.id)
+        events = []
+        while (event := await stream.next()) is not None:
+            events.append(event)
+        assert [e.chunk.data for e in events if e.is_OUTPUT()] == [cwd]
+        restarted = await machine.restart_context(context.id)
+        assert (restarted.id, restarted.cwd) == (context.id, cwd)
+        forgotten = await machine.start_exec("y", context=context.id).result()
+        assert forgotten.exception is not None and forgotten.exception.name == "NameError"
+        assert (await machine.start_exec("x").result()).value == "1"
+        await machine.remove_context(context.id)
+        assert [c.id for c in await machine.contexts()] == ["default"]
+        gone = await machine.start_exec("1", context=context.id).result()
+        assert gone.exception is not None and gone.exception.name == "ContextNotFound"
+        try:
+            await machine.restart_context(context.id)
+            raise AssertionError("restarted a removed context")
+        except ffi.EvervmError.NotFound:
+            pass
+        try:
+            await machine.remove_context("default")
+            raise AssertionError("removed the default context")
+        except ffi.EvervmError.InvalidInput:
+            pass
+        home = await machine.create_context()
+        assert (await machine.start_exec("1 + 1", context=home.id).result()).value == "2"
+        await machine.delete()
+
+    run(scenario())
+
+
 def test_undo_rewind_and_history(ffi, server) -> None:
     async def scenario() -> None:
         client = ffi.Client(server.url, server.token)

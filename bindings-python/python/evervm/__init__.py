@@ -16,6 +16,7 @@ functions and files persist across instructions.
 """
 
 from evervm._native import (
+    DEFAULT_CONTEXT,
     DEFAULT_TIMEOUT,
     MAX_TIMEOUT,
     AsyncClient,
@@ -25,6 +26,7 @@ from evervm._native import (
     Checkpoint,
     Client,
     ConflictError,
+    Context,
     EvervmError,
     ExceptionInfo,
     ExecResult,
@@ -61,6 +63,7 @@ from evervm._native import (
 )
 
 __all__ = [
+    "DEFAULT_CONTEXT",
     "DEFAULT_TIMEOUT",
     "MAX_TIMEOUT",
     "AsyncClient",
@@ -70,6 +73,7 @@ __all__ = [
     "Checkpoint",
     "Client",
     "ConflictError",
+    "Context",
     "EvervmError",
     "ExceptionInfo",
     "ExecResult",

@@ -6,10 +6,14 @@
 import Foundation
 
 extension Machine {
-    /// Runs `code` and returns how it ended. Cancelling the calling `Task` interrupts it (the
-    /// machine keeps its state) and throws `EvervmError.Cancelled`.
-    public func exec(code: String, timeoutSeconds: Double? = nil) async throws -> ExecResult {
-        let pending = try startExec(code: code, timeoutSeconds: timeoutSeconds)
+    /// Runs `code` and returns how it ended; in the context `context` (an id from
+    /// `createContext`) when given, else in the machine's own interpreter. Cancelling the
+    /// calling `Task` interrupts it (the machine keeps its state) and throws
+    /// `EvervmError.Cancelled`.
+    public func exec(
+        code: String, timeoutSeconds: Double? = nil, context: String? = nil
+    ) async throws -> ExecResult {
+        let pending = try startExec(code: code, timeoutSeconds: timeoutSeconds, context: context)
         return try await withTaskCancellationHandler {
             try await pending.result()
         } onCancel: {
@@ -19,8 +23,10 @@ extension Machine {
 
     /// Runs `code` and gives its output and rich results as they come, then its result
     /// (`.finished`). Cancelling the iterating `Task` interrupts the instruction.
-    public func events(code: String, timeoutSeconds: Double? = nil) throws -> ExecEvents {
-        ExecEvents(stream: try stream(code: code, timeoutSeconds: timeoutSeconds))
+    public func events(
+        code: String, timeoutSeconds: Double? = nil, context: String? = nil
+    ) throws -> ExecEvents {
+        ExecEvents(stream: try stream(code: code, timeoutSeconds: timeoutSeconds, context: context))
     }
 }
 

@@ -1060,6 +1060,19 @@ public protocol MachineProtocol: AnyObject, Sendable {
     func checkpoints() async throws  -> [Checkpoint]
     
     /**
+     * The machine's contexts: `default` (its own interpreter) first, then the others in the
+     * order made.
+     */
+    func contexts() async throws  -> [Context]
+    
+    /**
+     * Makes a code context: another Python interpreter in the machine, with globals of its
+     * own, started in `cwd` (nil: the machine's home), sharing its files, packages and
+     * environment. Run code in it with `exec(code:context:)`.
+     */
+    func createContext(cwd: String?) async throws  -> Context
+    
+    /**
      * Deletes the machine, its state and its history.
      */
     func delete() async throws 
@@ -1112,7 +1125,17 @@ public protocol MachineProtocol: AnyObject, Sendable {
     
     func readFile(path: String) async throws  -> Data
     
+    /**
+     * Removes a context, its interpreter stopped.
+     */
+    func removeContext(context: String) async throws 
+    
     func removeFile(path: String, recursive: Bool) async throws  -> FileInfo
+    
+    /**
+     * Starts a context's interpreter again: its variables are gone.
+     */
+    func restartContext(context: String) async throws  -> Context
     
     /**
      * Makes the state right after instruction `seq` the machine's state (one of its undo
@@ -1127,16 +1150,19 @@ public protocol MachineProtocol: AnyObject, Sendable {
     
     /**
      * Starts `code` and returns at once; `result()` waits for how it ended, `cancel()`
-     * interrupts it. (Swift's `exec(code:timeoutSeconds:)` is this, cancelled with its `Task`.)
+     * interrupts it. (Swift's `exec(code:timeoutSeconds:context:)` is this, cancelled with its
+     * `Task`.) `context` is a context's id from `createContext` (nil: the machine's own
+     * interpreter); an unknown one ends the instruction with the exception `ContextNotFound`.
      */
-    func startExec(code: String, timeoutSeconds: Double?) throws  -> PendingExecution
+    func startExec(code: String, timeoutSeconds: Double?, context: String?) throws  -> PendingExecution
     
     func statFile(path: String) async throws  -> FileInfo
     
     /**
-     * Starts `code` and streams its output and rich results as they come, then its result.
+     * Starts `code` and streams its output and rich results as they come, then its result;
+     * in the context `context` when given (as `startExec`).
      */
-    func stream(code: String, timeoutSeconds: Double?) throws  -> ExecStream
+    func stream(code: String, timeoutSeconds: Double?, context: String?) throws  -> ExecStream
     
     /**
      * Saves the machine to disk and releases its memory; its next instruction restores it.
@@ -1246,6 +1272,47 @@ open func checkpoints()async throws  -> [Checkpoint]  {
             completeFunc: ffi_evervm_ffi_rust_future_complete_rust_buffer,
             freeFunc: ffi_evervm_ffi_rust_future_free_rust_buffer,
             liftFunc: FfiConverterSequenceTypeCheckpoint.lift,
+            errorHandler: FfiConverterTypeEvervmError_lift
+        )
+}
+    
+    /**
+     * The machine's contexts: `default` (its own interpreter) first, then the others in the
+     * order made.
+     */
+open func contexts()async throws  -> [Context]  {
+    return
+        try  await uniffiRustCallAsync(
+            rustFutureFunc: {
+                uniffi_evervm_ffi_fn_method_machine_contexts(
+                        self.uniffiCloneHandle()
+                )
+            },
+            pollFunc: ffi_evervm_ffi_rust_future_poll_rust_buffer,
+            completeFunc: ffi_evervm_ffi_rust_future_complete_rust_buffer,
+            freeFunc: ffi_evervm_ffi_rust_future_free_rust_buffer,
+            liftFunc: FfiConverterSequenceTypeContext.lift,
+            errorHandler: FfiConverterTypeEvervmError_lift
+        )
+}
+    
+    /**
+     * Makes a code context: another Python interpreter in the machine, with globals of its
+     * own, started in `cwd` (nil: the machine's home), sharing its files, packages and
+     * environment. Run code in it with `exec(code:context:)`.
+     */
+open func createContext(cwd: String? = nil)async throws  -> Context  {
+    return
+        try  await uniffiRustCallAsync(
+            rustFutureFunc: {
+                uniffi_evervm_ffi_fn_method_machine_create_context(
+                        self.uniffiCloneHandle(),FfiConverterOptionString.lower(cwd)
+                )
+            },
+            pollFunc: ffi_evervm_ffi_rust_future_poll_rust_buffer,
+            completeFunc: ffi_evervm_ffi_rust_future_complete_rust_buffer,
+            freeFunc: ffi_evervm_ffi_rust_future_free_rust_buffer,
+            liftFunc: FfiConverterTypeContext_lift,
             errorHandler: FfiConverterTypeEvervmError_lift
         )
 }
@@ -1464,6 +1531,25 @@ open func readFile(path: String)async throws  -> Data  {
         )
 }
     
+    /**
+     * Removes a context, its interpreter stopped.
+     */
+open func removeContext(context: String)async throws   {
+    return
+        try  await uniffiRustCallAsync(
+            rustFutureFunc: {
+                uniffi_evervm_ffi_fn_method_machine_remove_context(
+                        self.uniffiCloneHandle(),FfiConverterString.lower(context)
+                )
+            },
+            pollFunc: ffi_evervm_ffi_rust_future_poll_void,
+            completeFunc: ffi_evervm_ffi_rust_future_complete_void,
+            freeFunc: ffi_evervm_ffi_rust_future_free_void,
+            liftFunc: { $0 },
+            errorHandler: FfiConverterTypeEvervmError_lift
+        )
+}
+    
 open func removeFile(path: String, recursive: Bool = false)async throws  -> FileInfo  {
     return
         try  await uniffiRustCallAsync(
@@ -1476,6 +1562,25 @@ open func removeFile(path: String, recursive: Bool = false)async throws  -> File
             completeFunc: ffi_evervm_ffi_rust_future_complete_rust_buffer,
             freeFunc: ffi_evervm_ffi_rust_future_free_rust_buffer,
             liftFunc: FfiConverterTypeFileInfo_lift,
+            errorHandler: FfiConverterTypeEvervmError_lift
+        )
+}
+    
+    /**
+     * Starts a context's interpreter again: its variables are gone.
+     */
+open func restartContext(context: String)async throws  -> Context  {
+    return
+        try  await uniffiRustCallAsync(
+            rustFutureFunc: {
+                uniffi_evervm_ffi_fn_method_machine_restart_context(
+                        self.uniffiCloneHandle(),FfiConverterString.lower(context)
+                )
+            },
+            pollFunc: ffi_evervm_ffi_rust_future_poll_rust_buffer,
+            completeFunc: ffi_evervm_ffi_rust_future_complete_rust_buffer,
+            freeFunc: ffi_evervm_ffi_rust_future_free_rust_buffer,
+            liftFunc: FfiConverterTypeContext_lift,
             errorHandler: FfiConverterTypeEvervmError_lift
         )
 }
@@ -1521,15 +1626,18 @@ open func rollback(checkpoint: String)async throws  -> MachineInfo  {
     
     /**
      * Starts `code` and returns at once; `result()` waits for how it ended, `cancel()`
-     * interrupts it. (Swift's `exec(code:timeoutSeconds:)` is this, cancelled with its `Task`.)
+     * interrupts it. (Swift's `exec(code:timeoutSeconds:context:)` is this, cancelled with its
+     * `Task`.) `context` is a context's id from `createContext` (nil: the machine's own
+     * interpreter); an unknown one ends the instruction with the exception `ContextNotFound`.
      */
-open func startExec(code: String, timeoutSeconds: Double? = nil)throws  -> PendingExecution  {
+open func startExec(code: String, timeoutSeconds: Double? = nil, context: String? = nil)throws  -> PendingExecution  {
     return try  FfiConverterTypePendingExecution_lift(try rustCallWithError(FfiConverterTypeEvervmError_lift) {
         uniffiCallStatus in
     uniffi_evervm_ffi_fn_method_machine_start_exec(
             self.uniffiCloneHandle(),
         FfiConverterString.lower(code),
-        FfiConverterOptionDouble.lower(timeoutSeconds),uniffiCallStatus
+        FfiConverterOptionDouble.lower(timeoutSeconds),
+        FfiConverterOptionString.lower(context),uniffiCallStatus
     )
 })
 }
@@ -1551,15 +1659,17 @@ open func statFile(path: String)async throws  -> FileInfo  {
 }
     
     /**
-     * Starts `code` and streams its output and rich results as they come, then its result.
+     * Starts `code` and streams its output and rich results as they come, then its result;
+     * in the context `context` when given (as `startExec`).
      */
-open func stream(code: String, timeoutSeconds: Double? = nil)throws  -> ExecStream  {
+open func stream(code: String, timeoutSeconds: Double? = nil, context: String? = nil)throws  -> ExecStream  {
     return try  FfiConverterTypeExecStream_lift(try rustCallWithError(FfiConverterTypeEvervmError_lift) {
         uniffiCallStatus in
     uniffi_evervm_ffi_fn_method_machine_stream(
             self.uniffiCloneHandle(),
         FfiConverterString.lower(code),
-        FfiConverterOptionDouble.lower(timeoutSeconds),uniffiCallStatus
+        FfiConverterOptionDouble.lower(timeoutSeconds),
+        FfiConverterOptionString.lower(context),uniffiCallStatus
     )
 })
 }
@@ -1893,6 +2003,89 @@ public func FfiConverterTypeCheckpoint_lift(_ buf: RustBuffer) throws -> Checkpo
 #endif
 public func FfiConverterTypeCheckpoint_lower(_ value: Checkpoint) -> RustBuffer {
     return FfiConverterTypeCheckpoint.lower(value)
+}
+
+
+/**
+ * One of a machine's interpreters (a code context): `default`, or one made by
+ * `createContext`, with globals and a working directory of its own, sharing the machine's
+ * files, packages and environment.
+ */
+public struct Context: Equatable, Hashable {
+    /**
+     * `default`, or the id the machine gave it (pass it as `exec`'s `context`).
+     */
+    public var id: String
+    /**
+     * The working directory it was made with.
+     */
+    public var cwd: String
+    /**
+     * Its interpreter's process id in the machine; nil while it is not running (it starts
+     * again with its next instruction, its variables gone).
+     */
+    public var pid: UInt32?
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(
+        /**
+         * `default`, or the id the machine gave it (pass it as `exec`'s `context`).
+         */id: String, 
+        /**
+         * The working directory it was made with.
+         */cwd: String, 
+        /**
+         * Its interpreter's process id in the machine; nil while it is not running (it starts
+         * again with its next instruction, its variables gone).
+         */pid: UInt32?) {
+        self.id = id
+        self.cwd = cwd
+        self.pid = pid
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension Context: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeContext: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> Context {
+        return
+            try Context(
+                id: FfiConverterString.read(from: &buf), 
+                cwd: FfiConverterString.read(from: &buf), 
+                pid: FfiConverterOptionUInt32.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: Context, into buf: inout [UInt8]) {
+        FfiConverterString.write(value.id, into: &buf)
+        FfiConverterString.write(value.cwd, into: &buf)
+        FfiConverterOptionUInt32.write(value.pid, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeContext_lift(_ buf: RustBuffer) throws -> Context {
+    return try FfiConverterTypeContext.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeContext_lower(_ value: Context) -> RustBuffer {
+    return FfiConverterTypeContext.lower(value)
 }
 
 
@@ -4298,6 +4491,31 @@ fileprivate struct FfiConverterSequenceTypeCheckpoint: FfiConverterRustBuffer {
 #if swift(>=5.8)
 @_documentation(visibility: private)
 #endif
+fileprivate struct FfiConverterSequenceTypeContext: FfiConverterRustBuffer {
+    typealias SwiftType = [Context]
+
+    public static func write(_ value: [Context], into buf: inout [UInt8]) {
+        let len = Int32(value.count)
+        writeInt(&buf, len)
+        for item in value {
+            FfiConverterTypeContext.write(item, into: &buf)
+        }
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> [Context] {
+        let len: Int32 = try readInt(&buf)
+        var seq = [Context]()
+        seq.reserveCapacity(Int(len))
+        for _ in 0 ..< len {
+            seq.append(try FfiConverterTypeContext.read(from: &buf))
+        }
+        return seq
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
 fileprivate struct FfiConverterSequenceTypeFileInfo: FfiConverterRustBuffer {
     typealias SwiftType = [FileInfo]
 
@@ -4658,6 +4876,12 @@ private let initializationResult: InitializationResult = {
     if (uniffi_evervm_ffi_checksum_method_machine_checkpoints() != 21977) {
         return InitializationResult.apiChecksumMismatch
     }
+    if (uniffi_evervm_ffi_checksum_method_machine_contexts() != 52020) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_evervm_ffi_checksum_method_machine_create_context() != 19729) {
+        return InitializationResult.apiChecksumMismatch
+    }
     if (uniffi_evervm_ffi_checksum_method_machine_delete() != 20786) {
         return InitializationResult.apiChecksumMismatch
     }
@@ -4694,7 +4918,13 @@ private let initializationResult: InitializationResult = {
     if (uniffi_evervm_ffi_checksum_method_machine_read_file() != 30542) {
         return InitializationResult.apiChecksumMismatch
     }
+    if (uniffi_evervm_ffi_checksum_method_machine_remove_context() != 59253) {
+        return InitializationResult.apiChecksumMismatch
+    }
     if (uniffi_evervm_ffi_checksum_method_machine_remove_file() != 24185) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_evervm_ffi_checksum_method_machine_restart_context() != 8401) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_evervm_ffi_checksum_method_machine_rewind() != 44133) {
@@ -4703,13 +4933,13 @@ private let initializationResult: InitializationResult = {
     if (uniffi_evervm_ffi_checksum_method_machine_rollback() != 15615) {
         return InitializationResult.apiChecksumMismatch
     }
-    if (uniffi_evervm_ffi_checksum_method_machine_start_exec() != 54627) {
+    if (uniffi_evervm_ffi_checksum_method_machine_start_exec() != 21454) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_evervm_ffi_checksum_method_machine_stat_file() != 33512) {
         return InitializationResult.apiChecksumMismatch
     }
-    if (uniffi_evervm_ffi_checksum_method_machine_stream() != 46979) {
+    if (uniffi_evervm_ffi_checksum_method_machine_stream() != 26430) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_evervm_ffi_checksum_method_machine_swap_out() != 44732) {

@@ -324,6 +324,16 @@ uint64_t uniffi_evervm_ffi_fn_method_machine_checkpoint(uint64_t ptr, RustBuffer
 uint64_t uniffi_evervm_ffi_fn_method_machine_checkpoints(uint64_t ptr
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_CONTEXTS
+#define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_CONTEXTS
+uint64_t uniffi_evervm_ffi_fn_method_machine_contexts(uint64_t ptr
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_CREATE_CONTEXT
+#define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_CREATE_CONTEXT
+uint64_t uniffi_evervm_ffi_fn_method_machine_create_context(uint64_t ptr, RustBuffer cwd
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_DELETE
 #define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_DELETE
 uint64_t uniffi_evervm_ffi_fn_method_machine_delete(uint64_t ptr
@@ -384,9 +394,19 @@ RustBuffer uniffi_evervm_ffi_fn_method_machine_name(uint64_t ptr, RustCallStatus
 uint64_t uniffi_evervm_ffi_fn_method_machine_read_file(uint64_t ptr, RustBuffer path
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_REMOVE_CONTEXT
+#define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_REMOVE_CONTEXT
+uint64_t uniffi_evervm_ffi_fn_method_machine_remove_context(uint64_t ptr, RustBuffer context
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_REMOVE_FILE
 #define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_REMOVE_FILE
 uint64_t uniffi_evervm_ffi_fn_method_machine_remove_file(uint64_t ptr, RustBuffer path, int8_t recursive
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_RESTART_CONTEXT
+#define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_RESTART_CONTEXT
+uint64_t uniffi_evervm_ffi_fn_method_machine_restart_context(uint64_t ptr, RustBuffer context
 );
 #endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_REWIND
@@ -401,7 +421,7 @@ uint64_t uniffi_evervm_ffi_fn_method_machine_rollback(uint64_t ptr, RustBuffer c
 #endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_START_EXEC
 #define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_START_EXEC
-uint64_t uniffi_evervm_ffi_fn_method_machine_start_exec(uint64_t ptr, RustBuffer code, RustBuffer timeout_seconds, RustCallStatus *_Nonnull out_status
+uint64_t uniffi_evervm_ffi_fn_method_machine_start_exec(uint64_t ptr, RustBuffer code, RustBuffer timeout_seconds, RustBuffer context, RustCallStatus *_Nonnull out_status
 );
 #endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_STAT_FILE
@@ -411,7 +431,7 @@ uint64_t uniffi_evervm_ffi_fn_method_machine_stat_file(uint64_t ptr, RustBuffer 
 #endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_STREAM
 #define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_STREAM
-uint64_t uniffi_evervm_ffi_fn_method_machine_stream(uint64_t ptr, RustBuffer code, RustBuffer timeout_seconds, RustCallStatus *_Nonnull out_status
+uint64_t uniffi_evervm_ffi_fn_method_machine_stream(uint64_t ptr, RustBuffer code, RustBuffer timeout_seconds, RustBuffer context, RustCallStatus *_Nonnull out_status
 );
 #endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_MACHINE_SWAP_OUT
@@ -757,6 +777,18 @@ uint16_t uniffi_evervm_ffi_checksum_method_machine_checkpoints(void
     
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_CONTEXTS
+#define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_CONTEXTS
+uint16_t uniffi_evervm_ffi_checksum_method_machine_contexts(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_CREATE_CONTEXT
+#define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_CREATE_CONTEXT
+uint16_t uniffi_evervm_ffi_checksum_method_machine_create_context(void
+    
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_DELETE
 #define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_DELETE
 uint16_t uniffi_evervm_ffi_checksum_method_machine_delete(void
@@ -829,9 +861,21 @@ uint16_t uniffi_evervm_ffi_checksum_method_machine_read_file(void
     
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_REMOVE_CONTEXT
+#define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_REMOVE_CONTEXT
+uint16_t uniffi_evervm_ffi_checksum_method_machine_remove_context(void
+    
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_REMOVE_FILE
 #define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_REMOVE_FILE
 uint16_t uniffi_evervm_ffi_checksum_method_machine_remove_file(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_RESTART_CONTEXT
+#define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_METHOD_MACHINE_RESTART_CONTEXT
+uint16_t uniffi_evervm_ffi_checksum_method_machine_restart_context(void
     
 );
 #endif
