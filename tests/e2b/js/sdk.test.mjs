@@ -212,17 +212,18 @@ sdkTest('create with metadata and envs; runCode keeps state, streams output, see
 
 sdkTest('code contexts: their own globals and cwd, restarted, removed', async () => {
   const sandbox = await sharedSandbox()
-  await run(sandbox, "x = 'default'")
+  // Names of its own: the shared sandbox's other tests keep theirs.
+  await run(sandbox, "where = 'default'")
   const context = await sandbox.createCodeContext({ cwd: '/tmp' })
   assert.deepEqual([context.language, context.cwd], ['python', '/tmp'])
   const listed = await sandbox.listCodeContexts()
   assert.equal(listed[listed.length - 1].id, context.id, 'the newest context is listed last')
-  const here = await run(sandbox, "import os\nx = 'ctx'\nos.getcwd()", { context })
+  const here = await run(sandbox, "import os\nwhere = 'ctx'\nos.getcwd()", { context })
   assert.equal(here.text, '/tmp', 'a context starts in its cwd')
-  assert.equal((await run(sandbox, 'x')).text, 'default', "the default context's globals are its own")
-  assert.equal((await run(sandbox, 'x', { context })).text, 'ctx')
+  assert.equal((await run(sandbox, 'where')).text, 'default', "the default context's globals are its own")
+  assert.equal((await run(sandbox, 'where', { context })).text, 'ctx')
   await sandbox.restartCodeContext(context)
-  const gone = await sandbox.runCode('x', { context })
+  const gone = await sandbox.runCode('where', { context })
   assert.equal(gone.error?.name, 'NameError', 'a restarted context has lost its variables')
   await sandbox.removeCodeContext(context)
   const after = await sandbox.listCodeContexts()
