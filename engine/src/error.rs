@@ -127,6 +127,15 @@ impl Error {
         }
     }
 
+    /// Nothing listens on `port` in the machine.
+    pub fn port_not_open(machine: &str, port: u16, why: &str) -> Self {
+        Self {
+            kind: ErrorKind::NotFound,
+            message: format!("nothing listens on port {port} in machine {machine:?} ({why})"),
+            resource: Some("port"),
+        }
+    }
+
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::InvalidInput, message)
     }

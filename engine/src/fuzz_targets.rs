@@ -125,6 +125,10 @@ fn agent_event(payload: &[u8]) {
         event,
         AgentEvent::FileData(_)
             | AgentEvent::Process(crate::guest::processes::ProcessEvent::Output { .. })
+            | AgentEvent::Tunnel(
+                crate::guest::tunnels::TunnelEvent::Data { .. }
+                    | crate::guest::tunnels::TunnelEvent::Credit { .. }
+            )
     ) {
         event_json(&event);
         return;
@@ -262,6 +266,40 @@ fn event_json(event: &AgentEvent) -> serde_json::Value {
         AgentEvent::Installed { site } => json!({"ev": "installed", "site": site}),
         AgentEvent::Contexts(contexts) => json!({"ev": "contexts", "contexts": contexts}),
         AgentEvent::Process(process) => process_event_json(event, process),
+        AgentEvent::Tunnel(tunnel) => tunnel_event_json(event, tunnel),
+    }
+}
+
+/// A tunnel event as the agent writes it (its binary frames are checked as themselves).
+fn tunnel_event_json(
+    event: &AgentEvent,
+    tunnel: &crate::guest::tunnels::TunnelEvent,
+) -> serde_json::Value {
+    use crate::guest::tunnels::{TunnelEvent, TunnelFailure};
+    use serde_json::json;
+    match tunnel {
+        TunnelEvent::Opened { id } => json!({"ev": "tun_opened", "id": id}),
+        TunnelEvent::Eof { id } => json!({"ev": "tun_eof", "id": id}),
+        TunnelEvent::Closed { id, error } => json!({"ev": "tun_closed", "id": id, "error": error}),
+        TunnelEvent::Failed { id, failure } => {
+            let (kind, error) = match failure {
+                TunnelFailure::Refused(e) => ("refused", e),
+                TunnelFailure::Limit(e) => ("limit", e),
+                TunnelFailure::Invalid(e) => ("invalid", e),
+            };
+            json!({"ev": "tun_failed", "id": id, "kind": kind, "error": error})
+        }
+        TunnelEvent::Data { id, data } => {
+            let mut frame = crate::guest::tunnels::data_frame_header(*id, data.len())[4..].to_vec();
+            frame.extend(data.iter());
+            assert_eq!(decode_event(&frame).as_ref(), Ok(event));
+            json!({"ev": "ready", "python": ""})
+        }
+        TunnelEvent::Credit { id, bytes } => {
+            let frame = crate::guest::tunnels::credit_frame(*id, *bytes);
+            assert_eq!(decode_event(&frame[4..]).as_ref(), Ok(event));
+            json!({"ev": "ready", "python": ""})
+        }
     }
 }
 

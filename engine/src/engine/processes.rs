@@ -21,6 +21,36 @@ impl Engine {
         handle.start_process(spec).await
     }
 
+    /// Connects to `port` on the machine's own loopback (restoring the machine first if it is
+    /// swapped out): a byte stream to the server listening there, which keeps the machine
+    /// resident while open. Nothing listening is `NotFound` (resource `port`).
+    pub async fn connect_port(
+        &self,
+        account: &Account,
+        name: &str,
+        port: u16,
+    ) -> Result<crate::PortStream> {
+        let handle = self.handle(account, name).await?;
+        self.inner.take_instruction_token(account.id)?;
+        handle.connect_port(port).await
+    }
+
+    /// The owner of machine `name`, if the machine carries tag `key` = `value` (one its owner
+    /// made public, say): for requests that come without the owner's credentials. Any other
+    /// machine is `NotFound`, as one that does not exist. The account has its id only.
+    pub async fn owner_if_tagged(&self, name: &str, key: &str, value: &str) -> Result<Account> {
+        let parsed = crate::types::MachineName::parse(name)?;
+        match self.inner.store.machine(parsed.as_str()).await? {
+            Some(record) if record.tags.get(key).map(String::as_str) == Some(value) => {
+                Ok(Account {
+                    id: record.account_id,
+                    name: String::new(),
+                })
+            }
+            _ => Err(crate::Error::machine_not_found(name)),
+        }
+    }
+
     /// Watches a directory in the machine (inotify; `recursive`: its subdirectories too): the
     /// returned process's output is its events, a JSON line each (`{"name": path relative to
     /// the directory, "type": "create" | "write" | "remove" | "rename" | "chmod"}`), and a

@@ -184,6 +184,8 @@ class ChannelReader:
             return None
         if payload[:1] == b"D":
             return payload[1:]
+        if payload[:1] == b"T":
+            return {"op": "tun_frame", "frame": payload[1:]}
         return json.loads(payload.decode("utf-8"))
 
 
@@ -523,6 +525,8 @@ class Watcher:
                 elif isinstance(request, dict) and request.get("op") in PROCESS_OPERATIONS:
                     # Processes run beside the instruction: their requests are not held back.
                     PROCESSES.handle(request)
+                elif isinstance(request, dict) and request.get("op") in TUNNEL_OPERATIONS:
+                    TUNNELS.handle(request)
                 else:
                     self.stash.append(request)
                 continue
@@ -1820,10 +1824,13 @@ def main():
     builtins.display = display
     signal.signal(signal.SIGINT, _on_sigint)
     signal.signal(signal.SIGALRM, _on_sigalrm)
-    global OUTPUT, WATCHER, PROCESSES, CONTEXTS, _PENDING_SITE
+    global OUTPUT, WATCHER, PROCESSES, CONTEXTS, TUNNELS, _PENDING_SITE
     WATCHER = Watcher()
     PROCESSES = Processes()
     CONTEXTS = Contexts()
+    TUNNELS = Tunnels()
+    if not in_context:
+        loopback_up()
     if not in_context:
         start_health_check()
     captures = [Capture(1, "stdout"), Capture(2, "stderr")]
@@ -1870,6 +1877,7 @@ def main():
             elif request.get("op") == "reseed":
                 reseed()
                 CONTEXTS.reseed()
+                TUNNELS.reset_all()
                 send({"ev": "ready", "python": sys.version.split()[0], "pid": os.getpid()})
             elif request.get("op") == "configure":
                 configure(request)
@@ -1878,6 +1886,8 @@ def main():
                 file_operation(request)
             elif request.get("op") in PROCESS_OPERATIONS:
                 PROCESSES.handle(request)
+            elif request.get("op") in TUNNEL_OPERATIONS:
+                TUNNELS.handle(request)
             elif request.get("op") in CONTEXT_OPERATIONS:
                 CONTEXTS.handle(request)
         except KeyboardInterrupt:

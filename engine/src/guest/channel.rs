@@ -198,6 +198,22 @@ pub enum AgentRequest {
     ContextRemove {
         context: String,
     },
+    /// Tunnels (`tunnels.py`): connect to `port` on the sandbox's loopback; answered by
+    /// `tun_opened` or `tun_failed`. Its bytes then go as binary `T` frames.
+    TunOpen {
+        id: u64,
+        port: u16,
+    },
+    /// No more bytes from the host.
+    TunShutdown {
+        id: u64,
+    },
+    /// The host dropped it.
+    TunReset {
+        id: u64,
+    },
+    /// The host knows of no tunnel (a restored snapshot's end).
+    TunResetAll,
 }
 
 /// Environment variables on their way to the agent: their values may be secrets, so they are
@@ -292,6 +308,8 @@ pub enum AgentEvent {
     },
     /// About a process beside the interpreter (the connection's reader routes these).
     Process(super::processes::ProcessEvent),
+    /// About a connection to one of the sandbox's ports (`tunnels.py`).
+    Tunnel(super::tunnels::TunnelEvent),
     /// A context operation's answer: the contexts it concerned.
     Contexts(Vec<crate::ContextInfo>),
 }
@@ -582,6 +600,7 @@ pub fn decode_event(payload: &[u8]) -> Result<AgentEvent, ProtocolError> {
         Some(&b'O') => return decode_output(payload),
         Some(&b'D') => return Ok(AgentEvent::FileData(payload[1..].to_vec())),
         Some(&b'P') => return super::processes::decode_output(payload).map(AgentEvent::Process),
+        Some(&b'T') => return super::tunnels::decode_frame(payload).map(AgentEvent::Tunnel),
         _ => {}
     }
 
@@ -593,6 +612,11 @@ pub fn decode_event(payload: &[u8]) -> Result<AgentEvent, ProtocolError> {
             let raw: super::processes::RawProcessEvent = serde_json::from_slice(payload)
                 .map_err(|e| ProtocolError::Malformed(e.to_string()))?;
             raw.check().map(AgentEvent::Process)
+        }
+        "tun_opened" | "tun_failed" | "tun_eof" | "tun_closed" => {
+            let raw: super::tunnels::RawTunnelEvent = serde_json::from_slice(payload)
+                .map_err(|e| ProtocolError::Malformed(e.to_string()))?;
+            raw.check().map(AgentEvent::Tunnel)
         }
         "ready" => Ok(AgentEvent::Ready {
             python: raw.python.unwrap_or_default(),

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use super::channel::{AgentEvent, AgentRequest, FrameDecoder, decode_frame};
 use super::processes::ProcessRouter;
+use super::tunnels::TunnelRouter;
 use crate::error::{Error, Result};
 
 /// Boxed halves of a channel, as a sandbox hands them out.
@@ -31,6 +32,22 @@ pub struct AgentConnection {
     /// The processes the agent runs beside the interpreter: their events never wait in
     /// `events`, the reader hands them over as they come.
     processes: Arc<ProcessRouter>,
+    /// Connections to the sandbox's ports: their events too go straight to them.
+    tunnels: Arc<TunnelRouter>,
+}
+
+/// What the channel's reader hands events to as they come, beside the queue.
+#[derive(Clone, Default)]
+struct Routers {
+    processes: Arc<ProcessRouter>,
+    tunnels: Arc<TunnelRouter>,
+}
+
+impl Routers {
+    fn lose_all(&self, why: &str) {
+        self.processes.lose_all(why);
+        self.tunnels.lose_all(why);
+    }
 }
 
 impl AgentConnection {
@@ -41,8 +58,8 @@ impl AgentConnection {
         ready_timeout: Duration,
     ) -> Result<Self> {
         let (tx, mut events) = mpsc::channel(EVENT_QUEUE);
-        let processes = Arc::new(ProcessRouter::default());
-        let reader_task = tokio::spawn(read_events(reader, tx, Arc::clone(&processes)));
+        let routers = Routers::default();
+        let reader_task = tokio::spawn(read_events(reader, tx, routers.clone()));
         let first = tokio::time::timeout(ready_timeout, events.recv()).await;
         let python = match first {
             Ok(Some(Ok(AgentEvent::Ready { python }))) => python,
@@ -73,7 +90,8 @@ impl AgentConnection {
             events,
             reader_task,
             python,
-            processes,
+            processes: routers.processes,
+            tunnels: routers.tunnels,
         })
     }
 
@@ -81,14 +99,15 @@ impl AgentConnection {
     /// `ready` to wait for; the first request finds out whether it lives.
     pub fn resume(reader: ChannelReader, writer: ChannelWriter) -> Self {
         let (tx, events) = mpsc::channel(EVENT_QUEUE);
-        let processes = Arc::new(ProcessRouter::default());
-        let reader_task = tokio::spawn(read_events(reader, tx, Arc::clone(&processes)));
+        let routers = Routers::default();
+        let reader_task = tokio::spawn(read_events(reader, tx, routers.clone()));
         Self {
             writer,
             events,
             reader_task,
             python: String::new(),
-            processes,
+            processes: routers.processes,
+            tunnels: routers.tunnels,
         }
     }
 
@@ -170,6 +189,45 @@ impl AgentConnection {
         &self.processes
     }
 
+    /// The connections to this sandbox's ports.
+    pub fn tunnels(&self) -> &Arc<TunnelRouter> {
+        &self.tunnels
+    }
+
+    /// Opens tunnel `id` to `port` in the sandbox (the first open on a channel first tells the
+    /// agent to drop tunnels a snapshot restored).
+    pub async fn open_tunnel(&mut self, id: u64, port: u16) -> Result<()> {
+        if self.tunnels.needs_reset() {
+            self.send(&AgentRequest::TunResetAll).await?;
+        }
+        self.send(&AgentRequest::TunOpen { id, port }).await
+    }
+
+    /// Sends what the tunnels have for the agent: bytes within their credit, grants, ends.
+    pub async fn flush_tunnels(&mut self) -> Result<()> {
+        let closed =
+            |e: std::io::Error| Error::crashed(format!("the agent channel is closed: {e}"));
+        for work in self.tunnels.take_work() {
+            for piece in &work.data {
+                let header = super::tunnels::data_frame_header(work.id, piece.len());
+                self.writer.write_all(&header).await.map_err(closed)?;
+                self.writer.write_all(piece).await.map_err(closed)?;
+            }
+            if work.grant > 0 {
+                let frame = super::tunnels::credit_frame(work.id, work.grant);
+                self.writer.write_all(&frame).await.map_err(closed)?;
+            }
+            if work.shutdown {
+                self.send(&AgentRequest::TunShutdown { id: work.id })
+                    .await?;
+            }
+            if work.reset {
+                self.send(&AgentRequest::TunReset { id: work.id }).await?;
+            }
+        }
+        self.writer.flush().await.map_err(closed)
+    }
+
     /// The Python version the agent reported.
     pub fn python_version(&self) -> &str {
         &self.python
@@ -212,24 +270,25 @@ impl AgentConnection {
 impl Drop for AgentConnection {
     fn drop(&mut self) {
         self.reader_task.abort();
-        self.processes
-            .lose_all("the machine's sandbox stopped (or was swapped out) while it ran");
+        let why = "the machine's sandbox stopped (or was swapped out) while it ran";
+        self.processes.lose_all(why);
+        self.tunnels.lose_all(why);
     }
 }
 
 async fn read_events(
     reader: ChannelReader,
     tx: mpsc::Sender<Result<AgentEvent>>,
-    processes: Arc<ProcessRouter>,
+    routers: Routers,
 ) {
-    read_until_closed(reader, tx, &processes).await;
-    processes.lose_all("the machine's sandbox stopped while it ran");
+    read_until_closed(reader, tx, &routers).await;
+    routers.lose_all("the machine's sandbox stopped while it ran");
 }
 
 async fn read_until_closed(
     mut reader: ChannelReader,
     tx: mpsc::Sender<Result<AgentEvent>>,
-    processes: &ProcessRouter,
+    routers: &Routers,
 ) {
     let mut decoder = FrameDecoder::new();
     let mut buffer = vec![0u8; 256 * 1024];
@@ -258,10 +317,17 @@ async fn read_until_closed(
                 Ok(Some(payload)) => decode_frame(payload),
                 Err(e) => Err(e),
             };
-            if let Ok(AgentEvent::Process(event)) = event {
-                processes.deliver(event);
-                continue;
-            }
+            let event = match event {
+                Ok(AgentEvent::Process(event)) => {
+                    routers.processes.deliver(event);
+                    continue;
+                }
+                Ok(AgentEvent::Tunnel(event)) => match routers.tunnels.deliver(event) {
+                    Ok(()) => continue,
+                    Err(e) => Err(e),
+                },
+                other => other,
+            };
             let failed = event.is_err();
             let event = event.map_err(|e| Error::crashed(e.to_string()));
             if tx.send(event).await.is_err() || failed {

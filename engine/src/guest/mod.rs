@@ -6,9 +6,10 @@ pub mod connection;
 pub mod contexts;
 pub mod image;
 pub mod processes;
+pub mod tunnels;
 
 /// The agent's source: its Jupyter cells' part, its health check, its root helper for `sudo`,
-/// the processes it runs beside the interpreter, its watches, its other contexts' interpreters,
+/// the processes it runs beside the interpreter, its watches, its other contexts' interpreters, its tunnels to ports,
 /// then the rest (one program). The process backend runs it with `python3 -I -c`; images carry
 /// it as a file.
 pub const AGENT_SOURCE: &str = concat!(
@@ -18,6 +19,7 @@ pub const AGENT_SOURCE: &str = concat!(
     include_str!("processes.py"),
     include_str!("watches.py"),
     include_str!("contexts.py"),
+    include_str!("tunnels.py"),
     include_str!("agent.py")
 );
 

@@ -6,6 +6,7 @@ pub(crate) mod bucketed;
 mod files;
 mod history;
 mod live;
+pub(crate) mod ports;
 pub(crate) mod processes;
 mod swap;
 mod task;
@@ -58,6 +59,7 @@ impl MachineState {
             || !self.queued.is_empty()
             || self.file_operations > 0
             || self.processes.as_ref().is_some_and(|p| !p.is_empty())
+            || self.tunnels.as_ref().is_some_and(|t| !t.is_empty())
     }
 }
 
@@ -92,6 +94,8 @@ struct MachineState {
     /// The processes of its sandbox's agent, while it has one: a process running keeps the
     /// machine from counting as idle.
     processes: Option<Arc<crate::guest::processes::ProcessRouter>>,
+    /// The connections to its sandbox's ports, while it has one: one open keeps it resident.
+    tunnels: Option<Arc<crate::guest::tunnels::TunnelRouter>>,
     /// Failed swap-outs in a row, and when the idle swapper may try again.
     swap_failures: u32,
     swap_retry_at: Option<Instant>,
@@ -288,6 +292,7 @@ impl MachineHandle {
             .unwrap_or_default();
         state.memory_reading = None;
         state.processes = resident.map(|r| Arc::clone(r.agent.processes()));
+        state.tunnels = resident.map(|r| Arc::clone(r.agent.tunnels()));
     }
 
     /// The processes of the sandbox it has, if it has one.

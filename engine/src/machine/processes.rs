@@ -183,6 +183,20 @@ pub(crate) enum ProcessOp {
         id: u64,
         reply: oneshot::Sender<Result<()>>,
     },
+    /// Connects to a port in the machine (see `ports.rs`): like a start, it brings the machine
+    /// back first.
+    OpenPort {
+        port: u16,
+        reply: oneshot::Sender<Result<super::ports::Opening>>,
+    },
+}
+
+impl ProcessOp {
+    /// Whether it needs the machine's sandbox, restored if need be (else it concerns what ran in
+    /// a sandbox that is gone).
+    fn starts(&self) -> bool {
+        matches!(self, ProcessOp::Start { .. } | ProcessOp::OpenPort { .. })
+    }
 }
 
 fn not_running(pid: u32) -> Error {
@@ -193,7 +207,7 @@ fn not_running(pid: u32) -> Error {
 }
 
 impl MachineHandle {
-    async fn process_op<T>(
+    pub(super) async fn process_op<T>(
         &self,
         make: impl FnOnce(oneshot::Sender<Result<T>>) -> ProcessOp,
     ) -> Result<T> {
@@ -351,15 +365,11 @@ pub(super) async fn handle_idle(
     mut op: ProcessOp,
 ) {
     for _attempt in 0..2 {
-        if let ProcessOp::Start { .. } = &op
-            && resident.is_none()
-        {
+        if op.starts() && resident.is_none() {
             match take_resident(engine, machine, resident).await {
                 Ok(current) => *resident = Some(current),
                 Err(e) => {
-                    if let ProcessOp::Start { reply, .. } = op {
-                        let _ = reply.send(Err(e.context("the machine could not start")));
-                    }
+                    refuse(op, e.context("the machine could not start"));
                     return;
                 }
             }
@@ -398,16 +408,32 @@ pub(super) struct Broken {
 impl Broken {
     /// Answers the request that would have been tried again, with the error.
     pub fn refuse(self) -> Error {
-        if let Some(ProcessOp::Start { reply, .. }) = self.retry {
-            let _ = reply.send(Err(self.error.clone()));
+        if let Some(op) = self.retry {
+            refuse(op, self.error.clone());
         }
         self.error
+    }
+}
+
+/// Answers a start (or a port's opening) with `error`.
+fn refuse(op: ProcessOp, error: Error) {
+    match op {
+        ProcessOp::Start { reply, .. } => {
+            let _ = reply.send(Err(error));
+        }
+        ProcessOp::OpenPort { reply, .. } => {
+            let _ = reply.send(Err(error));
+        }
+        other => refuse_not_running(other),
     }
 }
 
 fn refuse_not_running(op: ProcessOp) {
     match op {
         ProcessOp::Start { reply, .. } => {
+            let _ = reply.send(Err(Error::internal("the machine is not running")));
+        }
+        ProcessOp::OpenPort { reply, .. } => {
             let _ = reply.send(Err(Error::internal("the machine is not running")));
         }
         ProcessOp::Input { pid, reply, .. }
@@ -439,6 +465,9 @@ pub(super) async fn handle(
             .map(|e| e.id)
     };
     let (request, reply) = match op {
+        ProcessOp::OpenPort { port, reply } => {
+            return super::ports::open(engine, machine, current, port, reply).await;
+        }
         ProcessOp::Start { spec, reply } => {
             if router.is_closed() {
                 return Err(Broken {

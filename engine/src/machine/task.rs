@@ -70,6 +70,16 @@ pub(super) async fn run(
                 processes::handle_idle(&engine, &machine, &mut resident, op).await;
                 continue;
             }
+            () = super::ports::kicked(resident.as_ref()) => {
+                if let Some(current) = resident.as_mut()
+                    && let Err(e) = super::ports::flush(current).await
+                    && let Some(current) = resident.take()
+                {
+                    lost(&engine, &machine, current, e.to_string()).await;
+                    machine.set_resident(resident.as_ref());
+                }
+                continue;
+            }
             // While processes run, what else the agent says between instructions (output of
             // the interpreter's own threads) is read and dropped, so that the channel never
             // stops for their sake.
@@ -429,6 +439,7 @@ async fn run_instruction(
     let mut deadline = started + job.timeout + grace;
     let mut interrupted_by_request = false;
     let mut lines = super::live::LineSplitter::default();
+    let tunnels = Arc::clone(current.agent.tunnels());
     loop {
         tokio::select! {
             event = current.agent.next_event() => match event {
@@ -466,6 +477,12 @@ async fn run_instruction(
                     lines.flush(&job.live);
                     let error = broken.refuse();
                     return crashed(engine, machine, current, error.to_string()).await;
+                }
+            }
+            () = tunnels.kicked() => {
+                if let Err(e) = super::ports::flush(&mut current).await {
+                    lines.flush(&job.live);
+                    return crashed(engine, machine, current, e.to_string()).await;
                 }
             }
             () = machine.wake.notified() => {

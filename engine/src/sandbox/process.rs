@@ -99,6 +99,8 @@ pub(crate) const NAMESPACE_ARGS: [&str; 10] = [
 pub struct ProcessBackend {
     config: ProcessBackendConfig,
     run_as_nobody: bool,
+    /// The agent's program, as a file every sandbox runs (it is longer than one argument may be).
+    agent_file: PathBuf,
 }
 
 impl ProcessBackend {
@@ -112,9 +114,21 @@ impl ProcessBackend {
             // The sandbox user must be able to reach its own directory below this one.
             std::fs::set_permissions(&config.work_root, std::fs::Permissions::from_mode(0o711))?;
         }
+        // Named by its content, so that engines of different versions sharing a root never run
+        // each other's agent.
+        use sha2::Digest as _;
+        let digest = hex::encode(sha2::Sha256::digest(AGENT_SOURCE));
+        let agent_file = config
+            .work_root
+            .join(format!(".agent-{}.py", &digest[..16]));
+        if !agent_file.is_file() {
+            crate::fsutil::write_durably(&agent_file, AGENT_SOURCE.as_bytes())?;
+        }
+        std::fs::set_permissions(&agent_file, std::fs::Permissions::from_mode(0o644))?;
         Ok(Self {
             config,
             run_as_nobody,
+            agent_file,
         })
     }
 
@@ -157,7 +171,8 @@ impl SandboxBackend for ProcessBackend {
             .args(NAMESPACE_ARGS)
             .arg("--")
             .arg(&self.config.python)
-            .args(["-I", "-c", AGENT_SOURCE])
+            .arg("-I")
+            .arg(&self.agent_file)
             .current_dir(&work_dir)
             .env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
