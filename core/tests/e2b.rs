@@ -347,3 +347,198 @@ async fn keys_tenants_and_hostile_requests() {
     );
     s.engine.shutdown().await;
 }
+
+/// A server in the sandbox that answers every request with what it received, as JSON.
+const ECHO_SERVER: &str = r#"
+import http.server, json, threading
+class _Echo(http.server.BaseHTTPRequestHandler):
+    def _answer(self):
+        length = int(self.headers.get("content-length") or 0)
+        body = json.dumps({"method": self.command, "path": self.path,
+                           "headers": {k.lower(): v for k, v in self.headers.items()},
+                           "body": self.rfile.read(length).decode()}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    do_GET = do_POST = _answer
+    def log_message(self, *args):
+        pass
+_server = http.server.ThreadingHTTPServer(("127.0.0.1", 8000), _Echo)
+threading.Thread(target=_server.serve_forever, daemon=True).start()
+"#;
+
+#[tokio::test]
+async fn ports_are_proxied_for_their_owner_in_every_form() {
+    let s = Server::start().await;
+    let create = |public: bool| {
+        s.api(Method::POST, "/v2/sandboxes", Some(&s.alice))
+            .json(&json!({"templateID": "base", "network": {"allowPublicTraffic": public}}))
+    };
+    let (status, private) = send(create(false)).await;
+    assert_eq!(status, StatusCode::CREATED, "{private}");
+    let id = private["sandboxID"].as_str().unwrap().to_owned();
+    let token = private["trafficAccessToken"].as_str().unwrap().to_owned();
+    let (status, body) = send(
+        s.sandbox("/execute", &id, INTERPRETER_PORT, &token)
+            .json(&json!({"code": ECHO_SERVER})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    // The headers' form, with the traffic token: the application gets its own headers (its
+    // Bearer too) and none of the routing or credentials.
+    let port_request = |path: &str| {
+        s.http
+            .post(format!("{}{path}", s.base))
+            .header("E2b-Sandbox-Id", &id)
+            .header("E2b-Sandbox-Port", "8000")
+    };
+    let (status, echoed) = send(
+        port_request("/files?x=1")
+            .header("e2b-traffic-access-token", &token)
+            .header("authorization", "Bearer the-app-s-own")
+            .body("hello"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{echoed}");
+    assert_eq!(echoed["path"], "/files?x=1", "envd's paths reach the app");
+    assert_eq!(echoed["body"], "hello");
+    let headers = echoed["headers"].as_object().unwrap();
+    assert_eq!(headers["authorization"], "Bearer the-app-s-own");
+    for stripped in [
+        "e2b-traffic-access-token",
+        "x-access-token",
+        "x-api-key",
+        "e2b-sandbox-id",
+        "e2b-sandbox-port",
+    ] {
+        assert!(!headers.contains_key(stripped), "{stripped}: {echoed}");
+    }
+
+    // No token, or someone else's: E2B's refusals.
+    let (status, body) = send(port_request("/")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("is missing"),
+        "{body}"
+    );
+    assert_eq!(body["sandboxId"], id.as_str());
+    let (status, body) =
+        send(port_request("/").header("e2b-traffic-access-token", "e2bs_x.y")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("is invalid"),
+        "{body}"
+    );
+    let (status, body) = send(port_request("/").header("X-API-Key", &s.bob)).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert_eq!(body["message"], "The sandbox was not found");
+
+    // The host's form, the userinfo form (what httpx sends for get_host's URL under evervm's
+    // default domain) and the path form.
+    let (status, echoed) = send(
+        s.http
+            .get(format!("{}/a", s.base))
+            .header("host", format!("8000-{id}.example.test"))
+            .header("X-API-Key", &s.alice),
+    )
+    .await;
+    assert_eq!(
+        (status, echoed["path"].clone()),
+        (StatusCode::OK, json!("/a"))
+    );
+    let address = s.base.strip_prefix("http://").unwrap();
+    let (status, echoed) = send(
+        s.http
+            .get(format!("http://8000-{id}.sdk-too-old@{address}/b"))
+            .header("e2b-traffic-access-token", &token),
+    )
+    .await;
+    assert_eq!(
+        (status, echoed["path"].clone()),
+        (StatusCode::OK, json!("/b"))
+    );
+    assert!(
+        !echoed["headers"]
+            .as_object()
+            .unwrap()
+            .contains_key("authorization"),
+        "{echoed}"
+    );
+    let (status, echoed) = send(
+        s.http
+            .get(format!("{}/ports/8000-{id}/c/d?e=f", s.base))
+            .header("e2b-traffic-access-token", &token),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{echoed}");
+    assert_eq!(echoed["path"], "/c/d?e=f");
+    assert_eq!(
+        echoed["headers"]["x-forwarded-prefix"],
+        format!("/ports/8000-{id}")
+    );
+
+    // A port nothing listens on, and a port that is not one.
+    let (status, body) = send(
+        s.http
+            .get(format!("{}/ports/8001-{id}/", s.base))
+            .header("e2b-traffic-access-token", &token),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert_eq!(
+        body["message"],
+        "The sandbox is running but port is not open"
+    );
+    assert_eq!(body["port"], 8001);
+    let (status, _) = send(
+        s.http
+            .get(format!("{}/", s.base))
+            .header("E2b-Sandbox-Id", &id)
+            .header("E2b-Sandbox-Port", "eighty"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    // A public sandbox answers anyone.
+    let (status, public) = send(create(true)).await;
+    assert_eq!(status, StatusCode::CREATED, "{public}");
+    let public_id = public["sandboxID"].as_str().unwrap().to_owned();
+    let public_token = public["envdAccessToken"].as_str().unwrap().to_owned();
+    let (status, body) = send(
+        s.sandbox("/execute", &public_id, INTERPRETER_PORT, &public_token)
+            .json(&json!({"code": ECHO_SERVER})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, echoed) = send(
+        s.http
+            .get(format!("{}/ports/8000-{public_id}/open", s.base)),
+    )
+    .await;
+    assert_eq!(
+        (status, echoed["path"].clone()),
+        (StatusCode::OK, json!("/open"))
+    );
+    assert!(
+        !public["metadata"].to_string().contains("public"),
+        "evervm's tag is hidden: {public}"
+    );
+
+    // A killed sandbox's port: E2B's "not found".
+    let (status, _) =
+        send(s.api(Method::DELETE, &format!("/sandboxes/{id}"), Some(&s.alice))).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    for request in [
+        port_request("/").header("e2b-traffic-access-token", &token),
+        port_request("/"),
+    ] {
+        let (status, body) = send(request).await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+        assert_eq!(body["message"], "The sandbox was not found");
+        assert_eq!(body["sandboxId"], id.as_str());
+    }
+    s.engine.shutdown().await;
+}

@@ -588,3 +588,82 @@ def test_the_async_sdk_watches_as_a_stream(e2b_server) -> None:
 
     seen = asyncio.run(scenario())
     assert seen[0] == ("b.txt", FilesystemEventType.CREATE), seen
+
+
+def _get_until_served(url: str, headers: dict) -> "httpx.Response":
+    """E2B's own tests' loop: a server started in the background answers after a moment."""
+    import httpx
+
+    deadline = time.monotonic() + 20
+    while True:
+        response = httpx.get(url, headers=headers, timeout=30)
+        if response.status_code == 200 or time.monotonic() > deadline:
+            return response
+        time.sleep(0.5)
+
+
+def test_a_port_is_reached_through_get_host_across_a_swap(e2b_server) -> None:
+    import httpx
+
+    sandbox = Sandbox.create(timeout=300)
+    try:
+        sandbox.files.write("/home/user/site/index.html", "served from the sandbox")
+        sandbox.commands.run("python3 -m http.server 8000 --directory /home/user/site",
+                             background=True)
+        # get_host's name under evervm's default domain: httpx (as E2B's tests use) sends its
+        # user part, which routes the request; the SDK adds no scheme, and evervm speaks http.
+        url = "http://" + sandbox.get_host(8000) + "/index.html"
+        owner = {"e2b-traffic-access-token": sandbox.traffic_access_token}
+        response = _get_until_served(url, owner)
+        assert response.status_code == 200, response.text
+        assert response.text == "served from the sandbox"
+        # Private by default: no token, E2B's refusal.
+        refused = httpx.get(url, timeout=30)
+        assert refused.status_code == 403, refused.text
+        assert "e2b-traffic-access-token" in refused.json()["message"]
+        # A port nothing listens on.
+        closed = httpx.get("http://" + sandbox.get_host(8001) + "/", headers=owner, timeout=30)
+        assert closed.status_code == 502, closed.text
+        assert closed.json()["port"] == 8001
+        # Paused (swapped out), the server is restored by the next request to it.
+        pause(sandbox)
+        assert state_of(sandbox.get_info()) == "paused"
+        again = _get_until_served(url, owner)
+        assert again.status_code == 200, again.text
+        assert again.text == "served from the sandbox"
+        assert state_of(sandbox.get_info()) == "running"
+        # An asyncio (epoll) server across a swap too.
+        assert sandbox.run_code("""
+import asyncio, threading
+async def _answer(reader, writer):
+    await reader.readuntil(b"\\r\\n\\r\\n")
+    writer.write(b"HTTP/1.1 200 OK\\r\\ncontent-length: 5\\r\\nconnection: close\\r\\n\\r\\nasync")
+    await writer.drain()
+    writer.close()
+def _serve():
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(asyncio.start_server(_answer, "127.0.0.1", 8002))
+    loop.run_forever()
+threading.Thread(target=_serve, daemon=True).start()
+""").error is None
+        async_url = "http://" + sandbox.get_host(8002) + "/"
+        assert _get_until_served(async_url, owner).text == "async"
+        pause(sandbox)
+        assert _get_until_served(async_url, owner).text == "async"
+    finally:
+        sandbox.kill()
+    gone = httpx.get(url, headers=owner, timeout=30)
+    assert gone.status_code == 502, gone.text
+    assert gone.json()["message"] == "The sandbox was not found"
+
+
+def test_a_public_sandbox_answers_anyone(e2b_server) -> None:
+    import httpx
+
+    sandbox = Sandbox.create(timeout=120, network={"allow_public_traffic": True})
+    try:
+        sandbox.commands.run("python3 -m http.server 8000", background=True)
+        response = _get_until_served("http://" + sandbox.get_host(8000) + "/", {})
+        assert response.status_code == 200, response.text
+    finally:
+        sandbox.kill()

@@ -9,7 +9,6 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use hyper_util::rt::TokioIo;
 
 use super::AppState;
 use super::error::ApiFailure;
@@ -130,18 +129,6 @@ async fn forward(address: &str, node: &str, mut request: Request) -> Result<Resp
     .map_err(|_| format!("no connection within {} s", CONNECT_TIMEOUT.as_secs()))?
     .map_err(|e| format!("cannot connect: {e}"))?;
     let _ = stream.set_nodelay(true);
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| format!("cannot speak HTTP to it: {e}"))?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.with_upgrades().await {
-            tracing::debug!("a forwarded connection ended: {e}");
-        }
-    });
-    let upgrading = request
-        .headers()
-        .contains_key(header::UPGRADE)
-        .then(|| hyper::upgrade::on(&mut request));
     let headers = request.headers_mut();
     if let Ok(authority) = HeaderValue::from_str(&format!("{host}:{port}")) {
         headers.insert(header::HOST, authority);
@@ -149,29 +136,7 @@ async fn forward(address: &str, node: &str, mut request: Request) -> Result<Resp
     if let Ok(by) = HeaderValue::from_str(node) {
         headers.insert(FORWARDED_BY, by);
     }
-    let mut response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| format!("the request failed: {e}"))?;
-    if response.status() == StatusCode::SWITCHING_PROTOCOLS
-        && let Some(client_side) = upgrading
-    {
-        let owner_side = hyper::upgrade::on(&mut response);
-        tokio::spawn(async move {
-            match (client_side.await, owner_side.await) {
-                (Ok(client), Ok(owner)) => {
-                    let (mut client, mut owner) = (TokioIo::new(client), TokioIo::new(owner));
-                    if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut owner).await {
-                        tracing::debug!("a forwarded WebSocket ended: {e}");
-                    }
-                }
-                (Err(e), _) | (_, Err(e)) => {
-                    tracing::debug!("a forwarded WebSocket did not open: {e}");
-                }
-            }
-        });
-    }
-    Ok(response.map(Body::new))
+    super::proxy::proxy_over(stream, request).await
 }
 
 #[cfg(test)]

@@ -36,6 +36,7 @@ mod machines;
 mod mcp;
 mod open;
 mod openapi;
+mod proxy;
 pub(crate) mod redact;
 pub(crate) mod repl;
 

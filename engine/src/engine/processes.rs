@@ -35,18 +35,19 @@ impl Engine {
         handle.connect_port(port).await
     }
 
-    /// The owner of machine `name`, if the machine carries tag `key` = `value` (one its owner
-    /// made public, say): for requests that come without the owner's credentials. Any other
-    /// machine is `NotFound`, as one that does not exist. The account has its id only.
-    pub async fn owner_if_tagged(&self, name: &str, key: &str, value: &str) -> Result<Account> {
+    /// The owner of machine `name` and its tags, whoever asks: for requests that come without
+    /// the owner's credentials (to a port its owner made public, say), which the caller
+    /// authorises. The account has its id only.
+    pub async fn machine_owner(&self, name: &str) -> Result<(Account, crate::Tags)> {
         let parsed = crate::types::MachineName::parse(name)?;
         match self.inner.store.machine(parsed.as_str()).await? {
-            Some(record) if record.tags.get(key).map(String::as_str) == Some(value) => {
-                Ok(Account {
+            Some(record) if !crate::sync::lock(&self.inner.deleting).contains(name) => Ok((
+                Account {
                     id: record.account_id,
                     name: String::new(),
-                })
-            }
+                },
+                record.tags,
+            )),
             _ => Err(crate::Error::machine_not_found(name)),
         }
     }

@@ -18,7 +18,7 @@ use super::{E2bFailure, KEY_PREFIX};
 /// What a sandbox's own access token starts with.
 const SANDBOX_TOKEN_PREFIX: &str = "e2bs_";
 /// The userinfo of the `domain` answered, which names the problem in a leaking SDK's errors.
-const SINK_USER: &str = "sdk-too-old";
+pub(super) const SINK_USER: &str = "sdk-too-old";
 /// The oldest `e2b` release (both languages) that sends envd traffic to `E2B_SANDBOX_URL`.
 const OLDEST_CORE: Version = Version(2, 7, 0);
 /// The oldest Python `e2b` that `e2b-code-interpreter` 2.9.0 (the oldest that sends `/execute`

@@ -47,6 +47,18 @@ pub(super) struct NewSandbox {
     metadata: Option<BTreeMap<String, String>>,
     #[serde(default)]
     env_vars: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    network: Option<NetworkRequest>,
+}
+
+/// What evervm reads of a new sandbox's `network`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NetworkRequest {
+    /// Whether anyone may reach the sandbox's ports (E2B's default), or only its owner
+    /// (evervm's default, and `false`).
+    #[serde(default)]
+    allow_public_traffic: Option<bool>,
 }
 
 /// A sandbox as create and connect answer it.
@@ -216,6 +228,14 @@ pub(super) async fn create(
         )));
     }
     tags.insert(TEMPLATE_TAG.to_owned(), template);
+    if request
+        .network
+        .as_ref()
+        .and_then(|n| n.allow_public_traffic)
+        .unwrap_or(false)
+    {
+        tags.insert(super::ports::PUBLIC_TAG.to_owned(), "true".to_owned());
+    }
     let env = request
         .env_vars
         .unwrap_or_default()

@@ -20,6 +20,7 @@ mod connect;
 mod control;
 mod envd;
 mod interpreter;
+mod ports;
 mod process;
 mod run;
 mod sandboxes;
@@ -159,6 +160,11 @@ pub fn router(engine: Engine) -> Router {
         .fallback(not_found)
         .layer(axum::extract::DefaultBodyLimit::max(
             super::BODY_LIMIT_BYTES,
+        ))
+        // Outermost: a request for a sandbox's own port goes there whatever its path.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            ports::dispatch,
         ))
         .with_state(state)
 }
