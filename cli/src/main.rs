@@ -93,6 +93,17 @@ enum Command {
         /// E2B_SANDBOX_URL both http://ADDR, E2B_API_KEY from `evervm token create --e2b`).
         #[arg(long, env = "EVERVM_E2B_LISTEN", value_name = "ADDR")]
         e2b_listen: Option<SocketAddr>,
+        /// The domain E2B sandboxes are answered under (with --e2b-listen), so that the SDKs'
+        /// `get_host(port)` gives `<port>-<sandbox>.DOMAIN`, which any HTTP client reaches when
+        /// wildcard DNS for DOMAIN leads to the E2B listener (docs/e2b.md#ports). Without it:
+        /// `sdk-too-old@ADDR`, which httpx, curl and Node's http reach.
+        #[arg(
+            long,
+            env = "EVERVM_E2B_DOMAIN",
+            value_name = "DOMAIN",
+            requires = "e2b_listen"
+        )]
+        e2b_domain: Option<String>,
     },
     /// Build and list root filesystem images (for the gVisor backend).
     Image {
@@ -420,7 +431,12 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
             advertise,
             node_id,
             e2b_listen,
+            e2b_domain,
         } => {
+            let e2b_domain = e2b_domain
+                .map(|d| evervm::server::e2b::check_domain(&d))
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("--e2b-domain: {e}"))?;
             let options = ServeOptions {
                 home: target.home.clone(),
                 backend: target.backend.clone(),
@@ -431,7 +447,7 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
                 advertise,
                 node_id,
             };
-            serve(listen, e2b_listen, options).await
+            serve(listen, e2b_listen, e2b_domain, options).await
         }
         Command::Token { command } => {
             let home = target
@@ -605,6 +621,7 @@ async fn tokens(
 async fn serve(
     listen: SocketAddr,
     e2b_listen: Option<SocketAddr>,
+    e2b_domain: Option<String>,
     options: ServeOptions,
 ) -> Result<ExitCode> {
     let server = evervm::server::open(options).await?;
@@ -659,7 +676,7 @@ async fn serve(
                 "  export E2B_API_URL=http://{e2b} E2B_SANDBOX_URL=http://{e2b} E2B_API_KEY={} \
                  E2B_DOMAIN={}",
                 evervm::server::e2b::api_key_for_token(&token),
-                evervm::server::e2b::sink_domain_for(&e2b.to_string())
+                e2b_domain_for(e2b, e2b_domain.as_deref())
             );
         }
         let _ = writeln!(
@@ -673,7 +690,7 @@ async fn serve(
             banner,
             "E2B-compatible API on http://{e2b}: E2B_API_URL=E2B_SANDBOX_URL=http://{e2b}, \
              E2B_API_KEY from `evervm token create --e2b`, E2B_DOMAIN={}",
-            evervm::server::e2b::sink_domain_for(&e2b.to_string())
+            e2b_domain_for(e2b, e2b_domain.as_deref())
         );
     }
     if server.backend_name() == "process" {
@@ -686,8 +703,20 @@ async fn serve(
     let _ = out.write_all(banner.as_bytes());
     let _ = out.flush();
     drop(out);
-    server.serve_listeners(listener, e2b_listener, stop).await?;
+    let e2b = e2b_listener.map(|listener| evervm::server::e2b::E2bListener {
+        listener,
+        options: evervm::server::e2b::E2bOptions { domain: e2b_domain },
+    });
+    server.serve_listeners(listener, e2b, stop).await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The domain the E2B listener at `address` answers sandboxes under.
+fn e2b_domain_for(address: SocketAddr, configured: Option<&str>) -> String {
+    configured.map_or_else(
+        || evervm::server::e2b::sink_domain_for(&address.to_string()),
+        str::to_owned,
+    )
 }
 
 fn print_machine(info: &evervm::MachineInfo) {

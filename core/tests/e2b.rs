@@ -8,6 +8,8 @@
 
 use std::time::Duration;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
 use evervm::server::e2b::{ENVD_PORT, INTERPRETER_PORT, api_key_for_token};
 use evervm_engine::{BackendChoice, Engine, EngineConfig};
 use reqwest::{Method, RequestBuilder, StatusCode};
@@ -26,6 +28,10 @@ struct Server {
 
 impl Server {
     async fn start() -> Self {
+        Self::start_with(evervm::server::e2b::E2bOptions::default()).await
+    }
+
+    async fn start_with(options: evervm::server::e2b::E2bOptions) -> Self {
         let home = tempfile::tempdir().unwrap();
         let mut config = EngineConfig::new(home.path());
         config.backend = BackendChoice::parse("process");
@@ -34,7 +40,7 @@ impl Server {
         let bob = api_key_for_token(&engine.create_token("bob").await.unwrap());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
-        let app = evervm::server::e2b::router(engine.clone());
+        let app = evervm::server::e2b::router_with(engine.clone(), options);
         tokio::spawn(async move { axum::serve(listener, app).await });
         Self {
             base: format!("http://{address}"),
@@ -369,6 +375,29 @@ _server = http.server.ThreadingHTTPServer(("127.0.0.1", 8000), _Echo)
 threading.Thread(target=_server.serve_forever, daemon=True).start()
 "#;
 
+/// A server that takes any request as an upgrade, answers 101, then echoes raw bytes.
+const UPGRADE_SERVER: &str = r#"
+import socket, threading
+def _upgrade(listener):
+    while True:
+        conn, _ = listener.accept()
+        def serve(c=conn):
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += c.recv(4096)
+            c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n")
+            while True:
+                piece = c.recv(4096)
+                if not piece:
+                    return
+                c.sendall(piece)
+        threading.Thread(target=serve, daemon=True).start()
+_upgrades = socket.socket()
+_upgrades.bind(("127.0.0.1", 8003))
+_upgrades.listen(8)
+threading.Thread(target=_upgrade, args=(_upgrades,), daemon=True).start()
+"#;
+
 #[tokio::test]
 async fn ports_are_proxied_for_their_owner_in_every_form() {
     let s = Server::start().await;
@@ -502,6 +531,35 @@ async fn ports_are_proxied_for_their_owner_in_every_form() {
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
 
+    // An upgrade (a WebSocket's) is spliced: after the 101, bytes go both ways as they are.
+    let (status, body) = send(
+        s.sandbox("/execute", &id, INTERPRETER_PORT, &token)
+            .json(&json!({"code": UPGRADE_SERVER})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let mut raw = tokio::net::TcpStream::connect(address).await.unwrap();
+    let upgrade = format!(
+        "GET /ports/8003-{id}/ws HTTP/1.1\r\nhost: {address}\r\nconnection: upgrade\r\n\
+         upgrade: websocket\r\ne2b-traffic-access-token: {token}\r\n\r\n"
+    );
+    raw.write_all(upgrade.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        assert_eq!(raw.read(&mut byte).await.unwrap(), 1, "{head:?}");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap();
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    raw.write_all(b"both ways").await.unwrap();
+    let mut echoed = [0u8; 9];
+    tokio::time::timeout(WAIT, raw.read_exact(&mut echoed))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&echoed, b"both ways");
+
     // A public sandbox answers anyone.
     let (status, public) = send(create(true)).await;
     assert_eq!(status, StatusCode::CREATED, "{public}");
@@ -539,6 +597,49 @@ async fn ports_are_proxied_for_their_owner_in_every_form() {
         assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
         assert_eq!(body["message"], "The sandbox was not found");
         assert_eq!(body["sandboxId"], id.as_str());
+    }
+    s.engine.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_configured_domain_is_answered_and_routes_by_host() {
+    let domain = evervm::server::e2b::check_domain("Sandboxes.Example.Test:3000").unwrap();
+    let s = Server::start_with(evervm::server::e2b::E2bOptions {
+        domain: Some(domain.clone()),
+    })
+    .await;
+    let (status, created) = send(
+        s.api(Method::POST, "/v2/sandboxes", Some(&s.alice))
+            .json(&json!({"templateID": "base"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert_eq!(created["domain"], "sandboxes.example.test:3000");
+    let id = created["sandboxID"].as_str().unwrap().to_owned();
+    let token = created["envdAccessToken"].as_str().unwrap().to_owned();
+    let (status, body) = send(
+        s.sandbox("/execute", &id, INTERPRETER_PORT, &token)
+            .json(&json!({"code": ECHO_SERVER})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // What get_host(8000) gives, as wildcard DNS would bring it here.
+    let (status, echoed) = send(
+        s.http
+            .get(format!("{}/here", s.base))
+            .header("host", format!("8000-{id}.{domain}"))
+            .header("e2b-traffic-access-token", &token),
+    )
+    .await;
+    assert_eq!(
+        (status, echoed["path"].clone()),
+        (StatusCode::OK, json!("/here"))
+    );
+    for refused in ["e2b.app", "x.e2b.dev", "a@b", "a/b", "host:0", ""] {
+        assert!(
+            evervm::server::e2b::check_domain(refused).is_err(),
+            "{refused}"
+        );
     }
     s.engine.shutdown().await;
 }

@@ -296,7 +296,7 @@ where
 pub async fn serve_listeners<F>(
     engine: Engine,
     listener: tokio::net::TcpListener,
-    e2b: Option<tokio::net::TcpListener>,
+    e2b: Option<e2b::E2bListener>,
     signal: F,
 ) -> std::io::Result<()>
 where
@@ -321,14 +321,21 @@ where
             .with_graceful_shutdown(signal)
             .into_future(),
     )];
-    if let Some(e2b_listener) = e2b {
+    if let Some(e2b::E2bListener {
+        listener: e2b_listener,
+        options,
+    }) = e2b
+    {
         if let Ok(address) = e2b_listener.local_addr() {
             tracing::info!(%address, "serving the E2B-compatible API");
         }
         servers.push(tokio::spawn(
-            axum::serve(without_nagle(e2b_listener), e2b::router(engine.clone()))
-                .with_graceful_shutdown(stopped(stopping.clone()))
-                .into_future(),
+            axum::serve(
+                without_nagle(e2b_listener),
+                e2b::router_with(engine.clone(), options),
+            )
+            .with_graceful_shutdown(stopped(stopping.clone()))
+            .into_future(),
         ));
     }
     let all_served = async {

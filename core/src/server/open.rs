@@ -156,7 +156,7 @@ impl Server {
     pub async fn serve_listeners<F>(
         self,
         listener: tokio::net::TcpListener,
-        e2b: Option<tokio::net::TcpListener>,
+        e2b: Option<super::e2b::E2bListener>,
         signal: F,
     ) -> std::io::Result<()>
     where

@@ -42,13 +42,17 @@ pub(super) struct Access {
 
 impl Access {
     /// From a control-plane request's headers.
-    pub(super) fn of(headers: &HeaderMap) -> Result<Self, E2bFailure> {
+    /// The caller's key and the domain answered: the server's `--e2b-domain`, else the sink.
+    pub(super) fn of(headers: &HeaderMap, state: &super::E2bState) -> Result<Self, E2bFailure> {
         let key = super::header_text(headers, "x-api-key")
             .or_else(|| super::bearer(headers))
             .unwrap_or_default();
         Ok(Self {
             token: super::token_for_api_key(key)?,
-            domain: sink_domain(headers),
+            domain: match &state.domain {
+                Some(domain) => domain.to_string(),
+                None => sink_domain(headers),
+            },
         })
     }
 
@@ -93,6 +97,51 @@ pub(super) async fn authenticate_sandbox(
 /// also what users set `E2B_DOMAIN` to: every URL an SDK builds under it leads back to `host`.
 pub fn sink_domain_for(host: &str) -> String {
     format!("{SINK_USER}@{host}")
+}
+
+/// E2B's own sandbox domains, for which the SDKs reach envd at `sandbox.<domain>`: evervm never
+/// answers one of them (an SDK would send there what is meant for evervm).
+const E2B_DOMAINS: &[&str] = &[
+    "e2b.app",
+    "e2b.dev",
+    "e2b.pro",
+    "e2b-staging.dev",
+    "e2b-tango.dev",
+    "e2b-juliett.dev",
+];
+
+/// A domain for `--e2b-domain`, checked: a DNS name (with a port, perhaps) whose wildcard
+/// `*.<name>` leads to evervm's E2B listener, and none of E2B's.
+pub fn check_domain(domain: &str) -> Result<String, String> {
+    let domain = domain.trim().to_ascii_lowercase();
+    let (name, port) = match domain.rsplit_once(':') {
+        Some((name, port)) => (name, Some(port)),
+        None => (domain.as_str(), None),
+    };
+    let valid_name = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        });
+    if !valid_name || port.is_some_and(|p| p.parse::<u16>().map_or(true, |p| p == 0)) {
+        return Err(format!(
+            "{domain:?} is not a domain: a DNS name, with a port perhaps (sandboxes.example.com \
+             or sandboxes.example.com:3000), whose wildcard leads to the E2B listener"
+        ));
+    }
+    if E2B_DOMAINS
+        .iter()
+        .any(|e2b| name == *e2b || name.ends_with(&format!(".{e2b}")))
+    {
+        return Err(format!(
+            "{domain:?} is E2B's: the SDKs would send what is meant for evervm to E2B"
+        ));
+    }
+    Ok(domain)
 }
 
 /// `sdk-too-old@<the host the request came to>`: a domain under which every sandbox URL an SDK

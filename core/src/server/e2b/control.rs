@@ -215,7 +215,7 @@ pub(super) async fn create(
         .filter(|t| !t.trim().is_empty())
         .unwrap_or_else(|| DEFAULT_TEMPLATE.to_owned());
     access::check_sdk(&headers, &template)?;
-    let access = Access::of(&headers)?;
+    let access = Access::of(&headers, &state)?;
     let image = if E2B_TEMPLATES.contains(&template.as_str()) {
         None
     } else {
@@ -304,7 +304,7 @@ pub(super) async fn info(
     Path(id): Path<String>,
 ) -> Result<Json<SandboxDetail>, E2bFailure> {
     let info = machine(&state, &account, &id).await?;
-    let access = Access::of(&headers)?;
+    let access = Access::of(&headers, &state)?;
     let token = access
         .envd_access_token(&state.engine, info.name.as_str())
         .await?;
@@ -458,7 +458,7 @@ async fn list_page(
     headers: &HeaderMap,
     query: ListQuery,
 ) -> Result<Response, E2bFailure> {
-    let domain = Access::of(headers)?.domain();
+    let domain = Access::of(headers, state)?.domain();
     let cursor = query
         .next_token
         .as_deref()
@@ -645,7 +645,7 @@ async fn resume_or_connect(
             StatusCode::CREATED
         }
     };
-    let view = view(state, &info, &Access::of(headers)?).await?;
+    let view = view(state, &info, &Access::of(headers, state)?).await?;
     Ok((status, Json(view)).into_response())
 }
 
@@ -758,7 +758,7 @@ pub(super) async fn fork(
         )));
     }
     machine(&state, &account, &id).await?;
-    let access = Access::of(&headers)?;
+    let access = Access::of(&headers, &state)?;
     let mut forks = Vec::new();
     for _ in 0..count {
         let item = match state

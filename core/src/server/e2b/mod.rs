@@ -37,7 +37,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use evervm_engine::{Account, Engine, ErrorKind};
 
-pub use self::access::sink_domain_for;
+pub use self::access::{check_domain, sink_domain_for};
 use self::sandboxes::Sandboxes;
 use super::redact::Redactor;
 
@@ -95,11 +95,34 @@ pub(crate) struct E2bState {
     pub(crate) commands: Arc<process::Commands>,
     pub(crate) watchers: Arc<watch::Watchers>,
     pub(crate) signed: Arc<signed::SignedUrls>,
+    /// The domain sandboxes are answered under (`--e2b-domain`); none: evervm's sink domain.
+    pub(crate) domain: Option<Arc<str>>,
+}
+
+/// How the E2B-compatible API is served.
+#[derive(Debug, Clone, Default)]
+pub struct E2bOptions {
+    /// The domain sandboxes are answered under, so that `get_host(port)` gives
+    /// `<port>-<id>.<domain>` (wildcard DNS for it leads to this listener); checked with
+    /// [`check_domain`]. None: `sdk-too-old@<the listener's address>`.
+    pub domain: Option<String>,
+}
+
+/// The E2B-compatible API's listener and how it is served.
+#[derive(Debug)]
+pub struct E2bListener {
+    pub listener: tokio::net::TcpListener,
+    pub options: E2bOptions,
 }
 
 /// The E2B-compatible API over `engine`, served at its root. Spawns the task that pauses
 /// sandboxes whose timeout passed (it ends with the engine).
 pub fn router(engine: Engine) -> Router {
+    router_with(engine, E2bOptions::default())
+}
+
+/// [`router`], served as `options` say.
+pub fn router_with(engine: Engine, options: E2bOptions) -> Router {
     let sandboxes = Sandboxes::new();
     sandboxes::spawn_reaper(engine.clone(), Arc::downgrade(&sandboxes));
     let state = E2bState {
@@ -108,6 +131,7 @@ pub fn router(engine: Engine) -> Router {
         commands: Arc::default(),
         watchers: Arc::default(),
         signed: Arc::default(),
+        domain: options.domain.map(Arc::from),
         engine,
     };
     Router::new()
