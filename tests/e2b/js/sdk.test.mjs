@@ -11,6 +11,7 @@
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawn } from 'node:child_process'
+import http from 'node:http'
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import { tmpdir } from 'node:os'
@@ -383,4 +384,35 @@ sdkTest('list by metadata, kill', async () => {
   assert.equal(await sdk.Sandbox.kill(other.sandboxId), true)
   assert.equal(await sdk.Sandbox.kill(other.sandboxId), false)
   made.clear()
+})
+
+/** GET through Node's http (fetch refuses URLs with a user part such as get_host's). */
+function httpGet(url, headers) {
+  return new Promise((resolve, reject) => {
+    const request = http.get(url, { headers }, (response) => {
+      const chunks = []
+      response.on('data', (chunk) => chunks.push(chunk))
+      response.on('end', () => resolve({ status: response.statusCode, body: Buffer.concat(chunks).toString() }))
+    })
+    request.on('error', reject)
+  })
+}
+
+sdkTest('getHost reaches a server in the sandbox, for its owner only', async () => {
+  const sandbox = await create({ timeoutMs: 120_000 })
+  await sandbox.commands.run('python3 -m http.server 8000', { background: true })
+  const url = `http://${sandbox.getHost(8000)}/`
+  const owner = { 'e2b-traffic-access-token': sandbox.trafficAccessToken }
+  let answer
+  for (let tries = 0; tries < 40; tries++) {
+    answer = await httpGet(url, owner)
+    if (answer.status === 200) break
+    await new Promise((resolve) => setTimeout(resolve, 500))
+  }
+  assert.equal(answer.status, 200, answer.body)
+  assert.match(answer.body, /Directory listing/)
+  const refused = await httpGet(url, {})
+  assert.equal(refused.status, 403, refused.body)
+  await assert.rejects(fetch(url), /credentials/, 'fetch refuses a URL with a user part')
+  await sandbox.kill()
 })
