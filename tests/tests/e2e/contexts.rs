@@ -120,3 +120,38 @@ async fn contexts_are_kept_through_swap_and_copied_into_forks() {
     );
     engine.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn contexts_come_back_with_undo_points_and_checkpoints() {
+    let home = tempfile::tempdir().unwrap();
+    let Some((engine, client)) = crate::history::history_engine(home.path()).await else {
+        return;
+    };
+    let account = engine.ensure_account("local").await.unwrap();
+    let m = crate::history::machine_with_history(&client, 5).await;
+    let name = m.name().to_owned();
+    let ctx = engine
+        .create_context(&account, &name, None)
+        .await
+        .unwrap()
+        .id;
+    let y = |code: &'static str| run_in(&engine, &account, &name, &ctx, code);
+    assert_eq!(y("y = 1; y").await, Ok("1".to_owned()));
+    engine
+        .create_checkpoint(&account, &name, Some("one".to_owned()))
+        .await
+        .unwrap();
+
+    // An undo takes back what an instruction in the context did, and keeps the context.
+    assert_eq!(y("y = 2; y").await, Ok("2".to_owned()));
+    m.undo().await.unwrap();
+    assert_eq!(y("y").await, Ok("1".to_owned()));
+
+    // A rollback to a checkpoint brings the context's state of then.
+    assert_eq!(y("y = 3; y").await, Ok("3".to_owned()));
+    engine.rollback(&account, &name, "one").await.unwrap();
+    assert_eq!(y("y").await, Ok("1".to_owned()));
+    let listed = engine.list_contexts(&account, &name).await.unwrap();
+    assert!(listed.iter().any(|c| c.id == ctx), "{listed:?}");
+    engine.shutdown().await;
+}

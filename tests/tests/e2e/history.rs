@@ -9,7 +9,7 @@ use evervm::{Client, CreateMachineOptions, Machine};
 use crate::value;
 
 /// An engine on `home` that saves machines in place (history needs it).
-async fn history_engine(home: &Path) -> Option<(evervm::engine::Engine, Client)> {
+pub(crate) async fn history_engine(home: &Path) -> Option<(evervm::engine::Engine, Client)> {
     crate::engine_saving_in_place(crate::gvisor_config(home)).await
 }
 
@@ -26,7 +26,7 @@ pub(crate) fn seqs_where(
         .collect()
 }
 
-async fn machine_with_history(client: &Client, history: u32) -> Machine {
+pub(crate) async fn machine_with_history(client: &Client, history: u32) -> Machine {
     client
         .create_machine(CreateMachineOptions {
             history: Some(history),
