@@ -1,5 +1,6 @@
 //! `evervm`: run a server, manage machines, run Python in them.
 
+mod contexts;
 mod doctor;
 mod files;
 mod history;
@@ -138,6 +139,16 @@ enum Command {
         /// or `e2b` (a Jupyter cell with E2B's formatters).
         #[arg(long, default_value = "python")]
         dialect: String,
+        /// The context that runs it (`evervm context create`; default: the machine's own
+        /// interpreter).
+        #[arg(long, requires = "machine")]
+        context: Option<String>,
+    },
+    /// A machine's contexts: more interpreters in it, each with its own variables and working
+    /// directory.
+    Context {
+        #[command(subcommand)]
+        command: contexts::ContextCommand,
     },
     /// Copy a file into or out of a machine: `evervm cp data.csv MACHINE:` (into its home),
     /// `evervm cp MACHINE:/tmp/out.png .`; `-` is standard input or output.
@@ -486,10 +497,17 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
             timeout,
             json,
             dialect,
+            context,
         } => {
             let dialect = evervm::Dialect::named(&dialect)?;
             let client = target.client().await?;
-            let done = exec(&client, code, machine, timeout, json, dialect).await;
+            let options = ExecOptions {
+                timeout: Duration::from_secs(timeout),
+                interrupt: false,
+                dialect,
+                context,
+            };
+            let done = exec(&client, code, machine, json, options).await;
             client.shutdown().await;
             done
         }
@@ -501,6 +519,9 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
         }
         Command::Rm(args) => {
             with_client(target, |c| async move { files::remove(&c, args).await }).await
+        }
+        Command::Context { command } => {
+            with_client(target, |c| async move { contexts::run(&c, command).await }).await
         }
         Command::Undo(args) => {
             with_client(target, |c| async move { history::undo(&c, args).await }).await
@@ -964,9 +985,8 @@ async fn exec(
     client: &Client,
     code: Option<String>,
     machine: Option<String>,
-    timeout: u64,
     json: bool,
-    dialect: evervm::Dialect,
+    options: ExecOptions,
 ) -> Result<ExitCode> {
     let code = match code.as_deref() {
         Some("-") | None => {
@@ -987,12 +1007,6 @@ async fn exec(
             eprintln!("machine: {}", machine.name());
             machine
         }
-    };
-    let options = ExecOptions {
-        timeout: Duration::from_secs(timeout),
-        interrupt: false,
-        dialect,
-        context: None,
     };
     let (seq, mut events) = machine.stream(&code, &options).await?;
     let mut output = Vec::new();

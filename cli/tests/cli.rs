@@ -237,9 +237,32 @@ fn machines_exec_and_errors_through_the_cli() {
         assert!(stderr(&slow).contains("Timed out"), "{}", stderr(&slow));
         assert_eq!(ok(server.evervm(&["exec", "--machine", name, "x"])), "2\n");
 
+        // A context: an interpreter of its own in the machine, its own `x` and directory.
+        let context = ok(server.evervm(&["context", "create", name, "--cwd", "/tmp"]));
+        let context = context.trim();
+        let in_context = |code: &str| {
+            ok(server.evervm(&["exec", "--machine", name, "--context", context, code]))
+        };
+        assert_eq!(in_context("x = 'own'; import os; os.getcwd()"), "'/tmp'\n");
+        assert_eq!(in_context("x"), "'own'\n");
+        let listed: serde_json::Value =
+            serde_json::from_str(&ok(server.evervm(&["context", "list", name, "--json"]))).unwrap();
+        assert_eq!(listed[1]["id"], context, "{listed}");
+        ok(server.evervm(&["context", "restart", name, context]));
+        let forgotten = server.evervm(&["exec", "--machine", name, "--context", context, "x"]);
+        assert!(
+            stderr(&forgotten).contains("NameError"),
+            "{}",
+            stderr(&forgotten)
+        );
+        ok(server.evervm(&["context", "remove", name, context]));
+        let gone = server.evervm(&["exec", "--machine", name, "--context", context, "1"]);
+        assert!(!gone.status.success());
+        assert!(stderr(&gone).contains("context"), "{}", stderr(&gone));
+
         let info: serde_json::Value =
             serde_json::from_str(&ok(server.evervm(&["machine", "info", name, "--json"]))).unwrap();
-        assert_eq!(info["instruction_count"], 6);
+        assert_eq!(info["instruction_count"], 10);
         assert_eq!(info["tags"]["team"], "data");
         if backend == "gvisor" {
             // The data image has IPython: a Jupyter cell (every line indented, a `!` command)
