@@ -4,23 +4,15 @@
 //! connection freeing its place.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use evervm_engine::{
-    Account, CreateMachine, Engine, EngineConfig, ErrorKind, ExecRequest, Outcome,
-};
+mod common;
+
+use evervm_engine::{Account, Engine, ErrorKind, Outcome};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 async fn engine(dir: &tempfile::TempDir) -> (Engine, Account, String) {
-    let mut config = EngineConfig::new(dir.path());
-    config.backend = evervm_engine::BackendChoice::parse("process");
-    config.pool_size = 0;
-    let engine = Engine::open(config).await.unwrap();
+    let engine = Engine::open(common::config(dir)).await.unwrap();
     let account = engine.ensure_account("test").await.unwrap();
-    let name = engine
-        .create_machine(&account, CreateMachine::default())
-        .await
-        .unwrap()
-        .name
-        .to_string();
+    let name = common::new_machine(&engine, &account).await;
     (engine, account, name)
 }
 
@@ -66,12 +58,7 @@ listener.getsockname()[1]
 
 /// Runs `code` and gives its value.
 async fn run(engine: &Engine, account: &Account, name: &str, code: &str) -> String {
-    let seq = engine
-        .exec(account, name, ExecRequest::new(code))
-        .await
-        .unwrap()
-        .seq;
-    match engine.result(account, name, seq).await.unwrap().outcome {
+    match common::run(engine, account, name, code).await.outcome {
         Outcome::Value(Some(v)) => v,
         other => panic!("{other:?}"),
     }

@@ -36,14 +36,41 @@ class _Process:
         self.error = None
 
 
-class Processes:
+class _Pump:
+    """What moves bytes beside the interpreter (processes here, tunnels in tunnels.py): a lock,
+    a thread of the agent's own that works in rounds (`_pump_once`), and a pipe that wakes it."""
+
+    WHAT = "pump"
+
     def __init__(self):
         self.lock = threading.Lock()
+        self.wake_read, self.wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.thread = None
+
+    def _wake(self):
+        try:
+            os.write(self.wake_write, b".")
+        except BlockingIOError:
+            pass
+
+    def _pump(self):
+        while True:
+            try:
+                self._pump_once()
+            except Exception as exc:
+                _warn("the %s pump stopped a round: %s: %s" % (self.WHAT, type(exc).__name__, exc))
+                # A round that keeps failing must not spin a core: at most ten tries a second.
+                time.sleep(0.1)
+
+
+class Processes(_Pump):
+    WHAT = "process"
+
+    def __init__(self):
+        super().__init__()
         self.running = {}
         # Watches (watches.py), by id: they count among the processes.
         self.watches = {}
-        self.wake_read, self.wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.thread = None
 
     def handle(self, request):
         op = request.get("op")
@@ -214,21 +241,6 @@ class Processes:
                     extra = [(name, "write" if existed else "create"), (name, "chmod"),
                              (name, "write")]
                 self._send_watch(watch, extra)
-
-    def _wake(self):
-        try:
-            os.write(self.wake_write, b".")
-        except BlockingIOError:
-            pass
-
-    def _pump(self):
-        while True:
-            try:
-                self._pump_once()
-            except Exception as exc:
-                _warn("the process pump stopped a round: %s: %s" % (type(exc).__name__, exc))
-                # A round that keeps failing must not spin a core: at most ten tries a second.
-                time.sleep(0.1)
 
     def _pump_once(self):
         with self.lock:

@@ -49,12 +49,12 @@ class _Tunnel:
         self.read_eof = False
 
 
-class Tunnels:
+class Tunnels(_Pump):
+    WHAT = "tunnel"
+
     def __init__(self):
-        self.lock = threading.Lock()
+        super().__init__()
         self.open = {}
-        self.wake_read, self.wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.thread = None
 
     def handle(self, request):
         """A request from the host; never raises (a bad one is dropped)."""
@@ -196,20 +196,6 @@ class Tunnels:
             tunnel.sock = None
         if error is not None:
             send({"ev": "tun_closed", "id": tunnel.ident, "error": error})
-
-    def _wake(self):
-        try:
-            os.write(self.wake_write, b".")
-        except BlockingIOError:
-            pass
-
-    def _pump(self):
-        while True:
-            try:
-                self._pump_once()
-            except Exception as exc:
-                _warn("the tunnel pump stopped a round: %s: %s" % (type(exc).__name__, exc))
-                time.sleep(0.1)
 
     def _pump_once(self):
         import socket

@@ -580,6 +580,15 @@ mod tests {
         assert!(decode_frame(&other).is_err());
     }
 
+    /// The bytes the machine's task would send the agent now.
+    fn bytes_sent(router: &TunnelRouter) -> usize {
+        router
+            .take_work()
+            .iter()
+            .flat_map(|w| w.data.iter().map(Bytes::len))
+            .sum()
+    }
+
     #[tokio::test]
     async fn credit_bounds_both_directions() {
         let router = Arc::new(TunnelRouter::default());
@@ -636,21 +645,11 @@ mod tests {
             .write_all(&big)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        let sent: usize = router
-            .take_work()
-            .iter()
-            .flat_map(|w| w.data.iter().map(Bytes::len))
-            .sum();
-        assert_eq!(sent, TUNNEL_WINDOW - 5);
+        assert_eq!(bytes_sent(&router), TUNNEL_WINDOW - 5);
         router
             .deliver(TunnelEvent::Credit { id: 1, bytes: 5 })
             .unwrap_or_else(|e| panic!("{e}"));
-        let sent: usize = router
-            .take_work()
-            .iter()
-            .flat_map(|w| w.data.iter().map(Bytes::len))
-            .sum();
-        assert_eq!(sent, 5);
+        assert_eq!(bytes_sent(&router), 5);
         // End of stream, then a drop resets it in the agent and forgets it.
         router
             .deliver(TunnelEvent::Eof { id: 1 })
