@@ -54,6 +54,8 @@ pub use files::{ByteStream, FileInfo, FileKind, FileList, FileRead, WriteFileOpt
 pub use guest::processes::{ProcessEnd, ProcessOutput, ProcessState, ProcessStream};
 pub use guest::tunnels::{MAX_TUNNELS as MAX_PORT_CONNECTIONS, PortStream};
 #[cfg(feature = "runtime")]
-pub use machine::processes::{MAX_PROCESS_INPUT_BYTES, Process, ProcessSpec, ProcessUpdate};
+pub use machine::processes::{
+    MAX_PROCESS_INPUT_BYTES, Process, ProcessSpec, ProcessUpdate, TerminalSize,
+};
 pub use packages::{InstallReport, InstalledPackage, SatisfiedPackage};
 pub use types::*;

@@ -302,3 +302,63 @@ async fn a_watch_reports_changes_before_the_operation_that_made_them_answers() {
         "{ended:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_process_on_a_terminal_sees_one_of_its_size_and_is_typed_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let (engine, account, name) = engine(&dir).await;
+    let size = |cols, rows| Some(evervm_engine::TerminalSize { cols, rows });
+    let shell = engine
+        .start_process(
+            &account,
+            &name,
+            ProcessSpec {
+                pty: size(80, 24),
+                env: [("ABC".to_owned(), "123".to_owned())].into(),
+                ..spec(&["sh"])
+            },
+        )
+        .await
+        .unwrap();
+    let mut shell = shell;
+    let pid = shell.pid;
+    engine
+        .process_input(&account, &name, pid, b"stty size; echo $ABC\n".to_vec())
+        .await
+        .unwrap();
+    // The first line has run (its last output seen) before the terminal changes size.
+    let mut before = String::new();
+    while !before.contains("123\r\n") {
+        match shell.next().await {
+            ProcessUpdate::Output(piece) => before.push_str(&String::from_utf8_lossy(&piece.data)),
+            other => panic!("{other:?} after {before:?}"),
+        }
+    }
+    assert!(before.contains("24 80\r\n"), "{before:?}");
+    engine
+        .resize_terminal(&account, &name, pid, size(100, 30).unwrap())
+        .await
+        .unwrap();
+    engine
+        .process_input(&account, &name, pid, b"stty size; tty; exit 4\n".to_vec())
+        .await
+        .unwrap();
+    let (output, stderr, end) = finish(shell).await;
+    assert_eq!(stderr, "", "a terminal's output is one stream");
+    assert_eq!(end.exit_code, Some(4));
+    for seen in ["30 100\r\n", "/dev/pts/"] {
+        assert!(output.contains(seen), "{seen:?} not in {output:?}");
+    }
+    let refused = engine
+        .start_process(
+            &account,
+            &name,
+            ProcessSpec {
+                pty: size(0, 24),
+                ..spec(&["sh"])
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::InvalidInput, "{refused}");
+}

@@ -667,3 +667,28 @@ def test_a_public_sandbox_answers_anyone(e2b_server) -> None:
         assert response.status_code == 200, response.text
     finally:
         sandbox.kill()
+
+
+def test_a_pty_is_a_terminal_of_its_size(sandbox) -> None:
+    from e2b.sandbox.commands.command_handle import PtySize
+
+    terminal = sandbox.pty.create(PtySize(cols=80, rows=24), envs={"ABC": "123"}, cwd="/")
+    sandbox.pty.send_stdin(terminal.pid, b"echo $ABC; stty size; tty\n")
+    sandbox.pty.resize(terminal.pid, PtySize(cols=100, rows=30))
+    # A client may leave and come back: the terminal goes on.
+    terminal.disconnect()
+    again = sandbox.pty.connect(terminal.pid)
+    assert again.pid == terminal.pid
+    sandbox.pty.send_stdin(terminal.pid, b"stty size; exit 3\n")
+    seen = []
+    with pytest.raises(CommandExitException) as ended:
+        again.wait(on_pty=lambda data: seen.append(data.decode()))
+    assert ended.value.exit_code == 3
+    output = "".join(seen)
+    assert "30 100" in output, output
+    # Killed, it is gone.
+    killed = sandbox.pty.create(PtySize(cols=80, rows=24))
+    assert sandbox.pty.kill(killed.pid)
+    with pytest.raises(CommandExitException):
+        sandbox.commands.run(f"kill -0 {killed.pid}")
+    assert not sandbox.pty.kill(999999)

@@ -119,6 +119,20 @@ impl Engine {
             .await
     }
 
+    /// Gives the terminal of a process started with `pty` a new size.
+    pub async fn resize_terminal(
+        &self,
+        account: &Account,
+        name: &str,
+        pid: u32,
+        size: crate::TerminalSize,
+    ) -> Result<()> {
+        self.handle(account, name)
+            .await?
+            .resize_terminal(pid, size)
+            .await
+    }
+
     /// Sends a signal to a process and every process of its group (SIGKILL: ends the tree).
     pub async fn signal_process(
         &self,

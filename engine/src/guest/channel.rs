@@ -163,6 +163,15 @@ pub enum AgentRequest {
         env: EnvValues,
         cwd: Option<String>,
         stdin: bool,
+        /// On a terminal of this size (its output one stream, stdout).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pty: Option<crate::TerminalSize>,
+    },
+    /// A new size for a process's terminal.
+    ProcResize {
+        id: u64,
+        cols: u16,
+        rows: u16,
     },
     /// Bytes for a process's stdin, base64.
     ProcInput {

@@ -12,24 +12,33 @@
 #    {"ev": "proc_failed", "id": N, "error": "..."}
 #   {"op": "proc_input", "id": N, "data": BASE64}, {"op": "proc_close_stdin", "id": N},
 #   {"op": "proc_signal", "id": N, "signal": S} (to the process's whole group)
+#   with "pty": {"cols": C, "rows": R} on proc_start, the process runs on a terminal of that size
+#   (its controlling terminal; stdout and stderr are one stream, "o", and input goes to it);
+#   {"op": "proc_resize", "id": N, "cols": C, "rows": R} changes the size
 # Agent -> host:
 #   output, as a binary frame: the byte "P", the byte "o" (stdout) or "e" (stderr), the id as a
 #   big-endian unsigned 64-bit integer, then the bytes as the process wrote them
 #   {"ev": "proc_exit", "id": N, "exit_code": C | null, "signal": S | null, "error": "..." | null}
 
-PROCESS_OPERATIONS = ("proc_start", "proc_input", "proc_close_stdin", "proc_signal", "watch_start")
+PROCESS_OPERATIONS = ("proc_start", "proc_input", "proc_close_stdin", "proc_signal", "proc_resize",
+                      "watch_start")
 MAX_PROCESSES = 64
 MAX_PENDING_STDIN = 4 * 1024 * 1024
 PROCESS_READ = 64 * 1024
 
 
 class _Process:
-    def __init__(self, ident, popen, stdin_fd):
+    def __init__(self, ident, popen, stdin_fd, terminal=None):
         self.ident = ident
         self.popen = popen
         # fd -> (b"o" or b"e", the pipe), while the pipe is open.
-        self.outputs = {popen.stdout.fileno(): (b"o", popen.stdout),
-                        popen.stderr.fileno(): (b"e", popen.stderr)}
+        if terminal is None:
+            self.outputs = {popen.stdout.fileno(): (b"o", popen.stdout),
+                            popen.stderr.fileno(): (b"e", popen.stderr)}
+        else:
+            self.outputs = {terminal.fileno(): (b"o", terminal)}
+        # The terminal's controlling side (its input and output), for a process on one.
+        self.terminal = terminal
         self.stdin_fd = stdin_fd
         self.pending = bytearray()
         self.close_when_written = False
@@ -102,6 +111,9 @@ class Processes(_Pump):
                 process.pending += data
             elif op == "proc_close_stdin":
                 process.close_when_written = True
+            elif op == "proc_resize":
+                if process.terminal is not None and process.stdin_fd is not None:
+                    _set_terminal_size(process.stdin_fd, request)
             elif op == "proc_signal":
                 number = request.get("signal")
                 if isinstance(number, int) and 0 < number < signal.NSIG:
@@ -140,23 +152,34 @@ class Processes(_Pump):
             if ident in self.running:
                 send({"ev": "proc_failed", "id": ident, "error": "id %d is taken" % ident})
                 return
+            terminal = None
             try:
-                popen = subprocess.Popen(
-                    argv, cwd=cwd, env=env, start_new_session=True,
-                    stdin=subprocess.PIPE if request.get("stdin") else subprocess.DEVNULL,
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                )
+                if isinstance(request.get("pty"), dict):
+                    env.setdefault("TERM", "xterm-256color")
+                    popen, terminal = _start_on_terminal(argv, cwd, env, request["pty"])
+                else:
+                    popen = subprocess.Popen(
+                        argv, cwd=cwd, env=env, start_new_session=True,
+                        stdin=subprocess.PIPE if request.get("stdin") else subprocess.DEVNULL,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    )
             except OSError as exc:
                 send({"ev": "proc_failed", "id": ident,
                       "error": "%s: %s" % (argv[0], exc.strerror or exc)})
                 return
             stdin_fd = None
-            if popen.stdin is not None:
+            if terminal is not None:
+                stdin_fd = terminal.fileno()
+                os.set_blocking(stdin_fd, False)
+            elif popen.stdin is not None:
                 stdin_fd = popen.stdin.fileno()
                 os.set_blocking(stdin_fd, False)
-            for pipe in (popen.stdout, popen.stderr):
-                os.set_blocking(pipe.fileno(), False)
-            self.running[ident] = _Process(ident, popen, stdin_fd)
+                for pipe in (popen.stdout, popen.stderr):
+                    os.set_blocking(pipe.fileno(), False)
+            else:
+                for pipe in (popen.stdout, popen.stderr):
+                    os.set_blocking(pipe.fileno(), False)
+            self.running[ident] = _Process(ident, popen, stdin_fd, terminal)
             send({"ev": "proc_started", "id": ident, "pid": popen.pid})
             if self.thread is None:
                 self.thread = _agent_thread(self._pump, "evervm-processes")
@@ -303,6 +326,10 @@ class Processes(_Pump):
         except OSError:
             data = b""
         if not data:
+            if process.terminal is not None:
+                # The terminal is one fd for both ways: its input ends with it.
+                process.stdin_fd = None
+                process.pending.clear()
             process.outputs.pop(fd)[1].close()
             return False
         header = struct.pack(">IccQ", len(data) + 10, b"P", process.outputs[fd][0], process.ident)
@@ -322,12 +349,56 @@ class Processes(_Pump):
             self._close_stdin(process)
 
     def _close_stdin(self, process):
+        if process.terminal is not None:
+            # A terminal's input is its output's fd: closed with the output.
+            return
         if process.stdin_fd is not None:
             try:
                 process.popen.stdin.close()
             except OSError:
                 pass
             process.stdin_fd = None
+
+
+def _set_terminal_size(fd, size):
+    import fcntl
+    import termios
+
+    cols, rows = size.get("cols"), size.get("rows")
+    if not all(isinstance(n, int) and 0 < n < 65536 for n in (cols, rows)):
+        return
+    try:
+        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    except OSError:
+        pass
+
+
+def _start_on_terminal(argv, cwd, env, size):
+    """Starts `argv` in a session of its own whose controlling terminal is a new pty of `size`;
+    gives the process and the pty's controlling side (a file open for reading and writing)."""
+    import subprocess
+    import termios
+
+    controller, terminal = os.openpty()
+    try:
+        _set_terminal_size(terminal, size)
+
+        def take_terminal():
+            # After the new session began: the pty becomes its controlling terminal.
+            import fcntl
+
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        popen = subprocess.Popen(
+            argv, cwd=cwd, env=env, start_new_session=True, stdin=terminal, stdout=terminal,
+            stderr=terminal, preexec_fn=take_terminal,
+        )
+    except BaseException:
+        os.close(controller)
+        raise
+    finally:
+        os.close(terminal)
+    return popen, os.fdopen(controller, "r+b", buffering=0)
 
 
 # Made by `main` (the modules it needs are imported after this part of the program).

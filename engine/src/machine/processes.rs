@@ -40,6 +40,28 @@ pub struct ProcessSpec {
     pub stdin: bool,
     /// Killed (its whole group) after this long; none: [`crate::MAX_TIMEOUT`].
     pub timeout: Option<Duration>,
+    /// Run on a terminal (a pty) of this size, its controlling terminal: what it writes to
+    /// stdout and stderr comes as one stream (stdout), and its input is typed on the terminal.
+    pub pty: Option<TerminalSize>,
+}
+
+/// A terminal's size, in characters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TerminalSize {
+    pub cols: u16,
+    pub rows: u16,
+}
+
+impl TerminalSize {
+    fn check(self) -> Result<Self> {
+        if self.cols == 0 || self.rows == 0 {
+            return Err(Error::invalid(format!(
+                "a terminal of {} columns and {} rows: both must be at least 1",
+                self.cols, self.rows
+            )));
+        }
+        Ok(self)
+    }
 }
 
 impl ProcessSpec {
@@ -62,6 +84,9 @@ impl ProcessSpec {
             return Err(Error::invalid(format!(
                 "a process's arguments and environment take at most {MAX_ARG_BYTES} bytes"
             )));
+        }
+        if let Some(size) = self.pty {
+            size.check()?;
         }
         let nul = |s: &String| s.contains('\0');
         if self.argv.iter().any(nul) || self.cwd.as_ref().is_some_and(nul) {
@@ -176,6 +201,11 @@ pub(crate) enum ProcessOp {
     Signal {
         pid: u32,
         signal: i32,
+        reply: oneshot::Sender<Result<()>>,
+    },
+    Resize {
+        pid: u32,
+        size: TerminalSize,
         reply: oneshot::Sender<Result<()>>,
     },
     /// Ends the process (SIGKILL to its group) or watch with this id, if it still runs.
@@ -342,6 +372,13 @@ impl MachineHandle {
         self.process_op(|reply| ProcessOp::End { id, reply }).await
     }
 
+    /// Gives a process's terminal a new size (a process without one ignores it).
+    pub(crate) async fn resize_terminal(&self, pid: u32, size: TerminalSize) -> Result<()> {
+        let size = size.check()?;
+        self.process_op(|reply| ProcessOp::Resize { pid, size, reply })
+            .await
+    }
+
     pub(crate) async fn close_process_stdin(&self, pid: u32) -> Result<()> {
         self.process_op(|reply| ProcessOp::CloseStdin { pid, reply })
             .await
@@ -438,7 +475,8 @@ fn refuse_not_running(op: ProcessOp) {
         }
         ProcessOp::Input { pid, reply, .. }
         | ProcessOp::CloseStdin { pid, reply }
-        | ProcessOp::Signal { pid, reply, .. } => {
+        | ProcessOp::Signal { pid, reply, .. }
+        | ProcessOp::Resize { pid, reply, .. } => {
             let _ = reply.send(Err(not_running(pid)));
         }
         // Its sandbox is gone, and it with it.
@@ -485,7 +523,8 @@ pub(super) async fn handle(
                     argv: process.argv.clone(),
                     env: EnvValues(process.env.clone()),
                     cwd: process.cwd.clone(),
-                    stdin: process.stdin,
+                    stdin: process.stdin || process.pty.is_some(),
+                    pty: process.pty,
                 },
                 Started::Watch { path, recursive } => AgentRequest::WatchStart {
                     id,
@@ -535,6 +574,20 @@ pub(super) async fn handle(
         }
         ProcessOp::Signal { pid, signal, reply } => match find(pid) {
             Some(id) => (AgentRequest::ProcSignal { id, signal }, reply),
+            None => {
+                let _ = reply.send(Err(not_running(pid)));
+                return Ok(());
+            }
+        },
+        ProcessOp::Resize { pid, size, reply } => match find(pid) {
+            Some(id) => (
+                AgentRequest::ProcResize {
+                    id,
+                    cols: size.cols,
+                    rows: size.rows,
+                },
+                reply,
+            ),
             None => {
                 let _ = reply.send(Err(not_running(pid)));
                 return Ok(());

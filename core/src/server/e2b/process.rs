@@ -53,9 +53,42 @@ struct StartRequest {
     #[serde(default)]
     stdin: Option<bool>,
     #[serde(default)]
-    pty: Option<serde_json::Value>,
+    pty: Option<PtyRequest>,
     #[serde(default)]
     tag: Option<String>,
+}
+
+/// envd's `PTY`: a terminal and its size.
+#[derive(Debug, Default, Deserialize)]
+struct PtyRequest {
+    #[serde(default)]
+    size: Option<PtySize>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+struct PtySize {
+    #[serde(default)]
+    cols: u16,
+    #[serde(default)]
+    rows: u16,
+}
+
+impl PtySize {
+    fn terminal(self) -> evervm_engine::TerminalSize {
+        evervm_engine::TerminalSize {
+            cols: self.cols,
+            rows: self.rows,
+        }
+    }
+}
+
+/// `process.Process/Update`: a pty's new size.
+#[derive(Debug, Deserialize)]
+struct UpdateRequest {
+    #[serde(default)]
+    process: ProcessSelector,
+    #[serde(default)]
+    pty: Option<PtyRequest>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -101,7 +134,16 @@ struct ProcessInput {
 /// and what a tag selects. An entry leaves when its process is over.
 #[derive(Debug, Default)]
 pub(crate) struct Commands {
-    running: Mutex<HashMap<CommandKey, (ProcessConfig, Option<String>)>>,
+    running: Mutex<HashMap<CommandKey, Command>>,
+}
+
+/// A command as it was started.
+#[derive(Debug)]
+struct Command {
+    config: ProcessConfig,
+    tag: Option<String>,
+    /// Whether it runs on a terminal (its output is envd's `pty` data).
+    pty: bool,
 }
 
 type CommandKey = (i64, String, u32);
@@ -125,7 +167,7 @@ pub(super) async fn process(
         "SendSignal" => unary(send_signal(&state, &caller, &body).await),
         "SendInput" => unary(send_input(&state, &caller, &body).await),
         "CloseStdin" => unary(close_stdin(&state, &caller, &body).await),
-        "Update" => RpcError::unimplemented("a pty (process.Process/Update)").into_response(),
+        "Update" => unary(update(&state, &caller, &body).await),
         other => RpcError::unimplemented(&format!("process.Process/{other}")).into_response(),
     }
 }
@@ -136,9 +178,9 @@ fn list(state: &E2bState, caller: &SandboxCaller) -> Vec<serde_json::Value> {
         .filter(|((account, machine, _), _)| {
             *account == caller.account.id && *machine == caller.sandbox
         })
-        .map(|((_, _, pid), (config, tag))| {
-            let mut entry = serde_json::json!({ "config": config, "pid": pid });
-            if let Some(tag) = tag {
+        .map(|((_, _, pid), command)| {
+            let mut entry = serde_json::json!({ "config": command.config, "pid": pid });
+            if let Some(tag) = &command.tag {
                 entry["tag"] = tag.clone().into();
             }
             (*pid, entry)
@@ -169,8 +211,10 @@ fn selected(
     };
     lock(&state.commands.running)
         .iter()
-        .find(|((account, machine, _), (_, t))| {
-            *account == caller.account.id && *machine == caller.sandbox && t.as_ref() == Some(tag)
+        .find(|((account, machine, _), command)| {
+            *account == caller.account.id
+                && *machine == caller.sandbox
+                && command.tag.as_ref() == Some(tag)
         })
         .map(|((_, _, pid), _)| *pid)
         .ok_or_else(|| {
@@ -226,15 +270,30 @@ async fn send_signal(
 async fn send_input(state: &E2bState, caller: &SandboxCaller, body: &[u8]) -> Result<(), RpcError> {
     let request: SendInputRequest = connect::parse_unary(body)?;
     let pid = selected(state, caller, &request.process)?;
-    if request.input.pty.is_some() {
-        return Err(RpcError::unimplemented("a pty (sandbox.pty)"));
-    }
+    // A terminal's input is typed on it; either way it is the process's input.
+    let (field, input) = match (request.input.pty, request.input.stdin) {
+        (Some(typed), _) => ("pty", typed),
+        (None, stdin) => ("stdin", stdin.unwrap_or_default()),
+    };
     let data = base64::engine::general_purpose::STANDARD
-        .decode(request.input.stdin.unwrap_or_default())
-        .map_err(|e| RpcError::invalid(format!("input.stdin is not base64: {e}")))?;
+        .decode(input)
+        .map_err(|e| RpcError::invalid(format!("input.{field} is not base64: {e}")))?;
     state
         .engine
         .process_input(&caller.account, &caller.sandbox, pid, data)
+        .await
+        .map_err(|e| failure(&e, caller))
+}
+
+async fn update(state: &E2bState, caller: &SandboxCaller, body: &[u8]) -> Result<(), RpcError> {
+    let request: UpdateRequest = connect::parse_unary(body)?;
+    let pid = selected(state, caller, &request.process)?;
+    let Some(size) = request.pty.and_then(|p| p.size) else {
+        return Err(RpcError::invalid("Update needs pty.size"));
+    };
+    state
+        .engine
+        .resize_terminal(&caller.account, &caller.sandbox, pid, size.terminal())
         .await
         .map_err(|e| failure(&e, caller))
 }
@@ -255,7 +314,12 @@ async fn close_stdin(
 
 /// What the process is started as: E2B's `/bin/bash` falls back to `sh`; a relative or E2B
 /// home path for `cwd` is the machine's.
-fn spec(config: &ProcessConfig, stdin: bool, timeout: Duration) -> Result<ProcessSpec, RpcError> {
+fn spec(
+    config: &ProcessConfig,
+    stdin: bool,
+    pty: Option<evervm_engine::TerminalSize>,
+    timeout: Duration,
+) -> Result<ProcessSpec, RpcError> {
     if config.cmd.is_empty() {
         return Err(RpcError::invalid("Start needs a process.cmd"));
     }
@@ -277,6 +341,7 @@ fn spec(config: &ProcessConfig, stdin: bool, timeout: Duration) -> Result<Proces
         cwd,
         stdin,
         timeout: Some(timeout),
+        pty,
     })
 }
 
@@ -326,12 +391,16 @@ async fn start(
         Ok(request) => request,
         Err(e) => return refused(e),
     };
-    if request.pty.is_some() {
-        return refused(RpcError::unimplemented("a pty (sandbox.pty)"));
-    }
+    // envd's default size when a pty names none.
+    let pty = request.pty.map(|p| {
+        p.size.map_or(
+            evervm_engine::TerminalSize { cols: 80, rows: 24 },
+            PtySize::terminal,
+        )
+    });
     let timeout = call_timeout(headers);
     let stdin = request.stdin == Some(true);
-    let spec = match spec(&request.process, stdin, timeout.unwrap_or(MAX_TIMEOUT)) {
+    let spec = match spec(&request.process, stdin, pty, timeout.unwrap_or(MAX_TIMEOUT)) {
         Ok(spec) => spec,
         Err(e) => return refused(e),
     };
@@ -344,9 +413,20 @@ async fn start(
         Err(e) => return refused(failure(&e, &caller)),
     };
     state.sandboxes.touch(&caller.account, &caller.sandbox);
-    register(&state, &caller, &process, request.process, request.tag);
+    let command = Command {
+        config: request.process,
+        tag: request.tag,
+        pty: pty.is_some(),
+    };
+    let on_terminal = command.pty;
+    register(&state, &caller, &process, command);
     // At the call's timeout the process is killed (by the engine) and the answer says so.
-    stream_response(follow(process, keepalive_interval(headers), timeout))
+    stream_response(follow(
+        process,
+        on_terminal,
+        keepalive_interval(headers),
+        timeout,
+    ))
 }
 
 /// `process.Process/Connect`: follows a running command from now on.
@@ -364,6 +444,10 @@ async fn reconnect(
         Ok(pid) => pid,
         Err(e) => return refused(e),
     };
+    let key = (caller.account.id, caller.sandbox.clone(), pid);
+    let on_terminal = lock(&state.commands.running)
+        .get(&key)
+        .is_some_and(|command| command.pty);
     match state
         .engine
         .connect_process(&caller.account, &caller.sandbox, pid)
@@ -372,6 +456,7 @@ async fn reconnect(
         // Connect's timeout ends the following, not the process.
         Ok(process) => stream_response(follow(
             process,
+            on_terminal,
             keepalive_interval(headers),
             call_timeout(headers),
         )),
@@ -380,15 +465,9 @@ async fn reconnect(
 }
 
 /// Lists the command until it is over.
-fn register(
-    state: &E2bState,
-    caller: &SandboxCaller,
-    process: &Process,
-    config: ProcessConfig,
-    tag: Option<String>,
-) {
+fn register(state: &E2bState, caller: &SandboxCaller, process: &Process, command: Command) {
     let key = (caller.account.id, caller.sandbox.clone(), process.pid);
-    lock(&state.commands.running).insert(key.clone(), (config, tag));
+    lock(&state.commands.running).insert(key.clone(), command);
     let commands = Arc::clone(&state.commands);
     let mut watched = process.state.clone();
     tokio::spawn(async move {
@@ -436,10 +515,16 @@ fn end_event(end: &evervm_engine::ProcessEnd) -> serde_json::Value {
     event
 }
 
-/// The response body of a followed process: its start, its output, its end, keepalives while
-/// it is quiet; after `timeout`, a `deadline_exceeded` error. A client too slow for the output
-/// misses pieces, never holds the process back.
-fn follow(mut process: Process, keepalive_every: Duration, timeout: Option<Duration>) -> Body {
+/// The response body of a followed process: its start, its output (envd's `pty` data for a
+/// process on a terminal), its end, keepalives while it is quiet; after `timeout`, a
+/// `deadline_exceeded` error. A client too slow for the output misses pieces, never holds the
+/// process back.
+fn follow(
+    mut process: Process,
+    on_terminal: bool,
+    keepalive_every: Duration,
+    timeout: Option<Duration>,
+) -> Body {
     let (tx, rx) = mpsc::channel::<std::io::Result<Bytes>>(QUEUED_PIECES);
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
     tokio::spawn(async move {
@@ -455,6 +540,7 @@ fn follow(mut process: Process, keepalive_every: Duration, timeout: Option<Durat
                 update = process.next() => match update {
                     ProcessUpdate::Output(piece) => {
                         let stream = match piece.stream {
+                            _ if on_terminal => "pty",
                             ProcessStream::Stdout => "stdout",
                             ProcessStream::Stderr => "stderr",
                         };
@@ -521,11 +607,19 @@ mod tests {
             envs: BTreeMap::from([("A".into(), "1".into())]),
             cwd: Some("d".into()),
         };
-        let made = spec(&config, false, Duration::from_secs(5)).unwrap();
+        let made = spec(&config, false, None, Duration::from_secs(5)).unwrap();
         assert_eq!(made.argv[..4], ["/bin/sh", "-c", BASH_OR_SH, "bash"]);
         assert_eq!(made.argv[4..], ["-l", "-c", "echo hi"]);
         assert_eq!(made.cwd.as_deref(), Some("/home/user/d"));
-        assert!(spec(&ProcessConfig::default(), false, Duration::from_secs(5)).is_err());
+        assert!(
+            spec(
+                &ProcessConfig::default(),
+                false,
+                None,
+                Duration::from_secs(5)
+            )
+            .is_err()
+        );
     }
 
     #[test]
