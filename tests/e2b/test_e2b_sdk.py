@@ -692,3 +692,24 @@ def test_a_pty_is_a_terminal_of_its_size(sandbox) -> None:
     with pytest.raises(CommandExitException):
         sandbox.commands.run(f"kill -0 {killed.pid}")
     assert not sandbox.pty.kill(999999)
+
+
+def test_the_shell_has_what_e2bs_base_image_has(sandbox) -> None:
+    # Commands run in bash, and git and tput are there, as in E2B's base image.
+    assert sandbox.commands.run("echo $BASH_VERSION").stdout.strip() != ""
+    assert sandbox.commands.run("git --version").stdout.startswith("git version")
+    from e2b.sandbox.commands.command_handle import PtySize
+
+    terminal = sandbox.pty.create(PtySize(cols=93, rows=24))
+    sandbox.pty.send_stdin(terminal.pid, b"tput cols; exit\n")
+    seen = []
+    assert terminal.wait(on_pty=lambda data: seen.append(data.decode())).exit_code == 0
+    assert "93" in "".join(seen).split("exit", 1)[-1], seen
+
+
+def test_templates_exist_as_the_sdk_asks(e2b_server) -> None:
+    from e2b import Template
+
+    assert Template.exists("base")
+    assert Template.exists("code-interpreter-v1")
+    assert not Template.exists("no-such-template")

@@ -664,6 +664,27 @@ pub(super) struct SandboxMetric {
     disk_total: u64,
 }
 
+/// `GET /templates/aliases/{alias}` (`Template.exists`): the templates a sandbox can be created
+/// from without a custom image: E2B's defaults and evervm's built-in images.
+pub(super) async fn template_alias(
+    ApiCaller(_account): ApiCaller,
+    Path(alias): Path<String>,
+) -> Result<Response, E2bFailure> {
+    if E2B_TEMPLATES.contains(&alias.as_str()) || alias == "minimal" || alias == "data" {
+        return Ok(
+            Json(serde_json::json!({ "templateID": alias, "public": true })).into_response(),
+        );
+    }
+    Err(E2bFailure::new(
+        StatusCode::NOT_FOUND,
+        format!(
+            "template {alias:?} not found: evervm answers for E2B's `base` and \
+             `code-interpreter-v1` and its images `minimal` and `data` (a custom image is created \
+             from by name, but not listed here)"
+        ),
+    ))
+}
+
 /// `GET /sandboxes/{id}/metrics`: one sample, now: the memory the machine's sandbox holds and
 /// the disk its files and snapshot take. CPU use is not measured (0).
 pub(super) async fn metrics(

@@ -157,6 +157,7 @@ pub fn router_with(engine: Engine, options: E2bOptions) -> Router {
         .route("/v2/sandboxes/{sandbox_id}/connect", post(control::connect))
         .route("/sandboxes/{sandbox_id}/metrics", get(control::metrics))
         .route("/sandboxes/{sandbox_id}/fork", post(control::fork))
+        .route("/templates/aliases/{alias}", get(control::template_alias))
         // envd.
         .route("/health", get(envd::health))
         .route(

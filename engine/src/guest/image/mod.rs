@@ -115,8 +115,13 @@ impl Profile {
                 "python3-requests",
                 "python3-bs4",
                 "python3-yaml",
-                // What programs in an E2B sandbox (and E2B's own tests) reach for in a shell.
+                // What programs in an E2B sandbox (and E2B's own tests) reach for in a shell:
+                // E2B's base image has them. With bash, commands and terminals run in it.
                 "curl",
+                "bash",
+                "git",
+                "ncurses-bin",
+                "ncurses-base",
                 // Jupyter cells (the E2B door's): IPython's own shell runs them.
                 "python3-ipython",
             ]);
