@@ -370,10 +370,11 @@ impl TunnelRouter {
             t.dirty = false;
             if t.dropped {
                 forget.push(id);
-                // One the agent never opened needs no reset; nor one already broken there.
+                // Reset also when the agent has not answered yet: it may still be connecting,
+                // and a connection it made for nobody would hold one of its places for ever.
                 work.push(TunnelWork {
                     id,
-                    reset: t.opened.is_none(),
+                    reset: true,
                     ..TunnelWork::default()
                 });
                 continue;
@@ -658,6 +659,19 @@ mod tests {
         drop(stream);
         let work = router.take_work();
         assert!(work.len() == 1 && work[0].reset);
+        assert!(router.is_empty());
+    }
+
+    #[test]
+    fn a_tunnel_dropped_before_it_opened_is_reset_in_the_agent() {
+        let router = Arc::new(TunnelRouter::default());
+        let (stream, _opened) = router.register(3);
+        drop(stream);
+        let work = router.take_work();
+        assert!(
+            work.len() == 1 && work[0].id == 3 && work[0].reset,
+            "{work:?}"
+        );
         assert!(router.is_empty());
     }
 

@@ -44,7 +44,8 @@ async fn the_host_file_system_is_invisible() {
     assert_eq!(value(&m, &code).await, "[False, False, False]");
     assert_eq!(
         value(&m, "sorted(os.listdir('/'))").await,
-        "['bin', 'dev', 'etc', 'home', 'lib', 'lib64', 'opt', 'proc', 'root', 'sys', 'tmp', 'usr']"
+        "['bin', 'boot', 'dev', 'etc', 'home', 'lib', 'lib64', 'opt', 'proc', 'root', 'run', 'sbin', 'sys', 'tmp', 'usr', \
+         'var']"
     );
     assert_eq!(
         value(&m, "open('/etc/hostname').read()").await,
