@@ -52,6 +52,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use files::{ByteStream, FileInfo, FileKind, FileList, FileRead, WriteFileOptions};
 #[cfg(feature = "runtime")]
 pub use guest::processes::{ProcessEnd, ProcessOutput, ProcessState, ProcessStream};
+#[cfg(feature = "runtime")]
 pub use guest::tunnels::{MAX_TUNNELS as MAX_PORT_CONNECTIONS, PortStream};
 #[cfg(feature = "runtime")]
 pub use machine::processes::{
