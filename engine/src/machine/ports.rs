@@ -86,11 +86,6 @@ pub(super) async fn open(
     }
 }
 
-/// Sends the agent what the machine's tunnels have for it. `Err`: the channel broke.
-pub(super) async fn flush(current: &mut Resident) -> Result<()> {
-    current.agent.flush_tunnels().await
-}
-
 /// Resolves when a tunnel of the resident sandbox has work for the machine's task (never, with
 /// none resident).
 pub(super) fn kicked(

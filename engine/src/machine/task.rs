@@ -72,7 +72,7 @@ pub(super) async fn run(
             }
             () = super::ports::kicked(resident.as_ref()) => {
                 if let Some(current) = resident.as_mut()
-                    && let Err(e) = super::ports::flush(current).await
+                    && let Err(e) = current.agent.flush_tunnels().await
                     && let Some(current) = resident.take()
                 {
                     lost(&engine, &machine, current, e.to_string()).await;
@@ -480,7 +480,7 @@ async fn run_instruction(
                 }
             }
             () = tunnels.kicked() => {
-                if let Err(e) = super::ports::flush(&mut current).await {
+                if let Err(e) = current.agent.flush_tunnels().await {
                     lines.flush(&job.live);
                     return crashed(engine, machine, current, e.to_string()).await;
                 }
