@@ -7,6 +7,7 @@ E2B_SANDBOX_URL (scripts/test.sh says which)."""
 import asyncio
 import base64
 import datetime
+import importlib.util
 import json
 import time
 import urllib.error
@@ -658,16 +659,70 @@ threading.Thread(target=_serve, daemon=True).start()
     assert gone.json()["message"] == "The sandbox was not found"
 
 
-def test_a_public_sandbox_answers_anyone(e2b_server) -> None:
-    import httpx
-
-    sandbox = Sandbox.create(timeout=120, network={"allow_public_traffic": True})
+def test_a_public_sandbox_answers_anyone_and_its_servers_see_the_masked_host(e2b_server) -> None:
+    sandbox = Sandbox.create(timeout=120, network={
+        "allow_public_traffic": True, "mask_request_host": "custom-host.example.com:${PORT}"})
     try:
-        sandbox.commands.run("python3 -m http.server 8000", background=True)
+        # A server that answers with the Host it was sent.
+        sandbox.files.write("/home/user/host.py", """
+import http.server
+class Host(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        # The names as they came: title case, as E2B's proxy sends them.
+        body = "|".join(f"{k}: {v}" for k, v in self.headers.items() if k == "Host").encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+http.server.HTTPServer(("127.0.0.1", 8000), Host).serve_forever()
+""")
+        sandbox.commands.run("python3 /home/user/host.py", background=True)
         response = _get_until_served("http://" + sandbox.get_host(8000) + "/", {})
         assert response.status_code == 200, response.text
+        assert response.text == "Host: custom-host.example.com:8000"
     finally:
         sandbox.kill()
+
+
+def _machine_network(e2b_server, sandbox_id: str) -> dict:
+    """The network evervm gave a sandbox's machine, as evervm's own API shows it."""
+    request = urllib.request.Request(f"{e2b_server.url}/v1/machine/{sandbox_id}",
+                                     headers={"Authorization": f"Bearer {e2b_server.token}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.load(response)["network"]
+
+
+def test_network_requests_are_applied_or_refused_by_name(e2b_server) -> None:
+    from e2b import InvalidArgumentException, SandboxException
+
+    # No internet asked for: none given (the server's default may be public).
+    closed = Sandbox.create(timeout=60, allow_internet_access=False)
+    try:
+        assert _machine_network(e2b_server, closed.sandbox_id)["mode"] == "none"
+        # A filesystem-only pause and a network change are refused, and the sandbox runs on.
+        if importlib.util.find_spec("e2b.api.client.models.sandbox_pause_request"):
+            # (Older SDKs take no keep_memory, and send no pause body.)
+            with pytest.raises(SandboxException, match="filesystem-only pause"):
+                closed.pause(keep_memory=False)
+        if hasattr(closed, "update_network"):
+            with pytest.raises(SandboxException, match="update_network"):
+                closed.update_network({"deny_out": ["198.18.0.10"]})
+        assert closed.run_code("1 + 1").text == "2"
+    finally:
+        closed.kill()
+    # Everything denied but a list: that list.
+    listed = Sandbox.create(timeout=60, network={
+        "deny_out": ["0.0.0.0/0"], "allow_out": ["pypi.org", "198.18.0.0/24"]})
+    try:
+        network = _machine_network(e2b_server, listed.sandbox_id)
+        assert network == {"mode": "allow", "allow": ["pypi.org", "198.18.0.0/24"]}, network
+    finally:
+        listed.kill()
+    # A single block denied (evervm has no deny lists), and E2B's egress transforms: refused.
+    for network in ({"deny_out": ["198.18.0.10"]},
+                    {"rules": {"api.example.com": [{"transform": {"headers": {"X-A": "b"}}}]}}):
+        with pytest.raises((InvalidArgumentException, SandboxException), match="network"):
+            Sandbox.create(timeout=60, network=network)
 
 
 def test_a_pty_is_a_terminal_of_its_size(sandbox) -> None:

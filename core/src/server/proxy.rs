@@ -15,7 +15,11 @@ pub(crate) async fn proxy_over<I>(io: I, mut request: Request) -> Result<Respons
 where
     I: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+    // Header names go in title case (`Content-Type`), as E2B's proxy and Go's HTTP stack send
+    // them: HTTP says case does not matter, and some applications read them as if it did.
+    let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
+        .title_case_headers(true)
+        .handshake(TokioIo::new(io))
         .await
         .map_err(|e| format!("cannot speak HTTP to it: {e}"))?;
     tokio::spawn(async move {

@@ -202,6 +202,11 @@ impl Engine {
         &self.inner.config.limits
     }
 
+    /// The network of a machine created without one (`--network-default`).
+    pub fn network_default(&self) -> &crate::network::NetworkPolicy {
+        &self.inner.config.network_default
+    }
+
     // --- accounts -------------------------------------------------------------------------
 
     /// The account with this name, created if needed.

@@ -16,6 +16,7 @@ use evervm_engine::{
 use serde::{Deserialize, Serialize};
 
 use super::access::{self, Access};
+use super::network::{NetworkRequest, SandboxNetwork, asks_for_something};
 use super::sandboxes::{Clock, DEFAULT_TIMEOUT, timeout_from_seconds};
 use super::{ApiCaller, E2bFailure, E2bState, ENVD_VERSION};
 
@@ -49,17 +50,50 @@ pub(super) struct NewSandbox {
     env_vars: Option<BTreeMap<String, String>>,
     #[serde(default)]
     network: Option<NetworkRequest>,
+    /// `false`: no internet (E2B's `denyOut: ["0.0.0.0/0"]`).
+    #[serde(rename = "allow_internet_access", default)]
+    allow_internet_access: Option<bool>,
+    /// `false`: a timeout pauses the sandbox without its memory (refused: evervm's pause keeps it).
+    #[serde(default)]
+    auto_pause_memory: Option<bool>,
+    /// E2B's MCP gateway, workload identity and volumes: refused unless empty.
+    #[serde(default)]
+    mcp: Option<serde_json::Value>,
+    #[serde(default)]
+    iam: Option<serde_json::Value>,
+    #[serde(default)]
+    volume_mounts: Option<serde_json::Value>,
 }
 
-/// What evervm reads of a new sandbox's `network`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct NetworkRequest {
-    /// Whether anyone may reach the sandbox's ports (E2B's default), or only its owner
-    /// (evervm's default, and `false`).
-    #[serde(default)]
-    allow_public_traffic: Option<bool>,
+impl NewSandbox {
+    /// Refuses, by name, what E2B's create may ask for that evervm does not have.
+    fn check_unsupported(&self) -> Result<(), E2bFailure> {
+        if self.auto_pause_memory == Some(false) {
+            return Err(E2bFailure::bad_request(FILESYSTEM_ONLY_PAUSE));
+        }
+        for (field, value, what) in [
+            (
+                "mcp",
+                &self.mcp,
+                "E2B's MCP gateway is a hosted service evervm does not run",
+            ),
+            ("iam", &self.iam, "evervm has no workload identity tokens"),
+            (
+                "volumeMounts",
+                &self.volume_mounts,
+                "evervm has no volumes; a sandbox's files are its own",
+            ),
+        ] {
+            if asks_for_something(value.as_ref()) {
+                return Err(E2bFailure::bad_request(format!("{field}: {what}")));
+            }
+        }
+        Ok(())
+    }
 }
+
+/// Why a filesystem-only pause is refused.
+const FILESYSTEM_ONLY_PAUSE: &str = "a filesystem-only pause (keep_memory=False, autoPauseMemory:      false) is not supported by evervm: its files live in the sandbox's memory, so a pause keeps      the whole state; pause with the memory kept";
 
 /// A sandbox as create and connect answer it.
 #[derive(Debug, Serialize)]
@@ -209,6 +243,7 @@ pub(super) async fn create(
     body: Bytes,
 ) -> Result<Response, E2bFailure> {
     let request: NewSandbox = parse_body(&body)?;
+    request.check_unsupported()?;
     let timeout = timeout_or_default(request.timeout)?;
     let template = request
         .template_id
@@ -228,14 +263,12 @@ pub(super) async fn create(
         )));
     }
     tags.insert(TEMPLATE_TAG.to_owned(), template);
-    if request
-        .network
-        .as_ref()
-        .and_then(|n| n.allow_public_traffic)
-        .unwrap_or(false)
-    {
-        tags.insert(super::ports::PUBLIC_TAG.to_owned(), "true".to_owned());
-    }
+    let network = SandboxNetwork::of(
+        request.allow_internet_access,
+        request.network.as_ref(),
+        state.engine.network_default(),
+    )?;
+    tags.extend(network.tags);
     let env = request
         .env_vars
         .unwrap_or_default()
@@ -258,6 +291,7 @@ pub(super) async fn create(
                 tags,
                 image,
                 env,
+                network: network.policy,
                 ..CreateMachine::default()
             },
         )
@@ -578,13 +612,25 @@ pub(super) async fn refresh(
     restart_clock(&state, &account, &id, timeout_or_default(request.duration)?).await
 }
 
+#[derive(Debug, Default, Deserialize)]
+struct PauseRequest {
+    /// `false`: a filesystem-only pause (refused).
+    #[serde(default)]
+    memory: Option<bool>,
+}
+
 /// `POST /sandboxes/{id}/pause`: the machine is swapped out; 409 when it already was paused.
 pub(super) async fn pause(
     State(state): State<E2bState>,
     ApiCaller(account): ApiCaller,
     Path(id): Path<String>,
+    body: Bytes,
 ) -> Result<StatusCode, E2bFailure> {
     machine(&state, &account, &id).await?;
+    let request: PauseRequest = parse_body(&body)?;
+    if request.memory == Some(false) {
+        return Err(E2bFailure::bad_request(FILESYSTEM_ONLY_PAUSE));
+    }
     if !state.sandboxes.stop(&id) {
         return Err(E2bFailure::new(
             StatusCode::CONFLICT,
@@ -597,6 +643,19 @@ pub(super) async fn pause(
         .await
         .map_err(|e| not_found_as_sandbox(&e, &id))?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `PUT /sandboxes/{id}/network` (E2B's `update_network`): refused, by name.
+pub(super) async fn update_network(
+    State(state): State<E2bState>,
+    ApiCaller(account): ApiCaller,
+    Path(id): Path<String>,
+) -> Result<StatusCode, E2bFailure> {
+    machine(&state, &account, &id).await?;
+    Err(E2bFailure::bad_request(
+        "update_network: evervm sets a sandbox's network when it is created and does not change          it while it runs; create a sandbox with the network it needs (allow_internet_access, \
+         network.allowOut/denyOut)",
+    ))
 }
 
 #[derive(Debug, Deserialize)]

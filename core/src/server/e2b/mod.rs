@@ -20,6 +20,7 @@ mod connect;
 mod control;
 mod envd;
 mod interpreter;
+mod network;
 mod ports;
 mod process;
 mod run;
@@ -34,7 +35,7 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use evervm_engine::{Account, Engine, ErrorKind};
 
 pub use self::access::{check_domain, sink_domain_for};
@@ -152,6 +153,10 @@ pub fn router_with(engine: Engine, options: E2bOptions) -> Router {
         )
         .route("/sandboxes/{sandbox_id}/refreshes", post(control::refresh))
         .route("/sandboxes/{sandbox_id}/pause", post(control::pause))
+        .route(
+            "/sandboxes/{sandbox_id}/network",
+            put(control::update_network),
+        )
         .route("/sandboxes/{sandbox_id}/resume", post(control::connect))
         .route("/sandboxes/{sandbox_id}/connect", post(control::connect))
         .route("/v2/sandboxes/{sandbox_id}/connect", post(control::connect))

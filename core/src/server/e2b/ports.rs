@@ -24,12 +24,11 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
-use evervm_engine::{Account, ErrorKind};
+use evervm_engine::{Account, ErrorKind, Tags};
 
+use super::network::{is_public, masked_host};
 use super::{E2bState, ENVD_PORT, INTERPRETER_PORT, access, header_text};
 
-/// The hidden tag of a sandbox anyone may reach the ports of.
-pub(super) const PUBLIC_TAG: &str = "e2b:public";
 /// The header E2B's SDKs send a sandbox's traffic token in.
 const TRAFFIC_TOKEN: &str = "e2b-traffic-access-token";
 /// Where the path form starts.
@@ -159,7 +158,11 @@ fn not_found(sandbox: &str) -> Response {
 /// Who the request acts for: the owner, by a credential, or anyone for a public sandbox. As
 /// E2B's proxy does, a sandbox that does not exist is "not found" before any credential is
 /// looked at.
-async fn caller(state: &E2bState, headers: &HeaderMap, sandbox: &str) -> Result<Account, Response> {
+async fn caller(
+    state: &E2bState,
+    headers: &HeaderMap,
+    sandbox: &str,
+) -> Result<(Account, Tags), Response> {
     let (owner, tags) = match state.engine.machine_owner(sandbox).await {
         Ok(found) => found,
         Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::InvalidInput) => {
@@ -173,7 +176,7 @@ async fn caller(state: &E2bState, headers: &HeaderMap, sandbox: &str) -> Result<
     match credential {
         Some(credential) => {
             match access::authenticate_sandbox(&state.engine, credential, sandbox).await {
-                Ok(account) if account.id == owner.id => Ok(account),
+                Ok(account) if account.id == owner.id => Ok((account, tags)),
                 // Another account's key: as for E2B, this sandbox is not one of its own.
                 Ok(_) => Err(not_found(sandbox)),
                 Err(_) => Err(failure(
@@ -185,7 +188,7 @@ async fn caller(state: &E2bState, headers: &HeaderMap, sandbox: &str) -> Result<
                 )),
             }
         }
-        None if tags.get(PUBLIC_TAG).map(String::as_str) == Some("true") => Ok(owner),
+        None if is_public(&tags) => Ok((owner, tags)),
         None => Err(failure(
             StatusCode::FORBIDDEN,
             sandbox,
@@ -197,8 +200,8 @@ async fn caller(state: &E2bState, headers: &HeaderMap, sandbox: &str) -> Result<
 }
 
 async fn proxy(state: &E2bState, target: Target, mut request: Request) -> Response {
-    let account = match caller(state, request.headers(), &target.sandbox).await {
-        Ok(account) => account,
+    let (account, tags) = match caller(state, request.headers(), &target.sandbox).await {
+        Ok(found) => found,
         Err(refusal) => return refusal,
     };
     let stream = match state
@@ -248,6 +251,9 @@ async fn proxy(state: &E2bState, target: Target, mut request: Request) -> Respon
     }
     if target.routed_by_userinfo {
         headers.remove(header::AUTHORIZATION);
+    }
+    if let Some(host) = masked_host(&tags, target.port) {
+        headers.insert(header::HOST, host);
     }
     if let Some(prefix) = &target.prefix {
         if let Ok(value) = HeaderValue::from_str(prefix) {
