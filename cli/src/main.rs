@@ -105,6 +105,23 @@ enum Command {
             requires = "e2b_listen"
         )]
         e2b_domain: Option<String>,
+        /// Serve over TLS (every listener: the API, /mcp and --e2b-listen) with this
+        /// certificate chain (PEM, the server's own first); read again on SIGHUP.
+        #[arg(
+            long,
+            env = "EVERVM_TLS_CERT",
+            value_name = "FILE",
+            requires = "tls_key"
+        )]
+        tls_cert: Option<PathBuf>,
+        /// The certificate's private key (PEM).
+        #[arg(
+            long,
+            env = "EVERVM_TLS_KEY",
+            value_name = "FILE",
+            requires = "tls_cert"
+        )]
+        tls_key: Option<PathBuf>,
     },
     /// Build and list root filesystem images (for the gVisor backend).
     Image {
@@ -443,7 +460,13 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
             node_id,
             e2b_listen,
             e2b_domain,
+            tls_cert,
+            tls_key,
         } => {
+            let tls = match (tls_cert, tls_key) {
+                (Some(cert), Some(key)) => Some(evervm::server::tls::Tls::load(&cert, &key)?),
+                _ => None,
+            };
             let e2b_domain = e2b_domain
                 .map(|d| evervm::server::e2b::check_domain(&d))
                 .transpose()
@@ -458,7 +481,7 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
                 advertise,
                 node_id,
             };
-            serve(listen, e2b_listen, e2b_domain, options).await
+            serve(listen, e2b_listen, e2b_domain, tls, options).await
         }
         Command::Token { command } => {
             let home = target
@@ -643,8 +666,10 @@ async fn serve(
     listen: SocketAddr,
     e2b_listen: Option<SocketAddr>,
     e2b_domain: Option<String>,
+    tls: Option<evervm::server::tls::Tls>,
     options: ServeOptions,
 ) -> Result<ExitCode> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let server = evervm::server::open(options).await?;
     let listener = match tokio::net::TcpListener::bind(listen).await {
         Ok(listener) => listener,
@@ -665,7 +690,7 @@ async fn serve(
         None => None,
     };
     let address = listener.local_addr()?;
-    let url = format!("http://{address}");
+    let url = format!("{scheme}://{address}");
     // Listening for Ctrl-C and SIGTERM before the banner says the server is up.
     let stop = evervm::server::shutdown_signal();
     // The banner is best effort: a closed stdout must not stop the server.
@@ -694,8 +719,8 @@ async fn serve(
         if let Some(e2b) = e2b_listener.as_ref().and_then(|l| l.local_addr().ok()) {
             let _ = writeln!(
                 banner,
-                "  export E2B_API_URL=http://{e2b} E2B_SANDBOX_URL=http://{e2b} E2B_API_KEY={} \
-                 E2B_DOMAIN={}",
+                "  export E2B_API_URL={scheme}://{e2b} E2B_SANDBOX_URL={scheme}://{e2b} \
+                 E2B_API_KEY={} E2B_DOMAIN={}",
                 evervm::server::e2b::api_key_for_token(&token),
                 e2b_domain_for(e2b, e2b_domain.as_deref())
             );
@@ -709,9 +734,22 @@ async fn serve(
     if let Some(e2b) = e2b_listener.as_ref().and_then(|l| l.local_addr().ok()) {
         let _ = writeln!(
             banner,
-            "E2B-compatible API on http://{e2b}: E2B_API_URL=E2B_SANDBOX_URL=http://{e2b}, \
+            "E2B-compatible API on {scheme}://{e2b}: E2B_API_URL=E2B_SANDBOX_URL={scheme}://{e2b}, \
              E2B_API_KEY from `evervm token create --e2b`, E2B_DOMAIN={}",
             e2b_domain_for(e2b, e2b_domain.as_deref())
+        );
+    }
+    let exposed = std::iter::once(address)
+        .chain(e2b_listener.as_ref().and_then(|l| l.local_addr().ok()))
+        .filter(|a| !a.ip().is_loopback())
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>();
+    if tls.is_none() && !exposed.is_empty() {
+        let _ = writeln!(
+            banner,
+            "warning: serving plain HTTP on {}, beyond this host: tokens and code cross the \
+             network unencrypted; give --tls-cert and --tls-key",
+            exposed.join(" and ")
         );
     }
     if server.backend_name() == "process" {
@@ -728,7 +766,7 @@ async fn serve(
         listener,
         options: evervm::server::e2b::E2bOptions { domain: e2b_domain },
     });
-    server.serve_listeners(listener, e2b, stop).await?;
+    server.serve_listeners(listener, e2b, tls, stop).await?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -36,18 +36,18 @@ def gvisor_reason() -> str | None:
 
 
 def start_serve(backend: str, home: Path | str, stderr: int | IO[str] = subprocess.DEVNULL,
-                env: dict[str, str] | None = None,
-                e2b: bool = False) -> tuple[subprocess.Popen[str], str, str]:
+                env: dict[str, str] | None = None, e2b: bool = False,
+                args: list[str] | None = None) -> tuple[subprocess.Popen[str], str, str]:
     """Starts `evervm serve` on `home` (new: the server prints a token at its first start);
     the process, its URL (no trailing slash) and the token. With `e2b`, the server also serves
     E2B's API (`--e2b-listen`): read its URL and key with `e2b_from_banner`. Raises RuntimeError
     when the server says neither (the process is then stopped)."""
-    args = [str(evervm_binary()), "serve", "--listen", "127.0.0.1:0", "--backend", backend,
-            "--home", str(home)]
+    command = [str(evervm_binary()), "serve", "--listen", "127.0.0.1:0", "--backend", backend,
+               "--home", str(home), *(args or [])]
     if e2b:
-        args += ["--e2b-listen", "127.0.0.1:0"]
+        command += ["--e2b-listen", "127.0.0.1:0"]
     process = subprocess.Popen(
-        args, stdout=subprocess.PIPE, stderr=stderr, text=True,
+        command, stdout=subprocess.PIPE, stderr=stderr, text=True,
         env={**os.environ, "EVERVM_POOL_SIZE": "1", **(env or {})},
     )
     url = token = None
@@ -77,14 +77,41 @@ def e2b_from_banner(banner: str) -> tuple[str, str]:
     return url.group(1).rstrip(":"), key.group(1)
 
 
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def make_test_ca(directory: Path) -> Path:
+    """A CA of a test's own (`ca.pem`, `ca.key` in `directory`), for two days: its certificate."""
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+             "-nodes", "-keyout", str(directory / "ca.key"), "-out", str(directory / "ca.pem"),
+             "-days", "2", "-subj", "/CN=evervm test CA")
+    return directory / "ca.pem"
+
+
+def issue_test_certificate(directory: Path, name: str) -> tuple[Path, Path]:
+    """A server certificate for 127.0.0.1 with the common name `name`, signed by the CA that
+    `make_test_ca` made in `directory`: its certificate and key files (`name.pem`, `name.key`)."""
+    key, request, cert = (directory / f"{name}.{ext}" for ext in ("key", "csr", "pem"))
+    extensions = directory / f"{name}.ext"
+    extensions.write_text("subjectAltName = IP:127.0.0.1\n")
+    _openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+             "-nodes", "-keyout", str(key), "-out", str(request), "-subj", f"/CN={name}")
+    _openssl("x509", "-req", "-in", str(request), "-CA", str(directory / "ca.pem"),
+             "-CAkey", str(directory / "ca.key"), "-CAcreateserial", "-days", "2",
+             "-extfile", str(extensions), "-out", str(cert))
+    return cert, key
+
+
 class Server:
     """`evervm serve` on `backend`, a free loopback port and a fresh home (`prefix` names it),
     stopped (and its home removed) by `stop`."""
 
     def __init__(self, backend: str, prefix: str = "evervm-", env: dict[str, str] | None = None,
-                 e2b: bool = False) -> None:
+                 e2b: bool = False, args: list[str] | None = None) -> None:
         self.home = tempfile.mkdtemp(prefix=prefix)
-        self.process, self.url, self.token = start_serve(backend, self.home, env=env, e2b=e2b)
+        self.process, self.url, self.token = start_serve(backend, self.home, env=env, e2b=e2b,
+                                                         args=args)
         if e2b:
             self.e2b_url, self.e2b_key = e2b_from_banner(self.process.banner)  # type: ignore[attr-defined]
 

@@ -39,6 +39,7 @@ mod openapi;
 mod proxy;
 pub(crate) mod redact;
 pub(crate) mod repl;
+pub mod tls;
 
 pub use open::{PROCESS_FALLBACK_REFUSED, ServeOptions, Server, open};
 
@@ -288,15 +289,17 @@ pub async fn serve_with_shutdown<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
-    serve_listeners(engine, listener, None, signal).await
+    serve_listeners(engine, listener, None, None, signal).await
 }
 
 /// Serves `engine`'s API on `listener` and, given `e2b`, its E2B-compatible API on that one
-/// (see [`e2b`]), until `signal` completes; then shuts down as [`serve_with_shutdown`] does.
+/// (see [`e2b`]), both over `tls` when given, until `signal` completes; then shuts down as
+/// [`serve_with_shutdown`] does.
 pub async fn serve_listeners<F>(
     engine: Engine,
     listener: tokio::net::TcpListener,
     e2b: Option<e2b::E2bListener>,
+    tls: Option<tls::Tls>,
     signal: F,
 ) -> std::io::Result<()>
 where
@@ -316,11 +319,16 @@ where
             std::future::pending::<()>().await;
         }
     };
-    let mut servers = vec![tokio::spawn(
-        axum::serve(without_nagle(listener), router(engine.clone()))
-            .with_graceful_shutdown(signal)
-            .into_future(),
-    )];
+    if let Some(tls) = &tls {
+        tls.reload_on_sighup();
+    }
+    let serve = |listener: tokio::net::TcpListener, app: axum::Router, until: Until| {
+        std::io::Result::Ok(match &tls {
+            Some(tls) => spawn_server(tls.listener(listener)?, app, until),
+            None => spawn_server(without_nagle(listener), app, until),
+        })
+    };
+    let mut servers = vec![serve(listener, router(engine.clone()), Box::pin(signal))?];
     if let Some(e2b::E2bListener {
         listener: e2b_listener,
         options,
@@ -329,14 +337,11 @@ where
         if let Ok(address) = e2b_listener.local_addr() {
             tracing::info!(%address, "serving the E2B-compatible API");
         }
-        servers.push(tokio::spawn(
-            axum::serve(
-                without_nagle(e2b_listener),
-                e2b::router_with(engine.clone(), options),
-            )
-            .with_graceful_shutdown(stopped(stopping.clone()))
-            .into_future(),
-        ));
+        servers.push(serve(
+            e2b_listener,
+            e2b::router_with(engine.clone(), options),
+            Box::pin(stopped(stopping.clone())),
+        )?);
     }
     let all_served = async {
         let mut result = Ok(());
@@ -363,6 +368,26 @@ where
     };
     engine.shutdown().await;
     result
+}
+
+/// When a server stops taking connections.
+type Until = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Serves `app` on `listener` until `until`, on a task of its own.
+fn spawn_server<L>(
+    listener: L,
+    app: axum::Router,
+    until: Until,
+) -> tokio::task::JoinHandle<std::io::Result<()>>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    tokio::spawn(
+        axum::serve(listener, app)
+            .with_graceful_shutdown(until)
+            .into_future(),
+    )
 }
 
 /// The listener, with small messages (an exec, its result) sent without waiting for Nagle's

@@ -152,17 +152,19 @@ impl Server {
     }
 
     /// Serves the API on `listener` and, given `e2b`, E2B's API on that one (see
-    /// [`super::e2b`]), until `signal` completes; then stops the engine.
+    /// [`super::e2b`]), both over `tls` when given, until `signal` completes; then stops the
+    /// engine.
     pub async fn serve_listeners<F>(
         self,
         listener: tokio::net::TcpListener,
         e2b: Option<super::e2b::E2bListener>,
+        tls: Option<super::tls::Tls>,
         signal: F,
     ) -> std::io::Result<()>
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        super::serve_listeners(self.engine, listener, e2b, signal).await
+        super::serve_listeners(self.engine, listener, e2b, tls, signal).await
     }
 
     /// Stops the engine without serving.
