@@ -70,8 +70,6 @@ CORE_NOT_RUN = {
 CORE_EXCLUDED = [
     # (Not `Template.exists`: it asks for an alias, and `base` is one of evervm's.)
     (re.compile(r"template_(a)?sync/(?!test_exists\.py)"), "E2B's template builder"),
-    # (`test_snapshot.py` and `test_sbx_snapshot.py` are pause and resume: evervm's to pass.)
-    (re.compile(r"test_snapshot_api\.py"), "E2B's snapshots API"),
     # A sidecar sandbox of E2B's `httpbin` template (built by E2B's builder).
     (re.compile(r"test_network\.py::test_firewall_transform_injects_headers"),
      "E2B's template builder"),

@@ -20,12 +20,14 @@ mod connect;
 mod control;
 mod envd;
 mod interpreter;
+mod listing;
 mod network;
 mod ports;
 mod process;
 mod run;
 mod sandboxes;
 mod signed;
+mod snapshots;
 mod watch;
 
 use std::sync::Arc;
@@ -139,9 +141,9 @@ pub fn router_with(engine: Engine, options: E2bOptions) -> Router {
         // The control plane, both path generations.
         .route(
             "/sandboxes",
-            post(control::create).get(control::list_running),
+            post(control::create).get(listing::list_running),
         )
-        .route("/v2/sandboxes", post(control::create).get(control::list))
+        .route("/v2/sandboxes", post(control::create).get(listing::list))
         .route(
             "/sandboxes/{sandbox_id}",
             get(control::info).delete(control::kill),
@@ -162,6 +164,9 @@ pub fn router_with(engine: Engine, options: E2bOptions) -> Router {
         .route("/v2/sandboxes/{sandbox_id}/connect", post(control::connect))
         .route("/sandboxes/{sandbox_id}/metrics", get(control::metrics))
         .route("/sandboxes/{sandbox_id}/fork", post(control::fork))
+        .route("/sandboxes/{sandbox_id}/snapshots", post(snapshots::create))
+        .route("/snapshots", get(snapshots::list))
+        .route("/templates/{template_id}", delete(snapshots::delete))
         .route("/templates/aliases/{alias}", get(control::template_alias))
         // envd.
         .route("/health", get(envd::health))
