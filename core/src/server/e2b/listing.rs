@@ -13,8 +13,8 @@ use super::control::{SandboxDetail, detail};
 use super::snapshots::is_snapshot;
 use super::{ApiCaller, E2bFailure, E2bState};
 
-/// The most sandboxes one page of a list holds (E2B's limit).
-const MAX_LIST_LIMIT: usize = 100;
+/// The most sandboxes (or snapshots) one page of a list holds (E2B's limit).
+pub(super) const MAX_LIST_LIMIT: usize = 100;
 
 /// `GET /v2/sandboxes`'s query (metadata in E2B's encoding, see [`parse_metadata`]).
 #[derive(Debug, Default)]
@@ -47,18 +47,7 @@ fn parse_list_query(query: Option<&str>) -> Result<ListQuery, E2bFailure> {
                     parsed.states.push(state.to_owned());
                 }
             }
-            "limit" => {
-                let limit = value
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|l| (1..=MAX_LIST_LIMIT).contains(l))
-                    .ok_or_else(|| {
-                        E2bFailure::bad_request(format!(
-                            "limit {value:?}: a page holds 1 to {MAX_LIST_LIMIT} sandboxes"
-                        ))
-                    })?;
-                parsed.limit = Some(limit);
-            }
+            "limit" => parsed.limit = Some(parse_limit(&value, "sandboxes")?),
             "nextToken" => parsed.next_token = Some(value.into_owned()),
             "order" => {
                 parsed.oldest_first = match value.as_ref() {
@@ -197,13 +186,34 @@ async fn list_page(
                 .is_none_or(|t| *t == d.template_id || *t == d.alias)
         })
         .collect();
-    let mut response = Json(sandboxes).into_response();
-    if let Some(next) = page.next_cursor
+    Ok(page_response(&sandboxes, page.next_cursor))
+}
+
+/// A page's `limit`: 1 to [`MAX_LIST_LIMIT`] `things`.
+pub(super) fn parse_limit(value: &str, things: &str) -> Result<usize, E2bFailure> {
+    value
+        .parse::<usize>()
+        .ok()
+        .filter(|l| (1..=MAX_LIST_LIMIT).contains(l))
+        .ok_or_else(|| {
+            E2bFailure::bad_request(format!(
+                "limit {value:?}: a page holds 1 to {MAX_LIST_LIMIT} {things}"
+            ))
+        })
+}
+
+/// A page of a list, with the next page's token in `X-Next-Token` when there is one.
+pub(super) fn page_response<T: serde::Serialize>(
+    items: &[T],
+    next: Option<ListCursor>,
+) -> Response {
+    let mut response = Json(items).into_response();
+    if let Some(next) = next
         && let Ok(value) = HeaderValue::from_str(&next.encode())
     {
         response.headers_mut().insert("x-next-token", value);
     }
-    Ok(response)
+    response
 }
 
 #[cfg(test)]

@@ -11,12 +11,13 @@
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use evervm_engine::{Account, ErrorKind, ForkMachine, ListCursor, MachineInfo, Tags};
 use serde::{Deserialize, Serialize};
 
 use super::control::{self, FILESYSTEM_ONLY_PAUSE};
+use super::listing::{MAX_LIST_LIMIT, page_response, parse_limit};
 use super::{ApiCaller, E2bFailure, E2bState};
 
 /// The tag that makes a machine a snapshot.
@@ -30,8 +31,6 @@ const NAME_TAG: &str = "e2b:snapshot-name";
 const ID_TAG: &str = ":default";
 /// The longest snapshot name.
 const MAX_NAME_BYTES: usize = 128;
-/// The most snapshots one page of a list holds.
-const MAX_LIST_LIMIT: usize = 100;
 
 /// Whether a machine with these tags is a snapshot (never a sandbox).
 pub(super) fn is_snapshot(tags: &Tags) -> bool {
@@ -183,17 +182,7 @@ pub(super) async fn list(
                 let name = value.strip_suffix(ID_TAG).unwrap_or(&value);
                 filter.insert(NAME_TAG.to_owned(), name.to_owned());
             }
-            "limit" => {
-                limit = value
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|l| (1..=MAX_LIST_LIMIT).contains(l))
-                    .ok_or_else(|| {
-                        E2bFailure::bad_request(format!(
-                            "limit {value:?}: a page holds 1 to {MAX_LIST_LIMIT} snapshots"
-                        ))
-                    })?;
-            }
+            "limit" => limit = parse_limit(&value, "snapshots")?,
             "nextToken" => cursor = Some(ListCursor::parse(&value)?),
             other => {
                 return Err(E2bFailure::bad_request(format!(
@@ -208,13 +197,7 @@ pub(super) async fn list(
         .list_machines_page_in(&account, &filter, limit, cursor, false)
         .await?;
     let snapshots: Vec<SnapshotInfo> = page.machines.iter().map(info_of).collect();
-    let mut response = Json(snapshots).into_response();
-    if let Some(next) = page.next_cursor
-        && let Ok(value) = HeaderValue::from_str(&next.encode())
-    {
-        response.headers_mut().insert("x-next-token", value);
-    }
-    Ok(response)
+    Ok(page_response(&snapshots, page.next_cursor))
 }
 
 /// `DELETE /templates/{id}` (how the SDKs delete a snapshot): 204, or 404 when there is none.
