@@ -467,6 +467,13 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
                 (Some(cert), Some(key)) => Some(evervm::server::tls::Tls::load(&cert, &key)?),
                 _ => None,
             };
+            if tls.is_some() && advertise.is_some() {
+                anyhow::bail!(
+                    "--tls-cert with --advertise: a cluster's nodes forward requests to each \
+                     other over plain HTTP, which a TLS listener does not answer (TLS between \
+                     nodes is not built yet); put TLS in front of the nodes instead"
+                );
+            }
             let e2b_domain = e2b_domain
                 .map(|d| evervm::server::e2b::check_domain(&d))
                 .transpose()

@@ -19,6 +19,8 @@ const LEASE_SECS: &str = "3";
 
 struct Node {
     url: String,
+    /// Its E2B listener.
+    e2b_url: String,
     killed: bool,
     child: Child,
     _home: tempfile::TempDir,
@@ -27,18 +29,24 @@ struct Node {
 
 impl Node {
     fn start(id: &str, database: &str, bucket: &str) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let free_port = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        };
+        let (port, e2b_port) = (free_port(), free_port());
         let url = format!("http://127.0.0.1:{port}");
+        let e2b_url = format!("http://127.0.0.1:{e2b_port}");
         let home = tempfile::tempdir().unwrap();
         let log = tempfile::NamedTempFile::new().unwrap();
         let mut child = Command::new(EVERVM)
             .args(["serve", "--backend", "gvisor", "--listen"])
             .arg(format!("127.0.0.1:{port}"))
             .args(["--advertise", &url, "--node-id", id])
+            .arg("--e2b-listen")
+            .arg(format!("127.0.0.1:{e2b_port}"))
             .args(["--database", database, "--snapshots", bucket])
             .arg("--home")
             .arg(home.path())
@@ -57,13 +65,14 @@ impl Node {
                 let log = std::fs::read_to_string(log.path()).unwrap_or_default();
                 panic!("node {id} did not start:\n{log}");
             };
-            if line.contains("listening on ") {
+            if line.contains("E2B-compatible API on ") {
                 break;
             }
         }
         std::thread::spawn(move || lines.for_each(drop));
         Self {
             url,
+            e2b_url,
             killed: false,
             child,
             _home: home,
@@ -227,6 +236,66 @@ async fn three_nodes_share_machines_forward_requests_and_survive_a_kill() {
         .unwrap();
     assert_eq!(run.result.value.as_deref(), Some("20"), "{run:?}");
     drop(session);
+    assert_eq!(cluster.residents().await, [1, 0, 0]);
+
+    // A sandbox made through B's E2B listener runs on B (its timeout's clock is there); E2B
+    // requests through the other nodes reach it there, however they name it.
+    let e2b = reqwest::Client::new();
+    let key = evervm::server::e2b::api_key_for_token(&token);
+    let created: serde_json::Value = e2b
+        .post(format!("{}/sandboxes", cluster.nodes[1].e2b_url))
+        .header("X-API-Key", &key)
+        .json(&serde_json::json!({ "templateID": "base", "timeout": 120 }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let sandbox = created["sandboxID"].as_str().unwrap().to_owned();
+    let access = created["envdAccessToken"].as_str().unwrap().to_owned();
+    let executed = e2b
+        .post(format!("{}/execute", cluster.nodes[2].e2b_url))
+        .header("E2b-Sandbox-Id", &sandbox)
+        .header("E2b-Sandbox-Port", "49999")
+        .header("X-Access-Token", &access)
+        .json(&serde_json::json!({ "code": "z = 6 * 7\nz" }))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(executed.contains(r#""text":"42""#), "{executed}");
+    // Its machine started on its first request, at home: B.
+    assert_eq!(cluster.residents().await, [1, 1, 0]);
+    // Named by its host, as behind wildcard DNS (restated in headers on the way).
+    let read = e2b
+        .get(format!("{}/health", cluster.nodes[0].e2b_url))
+        .header("Host", format!("49983-{sandbox}.e2b.example"))
+        .header("X-Access-Token", &access)
+        .send()
+        .await
+        .unwrap();
+    assert!(read.status().is_success(), "{:?}", read.text().await);
+    let info: serde_json::Value = e2b
+        .get(format!("{}/sandboxes/{sandbox}", cluster.nodes[0].e2b_url))
+        .header("X-API-Key", &key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(info["state"], "running", "{info}");
+    assert_eq!(cluster.residents().await, [1, 1, 0], "served where it runs");
+    let killed = e2b
+        .delete(format!("{}/sandboxes/{sandbox}", cluster.nodes[2].e2b_url))
+        .header("X-API-Key", &key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(killed.status(), reqwest::StatusCode::NO_CONTENT);
     assert_eq!(cluster.residents().await, [1, 0, 0]);
 
     // Swapped on A, it comes back on the node its next instruction reaches: B.

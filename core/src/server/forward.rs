@@ -111,7 +111,11 @@ async fn forwarded(address: &str, node: &str, request: Request) -> Response {
 }
 
 /// Sends `request` to the node at `address` (`http://HOST:PORT`) and streams its answer back.
-async fn forward(address: &str, node: &str, mut request: Request) -> Result<Response, String> {
+pub(crate) async fn forward(
+    address: &str,
+    node: &str,
+    mut request: Request,
+) -> Result<Response, String> {
     let url = url::Url::parse(address).map_err(|e| format!("its address is invalid: {e}"))?;
     if url.scheme() != "http" {
         return Err(format!(

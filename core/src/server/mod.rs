@@ -328,18 +328,24 @@ where
             None => spawn_server(without_nagle(listener), app, until),
         })
     };
-    let mut servers = vec![serve(listener, router(engine.clone()), Box::pin(signal))?];
-    if let Some(e2b::E2bListener {
-        listener: e2b_listener,
-        options,
-    }) = e2b
+    let e2b = e2b.map(|e2b::E2bListener { listener, options }| {
+        (listener, e2b::router_with(engine.clone(), options))
+    });
+    let mut api = router(engine.clone());
+    if let Some((_, e2b_api)) = &e2b
+        && engine.node_id().is_some()
     {
+        // The other nodes forward E2B requests for this node's sandboxes here.
+        api = api.nest_service(e2b::FORWARD_PREFIX, e2b_api.clone());
+    }
+    let mut servers = vec![serve(listener, api, Box::pin(signal))?];
+    if let Some((e2b_listener, e2b_api)) = e2b {
         if let Ok(address) = e2b_listener.local_addr() {
             tracing::info!(%address, "serving the E2B-compatible API");
         }
         servers.push(serve(
             e2b_listener,
-            e2b::router_with(engine.clone(), options),
+            e2b_api,
             Box::pin(stopped(stopping.clone())),
         )?);
     }

@@ -206,6 +206,17 @@ impl Engine {
     /// Where to forward a request for `machine`: the address of the node that holds its lease,
     /// when that is another node and the lease has not run out; `None` to serve it here.
     pub async fn owner_address(&self, machine: &str) -> Result<Option<String>> {
+        self.serving_address(machine, None).await
+    }
+
+    /// Where to send a request for `machine` whose clients call `home` its node (the node they
+    /// made it on): as [`Engine::owner_address`] while a node holds its lease; when none does,
+    /// `home`'s address if that is another node, alive now; `None` to serve it here.
+    pub async fn serving_address(
+        &self,
+        machine: &str,
+        home: Option<&str>,
+    ) -> Result<Option<String>> {
         let Some(node) = &self.inner.node else {
             return Ok(None);
         };
@@ -216,22 +227,29 @@ impl Engine {
         if held_here && !node.fenced() {
             return Ok(None);
         }
-        let Some(lease) = self.inner.store.lease(machine).await? else {
-            return Ok(None);
+        let (peer, alive_only) = match self.inner.store.lease(machine).await? {
+            Some(lease) if lease.until > Utc::now() => (lease.owner, false),
+            _ => match home {
+                Some(home) => (home.to_owned(), true),
+                None => return Ok(None),
+            },
         };
-        if lease.owner == node.id() || lease.until <= Utc::now() {
+        if peer == node.id() {
             return Ok(None);
         }
-        let known = lock(&node.peers)
-            .get(&lease.owner)
-            .map(|n| n.address.clone());
-        if let Some(address) = known {
+        let ttl = chrono::Duration::from_std(node.settings.lease_ttl)
+            .map_err(|e| Error::internal(format!("a lease's length: {e}")))?;
+        let address = |peers: &HashMap<String, NodeRecord>| {
+            peers
+                .get(&peer)
+                .filter(|n| !alive_only || n.heartbeat_at + ttl > Utc::now())
+                .map(|n| n.address.clone())
+        };
+        if let Some(address) = address(&lock(&node.peers)) {
             return Ok(Some(address));
         }
         refresh_peers(&self.inner).await;
-        Ok(lock(&node.peers)
-            .get(&lease.owner)
-            .map(|n| n.address.clone()))
+        Ok(address(&lock(&node.peers)))
     }
 
     /// This node's id, in a cluster.

@@ -147,8 +147,10 @@ pub fn check_domain(domain: &str) -> Result<String, String> {
 /// `sdk-too-old@<the host the request came to>`: a domain under which every sandbox URL an SDK
 /// builds points back here (see the module's notes).
 fn sink_domain(headers: &HeaderMap) -> String {
+    // A request another node forwarded says which host its client called.
     let host = headers
-        .get(header::HOST)
+        .get(super::forward::CALLED_HOST)
+        .or_else(|| headers.get(header::HOST))
         .and_then(|h| h.to_str().ok())
         .map(str::trim)
         .filter(|h| {

@@ -268,6 +268,7 @@ pub(super) async fn create(
         state.engine.network_default(),
     )?;
     tags.extend(network.tags);
+    tags.extend(super::forward::home_tag(&state.engine));
     if snapshots::is_snapshot_id(&template) {
         let Some(snapshot) = snapshots::find(&state, &account, &template).await? else {
             return Err(E2bFailure::new(
@@ -691,13 +692,23 @@ pub(super) async fn fork(
             "count {count}: a fork makes 1 to {MAX_FORKS} sandboxes"
         )));
     }
-    machine(&state, &account, &id).await?;
+    let parent = machine(&state, &account, &id).await?;
     let access = Access::of(&headers, &state)?;
+    // A fork's home is the node that made it.
+    let mut tags = parent.tags;
+    tags.extend(super::forward::home_tag(&state.engine));
     let mut forks = Vec::new();
     for _ in 0..count {
         let item = match state
             .engine
-            .fork_machine(&account, &id, ForkMachine::default())
+            .fork_machine(
+                &account,
+                &id,
+                ForkMachine {
+                    tags: Some(tags.clone()),
+                    at: None,
+                },
+            )
             .await
         {
             Ok(info) => {

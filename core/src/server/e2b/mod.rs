@@ -19,6 +19,8 @@ mod access;
 mod connect;
 mod control;
 mod envd;
+mod forward;
+pub use forward::FORWARD_PREFIX;
 mod interpreter;
 mod listing;
 mod network;
@@ -196,10 +198,15 @@ pub fn router_with(engine: Engine, options: E2bOptions) -> Router {
         .layer(axum::extract::DefaultBodyLimit::max(
             super::BODY_LIMIT_BYTES,
         ))
-        // Outermost: a request for a sandbox's own port goes there whatever its path.
+        // A request for a sandbox's own port goes there whatever its path.
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             ports::dispatch,
+        ))
+        // Outermost: in a cluster, a sandbox another node runs is served there.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            forward::to_owner,
         ))
         .with_state(state)
 }

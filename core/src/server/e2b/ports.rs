@@ -36,8 +36,8 @@ const PATH_PREFIX: &str = "/ports/";
 
 /// A request for a port of a sandbox.
 #[derive(Debug, PartialEq, Eq)]
-struct Target {
-    sandbox: String,
+pub(super) struct Target {
+    pub(super) sandbox: String,
     port: u16,
     /// The path form's prefix, taken off before the request goes on.
     prefix: Option<String>,
@@ -73,7 +73,7 @@ fn port_and_sandbox(label: &str) -> Option<(&str, &str)> {
 
 /// The port and sandbox a request names. `None`: not a request for a user port (envd's and the
 /// interpreter's stay with their handlers); `Some(Err)`: one with a bad port.
-fn target(headers: &HeaderMap, uri: &Uri) -> Option<Result<Target, Response>> {
+pub(super) fn target(headers: &HeaderMap, uri: &Uri) -> Option<Result<Target, Response>> {
     let (port, sandbox, prefix, routed_by_userinfo) =
         if let Some(sandbox) = header_text(headers, "e2b-sandbox-id") {
             let port = header_text(headers, "e2b-sandbox-port")?;
@@ -105,7 +105,7 @@ fn target(headers: &HeaderMap, uri: &Uri) -> Option<Result<Target, Response>> {
 }
 
 /// A host `<port>-<sandbox>.<domain>`.
-fn host_label(headers: &HeaderMap) -> Option<(String, String)> {
+pub(super) fn host_label(headers: &HeaderMap) -> Option<(String, String)> {
     let host = headers.get(header::HOST)?.to_str().ok()?;
     let (label, rest) = host.split_once('.')?;
     if rest.is_empty() {
