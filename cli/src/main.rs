@@ -105,6 +105,11 @@ enum Command {
             requires = "e2b_listen"
         )]
         e2b_domain: Option<String>,
+        /// With --e2b-listen: a sandbox's ports (`get_host`) answer anyone unless it is created
+        /// with `allow_public_traffic=False`, as E2B's do; without it, only its owner unless it
+        /// is created with `True`.
+        #[arg(long, env = "EVERVM_E2B_PUBLIC_PORTS", requires = "e2b_listen")]
+        e2b_public_ports: bool,
         /// Serve over TLS (every listener: the API, /mcp and --e2b-listen) with this
         /// certificate chain (PEM, the server's own first); read again on SIGHUP.
         #[arg(
@@ -460,6 +465,7 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
             node_id,
             e2b_listen,
             e2b_domain,
+            e2b_public_ports,
             tls_cert,
             tls_key,
         } => {
@@ -488,7 +494,11 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
                 advertise,
                 node_id,
             };
-            serve(listen, e2b_listen, e2b_domain, tls, options).await
+            let e2b_options = evervm::server::e2b::E2bOptions {
+                domain: e2b_domain,
+                public_ports: e2b_public_ports,
+            };
+            serve(listen, e2b_listen, e2b_options, tls, options).await
         }
         Command::Token { command } => {
             let home = target
@@ -672,7 +682,7 @@ async fn tokens(
 async fn serve(
     listen: SocketAddr,
     e2b_listen: Option<SocketAddr>,
-    e2b_domain: Option<String>,
+    e2b_options: evervm::server::e2b::E2bOptions,
     tls: Option<evervm::server::tls::Tls>,
     options: ServeOptions,
 ) -> Result<ExitCode> {
@@ -729,7 +739,7 @@ async fn serve(
                 "  export E2B_API_URL={scheme}://{e2b} E2B_SANDBOX_URL={scheme}://{e2b} \
                  E2B_API_KEY={} E2B_DOMAIN={}",
                 evervm::server::e2b::api_key_for_token(&token),
-                e2b_domain_for(e2b, e2b_domain.as_deref())
+                e2b_domain_for(e2b, e2b_options.domain.as_deref())
             );
         }
         let _ = writeln!(
@@ -743,7 +753,7 @@ async fn serve(
             banner,
             "E2B-compatible API on {scheme}://{e2b}: E2B_API_URL=E2B_SANDBOX_URL={scheme}://{e2b}, \
              E2B_API_KEY from `evervm token create --e2b`, E2B_DOMAIN={}",
-            e2b_domain_for(e2b, e2b_domain.as_deref())
+            e2b_domain_for(e2b, e2b_options.domain.as_deref())
         );
     }
     let exposed = std::iter::once(address)
@@ -771,7 +781,7 @@ async fn serve(
     drop(out);
     let e2b = e2b_listener.map(|listener| evervm::server::e2b::E2bListener {
         listener,
-        options: evervm::server::e2b::E2bOptions { domain: e2b_domain },
+        options: e2b_options,
     });
     server.serve_listeners(listener, e2b, tls, stop).await?;
     Ok(ExitCode::SUCCESS)

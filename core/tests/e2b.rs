@@ -606,6 +606,7 @@ async fn a_configured_domain_is_answered_and_routes_by_host() {
     let domain = evervm::server::e2b::check_domain("Sandboxes.Example.Test:3000").unwrap();
     let s = Server::start_with(evervm::server::e2b::E2bOptions {
         domain: Some(domain.clone()),
+        ..evervm::server::e2b::E2bOptions::default()
     })
     .await;
     let (status, created) = send(

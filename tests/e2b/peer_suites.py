@@ -77,12 +77,10 @@ CORE_EXCLUDED = [
     (re.compile(r"test_config_propagation\.py::test_connect_sets_stable_host_routing_headers"),
      "E2B_SANDBOX_URL is set"),
     # Differences docs/e2b.md states (What differs from hosted E2B).
-    # (With --tls; without it, the tests of public traffic and the masked host fail too: they
-    # write https://.)
+    # They write https:// before get_host: without --tls, evervm answers plain HTTP.
     (re.compile(r"test_host\.py::test_ping_server|test_create\.py::test_auto_resume_wakes_on_http"
                 r"|test_network\.py::test_(allow_public_traffic|mask_request_host)"),
-     "documented: ports are private unless the sandbox is created public (E2B: public); "
-     "without --tls, get_host over https"),
+     "get_host over https: run with --tls"),
     # They curl 1.1.1.1, 8.8.8.8 and Google; the only networks here are loopback and the
     # namespaces a test makes (evervm's own network tests: tests/tests/e2e/network.rs).
     (re.compile(r"test_internet_access\.py::test_internet_access_(enabled|default)"
@@ -219,6 +217,8 @@ def main() -> int:
         tls_env["SSL_CERT_FILE"] = str(evervm_serve.make_test_ca(work))
         cert, key = evervm_serve.issue_test_certificate(work, "server")
         serve_args = ["--tls-cert", str(cert), "--tls-key", str(key)]
+    # Ports public unless asked otherwise, as E2B's are (evervm's default is owner-only).
+    serve_args.append("--e2b-public-ports")
     server = evervm_serve.Server("gvisor", "evervm-peer-", e2b=True, args=serve_args)
     address = server.e2b_url.split("://", 1)[1]
     env = {**os.environ, **tls_env, "E2B_API_URL": server.e2b_url,

@@ -266,6 +266,7 @@ pub(super) async fn create(
         request.allow_internet_access,
         request.network.as_ref(),
         state.engine.network_default(),
+        state.public_ports,
     )?;
     tags.extend(network.tags);
     tags.extend(super::forward::home_tag(&state.engine));

@@ -102,6 +102,9 @@ pub(crate) struct E2bState {
     pub(crate) signed: Arc<signed::SignedUrls>,
     /// The domain sandboxes are answered under (`--e2b-domain`); none: evervm's sink domain.
     pub(crate) domain: Option<Arc<str>>,
+    /// Whether a sandbox's ports answer anyone unless it was created private
+    /// (`--e2b-public-ports`, E2B's default), rather than only its owner unless created public.
+    pub(crate) public_ports: bool,
 }
 
 /// How the E2B-compatible API is served.
@@ -111,6 +114,9 @@ pub struct E2bOptions {
     /// `<port>-<id>.<domain>` (wildcard DNS for it leads to this listener); checked with
     /// [`check_domain`]. None: `sdk-too-old@<the listener's address>`.
     pub domain: Option<String>,
+    /// A sandbox's ports answer anyone unless it is created with `allowPublicTraffic: false`
+    /// (E2B's default); otherwise only its owner unless it is created with `true`.
+    pub public_ports: bool,
 }
 
 /// The E2B-compatible API's listener and how it is served.
@@ -137,6 +143,7 @@ pub fn router_with(engine: Engine, options: E2bOptions) -> Router {
         watchers: Arc::default(),
         signed: Arc::default(),
         domain: options.domain.map(Arc::from),
+        public_ports: options.public_ports,
         engine,
     };
     Router::new()

@@ -75,11 +75,13 @@ pub(super) fn asks_for_something(value: Option<&serde_json::Value>) -> bool {
 }
 
 impl SandboxNetwork {
-    /// The network E2B's create asks for, over a server whose default network is `default`.
+    /// The network E2B's create asks for, over a server whose default network is `default`
+    /// and whose sandboxes' ports are public unless asked otherwise when `public_ports`.
     pub(super) fn of(
         allow_internet_access: Option<bool>,
         request: Option<&NetworkRequest>,
         default: &NetworkPolicy,
+        public_ports: bool,
     ) -> Result<Self, E2bFailure> {
         let empty = NetworkRequest::default();
         let request = request.unwrap_or(&empty);
@@ -135,7 +137,7 @@ impl SandboxNetwork {
             }
         };
         let mut tags = Vec::new();
-        if request.allow_public_traffic == Some(true) {
+        if request.allow_public_traffic.unwrap_or(public_ports) {
             tags.push((PUBLIC_TAG.to_owned(), "true".to_owned()));
         }
         if let Some(mask) = &request.mask_request_host {
@@ -191,7 +193,7 @@ mod tests {
         json: serde_json::Value,
         default: &NetworkPolicy,
     ) -> Result<Option<NetworkPolicy>, String> {
-        SandboxNetwork::of(internet, Some(&request(json)), default)
+        SandboxNetwork::of(internet, Some(&request(json)), default, false)
             .map(|n| n.policy)
             .map_err(|e| e.message)
     }
@@ -279,7 +281,7 @@ mod tests {
             "allowPublicTraffic": true,
             "maskRequestHost": "custom-host.example.com:${PORT}"
         }));
-        let network = SandboxNetwork::of(None, Some(&ask), &NetworkPolicy::None).unwrap();
+        let network = SandboxNetwork::of(None, Some(&ask), &NetworkPolicy::None, false).unwrap();
         let tags: Tags = network.tags.into_iter().collect();
         assert!(is_public(&tags));
         assert_eq!(
@@ -288,5 +290,13 @@ mod tests {
         );
         assert_eq!(masked_host(&Tags::new(), 8080), None);
         assert!(!is_public(&Tags::new()));
+        // With public ports the server's default, public unless asked otherwise.
+        let public = |ask: serde_json::Value| {
+            let network =
+                SandboxNetwork::of(None, Some(&request(ask)), &NetworkPolicy::None, true).unwrap();
+            is_public(&network.tags.into_iter().collect())
+        };
+        assert!(public(json!({})));
+        assert!(!public(json!({"allowPublicTraffic": false})));
     }
 }
