@@ -35,12 +35,9 @@ pub(crate) async fn to_owner(
     request: Request,
     next: Next,
 ) -> Response {
-    let Some(node) = state.engine.node_id().map(str::to_owned) else {
+    let Some(node) = forwarding_node(&state.engine, &request) else {
         return next.run(request).await;
     };
-    if request.headers().contains_key(FORWARDED_BY) {
-        return next.run(request).await;
-    }
     let Some(machine) = machine_in_path(request.uri().path()).map(str::to_owned) else {
         return next.run(request).await;
     };
@@ -84,6 +81,14 @@ pub(crate) async fn to_owner(
         }
         None => response,
     }
+}
+
+/// This node's id when `request` may be forwarded: in a cluster, and not forwarded already.
+pub(crate) fn forwarding_node(engine: &evervm_engine::Engine, request: &Request) -> Option<String> {
+    if request.headers().contains_key(FORWARDED_BY) {
+        return None;
+    }
+    engine.node_id().map(str::to_owned)
 }
 
 /// The address of the node that holds the machine's lease, when it is another node.

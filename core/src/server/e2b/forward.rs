@@ -15,7 +15,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::{E2bFailure, E2bState, header_text, ports};
-use crate::server::forward::FORWARDED_BY;
+use crate::server::forward::forwarding_node;
 
 /// Where each node's API listener serves the E2B API for the other nodes.
 pub const FORWARD_PREFIX: &str = "/_e2b";
@@ -65,12 +65,9 @@ pub(super) async fn to_owner(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let Some(node) = state.engine.node_id().map(str::to_owned) else {
+    let Some(node) = forwarding_node(&state.engine, &request) else {
         return next.run(request).await;
     };
-    if request.headers().contains_key(FORWARDED_BY) {
-        return next.run(request).await;
-    }
     let Some((sandbox, port)) = named_sandbox(&request) else {
         return next.run(request).await;
     };
