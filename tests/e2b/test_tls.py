@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import ssl
+import subprocess
 import sys
 import time
 import urllib.error
@@ -78,33 +79,50 @@ def test_every_listener_speaks_tls_to_a_client_that_trusts_it(tls_server, certif
         assert answer.status == 200
 
 
-def test_e2bs_sdk_and_its_ports_over_https(tls_server, certificates, monkeypatch) -> None:
-    import httpx
-    from e2b_code_interpreter import Sandbox
+# What an application does over https: its own process, started with the CA trusted
+# (SSL_CERT_FILE is read when the SDK makes its HTTP client, once per process).
+SDK_OVER_HTTPS = """
+import ssl, sys, time
+import httpx
+from e2b_code_interpreter import Sandbox
 
-    # The three variables, https, and the CA the SDKs' clients read (SSL_CERT_FILE).
-    monkeypatch.setenv("SSL_CERT_FILE", str(certificates / "ca.pem"))
-    monkeypatch.setenv("E2B_API_URL", tls_server.e2b_url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", tls_server.e2b_url)
-    monkeypatch.setenv("E2B_API_KEY", tls_server.e2b_key)
-    sandbox = Sandbox.create(timeout=120)
-    try:
-        assert sandbox.run_code("x = 20; x * 2 + 2").text == "42"
-        sandbox.commands.run("python3 -m http.server 8000 --directory /etc", background=True)
-        # E2B's own tests write `https://` before get_host: so does this one.
-        url = f"https://{sandbox.get_host(8000)}/hostname"
-        owner = {"e2b-traffic-access-token": sandbox.traffic_access_token}
-        deadline = time.monotonic() + 30
-        while True:
-            response = httpx.get(url, headers=owner, timeout=30,
-                                 verify=_trusting(certificates))
-            if response.status_code == 200 or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-        assert response.status_code == 200, response.text
-        assert response.text.strip() == sandbox.commands.run("cat /etc/hostname").stdout.strip()
-    finally:
-        sandbox.kill()
+trusting = ssl.create_default_context(cafile=sys.argv[1])
+sandbox = Sandbox.create(timeout=120)
+try:
+    assert sandbox.run_code("x = 20; x * 2 + 2").text == "42"
+    sandbox.commands.run("python3 -m http.server 8000 --directory /etc", background=True)
+    # E2B's own tests write `https://` before get_host: so does this.
+    url = f"https://{sandbox.get_host(8000)}/hostname"
+    owner = {"e2b-traffic-access-token": sandbox.traffic_access_token}
+    deadline = time.monotonic() + 30
+    while True:
+        response = httpx.get(url, headers=owner, timeout=30, verify=trusting)
+        if response.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert response.status_code == 200, response.text
+    hostname = sandbox.commands.run("cat /etc/hostname").stdout.strip()
+    assert response.text.strip() == hostname, (response.text, hostname)
+finally:
+    sandbox.kill()
+print("served over https")
+"""
+
+
+def test_e2bs_sdk_and_its_ports_over_https(tls_server, certificates) -> None:
+    ca = str(certificates / "ca.pem")
+    env = {**os.environ, "SSL_CERT_FILE": ca, "E2B_API_URL": tls_server.e2b_url,
+           "E2B_SANDBOX_URL": tls_server.e2b_url, "E2B_API_KEY": tls_server.e2b_key}
+    run = subprocess.run([sys.executable, "-c", SDK_OVER_HTTPS, ca], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "served over https"
+    # Without the CA, the SDK refuses the server.
+    env.pop("SSL_CERT_FILE")
+    refused = subprocess.run([sys.executable, "-c", SDK_OVER_HTTPS, ca], env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0
+    assert "certificate" in refused.stderr.lower(), refused.stderr
 
 
 def test_the_certificate_is_read_again_on_sighup(tls_server, certificates) -> None:
