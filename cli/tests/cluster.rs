@@ -242,16 +242,12 @@ async fn three_nodes_share_machines_forward_requests_and_survive_a_kill() {
     // requests through the other nodes reach it there, however they name it.
     let e2b = reqwest::Client::new();
     let key = evervm::server::e2b::api_key_for_token(&token);
-    let created: serde_json::Value = e2b
-        .post(format!("{}/sandboxes", cluster.nodes[1].e2b_url))
-        .header("X-API-Key", &key)
-        .json(&serde_json::json!({ "templateID": "base", "timeout": 120 }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let created = json_answer(
+        e2b.post(format!("{}/sandboxes", cluster.nodes[1].e2b_url))
+            .header("X-API-Key", &key)
+            .json(&serde_json::json!({ "templateID": "base", "timeout": 120 })),
+    )
+    .await;
     let sandbox = created["sandboxID"].as_str().unwrap().to_owned();
     let access = created["envdAccessToken"].as_str().unwrap().to_owned();
     let executed = e2b
@@ -278,15 +274,11 @@ async fn three_nodes_share_machines_forward_requests_and_survive_a_kill() {
         .await
         .unwrap();
     assert!(read.status().is_success(), "{:?}", read.text().await);
-    let info: serde_json::Value = e2b
-        .get(format!("{}/sandboxes/{sandbox}", cluster.nodes[0].e2b_url))
-        .header("X-API-Key", &key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let info = json_answer(
+        e2b.get(format!("{}/sandboxes/{sandbox}", cluster.nodes[0].e2b_url))
+            .header("X-API-Key", &key),
+    )
+    .await;
     assert_eq!(info["state"], "running", "{info}");
     assert_eq!(cluster.residents().await, [1, 1, 0], "served where it runs");
     let killed = e2b
@@ -429,4 +421,9 @@ async fn three_nodes_share_machines_forward_requests_and_survive_a_kill() {
     for node in &cluster.nodes[..2] {
         assert!(!node.log().contains("panicked"), "{}", node.log());
     }
+}
+
+/// Sends `request` and reads its answer as JSON.
+async fn json_answer(request: reqwest::RequestBuilder) -> serde_json::Value {
+    request.send().await.unwrap().json().await.unwrap()
 }

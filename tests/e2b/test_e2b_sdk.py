@@ -20,6 +20,8 @@ import pytest
 from e2b import CommandExitException, FileType, SandboxQuery
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 
+import evervm_serve  # on the path by conftest.py
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -641,18 +643,6 @@ def test_the_async_sdk_watches_as_a_stream(e2b_server) -> None:
     assert seen[0] == ("b.txt", FilesystemEventType.CREATE), seen
 
 
-def _get_until_served(url: str, headers: dict) -> "httpx.Response":
-    """E2B's own tests' loop: a server started in the background answers after a moment."""
-    import httpx
-
-    deadline = time.monotonic() + 20
-    while True:
-        response = httpx.get(url, headers=headers, timeout=30)
-        if response.status_code == 200 or time.monotonic() > deadline:
-            return response
-        time.sleep(0.5)
-
-
 def test_a_port_is_reached_through_get_host_across_a_swap(e2b_server) -> None:
     import httpx
 
@@ -665,7 +655,7 @@ def test_a_port_is_reached_through_get_host_across_a_swap(e2b_server) -> None:
         # user part, which routes the request; the SDK adds no scheme, and evervm speaks http.
         url = "http://" + sandbox.get_host(8000) + "/index.html"
         owner = {"e2b-traffic-access-token": sandbox.traffic_access_token}
-        response = _get_until_served(url, owner)
+        response = evervm_serve.get_until_served(url, owner)
         assert response.status_code == 200, response.text
         assert response.text == "served from the sandbox"
         # Private by default: no token, E2B's refusal.
@@ -699,7 +689,7 @@ def _serve():
 threading.Thread(target=_serve, daemon=True).start()
 """).error is None
         async_url = "http://" + sandbox.get_host(8002) + "/"
-        assert _get_until_served(async_url, owner).text == "async"
+        assert evervm_serve.get_until_served(async_url, owner).text == "async"
         pause(sandbox)
         assert httpx.get(async_url, headers=owner, timeout=30).text == "async"
     finally:
@@ -727,7 +717,7 @@ class Host(http.server.BaseHTTPRequestHandler):
 http.server.HTTPServer(("127.0.0.1", 8000), Host).serve_forever()
 """)
         sandbox.commands.run("python3 /home/user/host.py", background=True)
-        response = _get_until_served("http://" + sandbox.get_host(8000) + "/", {})
+        response = evervm_serve.get_until_served("http://" + sandbox.get_host(8000) + "/", {})
         assert response.status_code == 200, response.text
         assert response.text == "Host: custom-host.example.com:8000"
     finally:

@@ -22,6 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "support"))
 import evervm_serve  # noqa: E402
 
+SUPPORT = str(REPO / "tests" / "support")
+
 
 @pytest.fixture(scope="module")
 def certificates(tmp_path_factory) -> Path:
@@ -82,9 +84,11 @@ def test_every_listener_speaks_tls_to_a_client_that_trusts_it(tls_server, certif
 # What an application does over https: its own process, started with the CA trusted
 # (SSL_CERT_FILE is read when the SDK makes its HTTP client, once per process).
 SDK_OVER_HTTPS = """
-import ssl, sys, time
-import httpx
+import ssl, sys
 from e2b_code_interpreter import Sandbox
+
+sys.path.insert(0, sys.argv[2])
+from evervm_serve import get_until_served
 
 trusting = ssl.create_default_context(cafile=sys.argv[1])
 sandbox = Sandbox.create(timeout=120)
@@ -94,12 +98,7 @@ try:
     # E2B's own tests write `https://` before get_host: so does this.
     url = f"https://{sandbox.get_host(8000)}/hostname"
     owner = {"e2b-traffic-access-token": sandbox.traffic_access_token}
-    deadline = time.monotonic() + 30
-    while True:
-        response = httpx.get(url, headers=owner, timeout=30, verify=trusting)
-        if response.status_code == 200 or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+    response = get_until_served(url, owner, verify=trusting, seconds=30)
     assert response.status_code == 200, response.text
     hostname = sandbox.commands.run("cat /etc/hostname").stdout.strip()
     assert response.text.strip() == hostname, (response.text, hostname)
@@ -113,13 +112,13 @@ def test_e2bs_sdk_and_its_ports_over_https(tls_server, certificates) -> None:
     ca = str(certificates / "ca.pem")
     env = {**os.environ, "SSL_CERT_FILE": ca, "E2B_API_URL": tls_server.e2b_url,
            "E2B_SANDBOX_URL": tls_server.e2b_url, "E2B_API_KEY": tls_server.e2b_key}
-    run = subprocess.run([sys.executable, "-c", SDK_OVER_HTTPS, ca], env=env,
+    run = subprocess.run([sys.executable, "-c", SDK_OVER_HTTPS, ca, SUPPORT], env=env,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "served over https"
     # Without the CA, the SDK refuses the server.
     env.pop("SSL_CERT_FILE")
-    refused = subprocess.run([sys.executable, "-c", SDK_OVER_HTTPS, ca], env=env,
+    refused = subprocess.run([sys.executable, "-c", SDK_OVER_HTTPS, ca, SUPPORT], env=env,
                              capture_output=True, text=True, timeout=300)
     assert refused.returncode != 0
     assert "certificate" in refused.stderr.lower(), refused.stderr
@@ -138,6 +137,7 @@ def test_the_certificate_is_read_again_on_sighup(tls_server, certificates) -> No
     # Files that do not load leave the certificate in use, and the server up.
     (certificates / "served.key").write_text("not a key\n")
     os.kill(tls_server.process.pid, signal.SIGHUP)
-    time.sleep(1)
+    line = tls_server.wait_for_log("still serving the certificate loaded before")
+    assert "served.key" in line, line
     assert tls_server.process.poll() is None
     assert _served_common_name(tls_server.url, certificates) == "second"

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import IO
 
@@ -103,6 +104,20 @@ def issue_test_certificate(directory: Path, name: str) -> tuple[Path, Path]:
     return cert, key
 
 
+def get_until_served(url: str, headers: dict, verify=True, seconds: float = 20):
+    """GET `url` until it answers 200 or `seconds` pass (E2B's own tests' loop: a server started
+    in a sandbox in the background answers after a moment); the last answer (an httpx
+    Response). `verify` is httpx's: True, or an SSLContext that trusts a test's CA."""
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while True:
+        response = httpx.get(url, headers=headers, timeout=30, verify=verify)
+        if response.status_code == 200 or time.monotonic() > deadline:
+            return response
+        time.sleep(0.5)
+
+
 class Server:
     """`evervm serve` on `backend`, a free loopback port and a fresh home (`prefix` names it),
     stopped (and its home removed) by `stop`."""
@@ -110,12 +125,28 @@ class Server:
     def __init__(self, backend: str, prefix: str = "evervm-", env: dict[str, str] | None = None,
                  e2b: bool = False, args: list[str] | None = None) -> None:
         self.home = tempfile.mkdtemp(prefix=prefix)
-        self.process, self.url, self.token = start_serve(backend, self.home, env=env, e2b=e2b,
-                                                         args=args)
+        # The server's log, beside its home (not in it: the server owns that).
+        self.log_path = Path(f"{self.home}.log")
+        self._log = self.log_path.open("w")
+        self.process, self.url, self.token = start_serve(backend, self.home, stderr=self._log,
+                                                         env=env, e2b=e2b, args=args)
         if e2b:
             self.e2b_url, self.e2b_key = e2b_from_banner(self.process.banner)  # type: ignore[attr-defined]
+
+    def wait_for_log(self, text: str, timeout: float = 30) -> str:
+        """The first line of the server's log that contains `text`, waiting up to `timeout`
+        seconds for it; AssertionError naming `text` when it does not come."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in self.log_path.read_text(errors="replace").splitlines():
+                if text in line:
+                    return line
+            assert time.monotonic() < deadline, f"the server did not log {text!r}"
+            time.sleep(0.1)
 
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(timeout=60)
+        self._log.close()
         shutil.rmtree(self.home, ignore_errors=True)
+        self.log_path.unlink(missing_ok=True)

@@ -206,16 +206,17 @@ impl Engine {
     /// Where to forward a request for `machine`: the address of the node that holds its lease,
     /// when that is another node and the lease has not run out; `None` to serve it here.
     pub async fn owner_address(&self, machine: &str) -> Result<Option<String>> {
-        self.serving_address(machine, None).await
+        self.serving_address(machine, async || None).await
     }
 
-    /// Where to send a request for `machine` whose clients call `home` its node (the node they
+    /// Where to send a request for `machine` whose clients call a node its home (the node they
     /// made it on): as [`Engine::owner_address`] while a node holds its lease; when none does,
-    /// `home`'s address if that is another node, alive now; `None` to serve it here.
+    /// the address of the node `home` names (asked only then), if that is another node, alive
+    /// now; `None` to serve it here.
     pub async fn serving_address(
         &self,
         machine: &str,
-        home: Option<&str>,
+        home: impl AsyncFnOnce() -> Option<String>,
     ) -> Result<Option<String>> {
         let Some(node) = &self.inner.node else {
             return Ok(None);
@@ -229,8 +230,8 @@ impl Engine {
         }
         let (peer, alive_only) = match self.inner.store.lease(machine).await? {
             Some(lease) if lease.until > Utc::now() => (lease.owner, false),
-            _ => match home {
-                Some(home) => (home.to_owned(), true),
+            _ => match home().await {
+                Some(home) => (home, true),
                 None => return Ok(None),
             },
         };

@@ -71,15 +71,12 @@ pub(super) async fn to_owner(
     let Some((sandbox, port)) = named_sandbox(&request) else {
         return next.run(request).await;
     };
-    let home = match state.engine.machine_owner(&sandbox).await {
+    // The home node is looked up only when no node holds the sandbox's lease.
+    let home = async || match state.engine.machine_owner(&sandbox).await {
         Ok((_, tags)) => tags.get(HOME_TAG).cloned(),
         Err(_) => None,
     };
-    let address = match state
-        .engine
-        .serving_address(&sandbox, home.as_deref())
-        .await
-    {
+    let address = match state.engine.serving_address(&sandbox, home).await {
         Ok(Some(address)) => address,
         Ok(None) => return next.run(request).await,
         Err(e) => {
