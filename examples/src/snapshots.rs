@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use evervm::engine::{BackendChoice, Engine, EngineConfig};
 use evervm::{Client, CreateMachineOptions};
 
@@ -319,8 +319,16 @@ pub async fn history_figures() -> Result<()> {
         waited.elapsed().as_secs_f64(),
         memory_files(&data_home.path().join("machines"))
     );
-    // Its whole snapshot, uncompressed (as runsc writes it) and compressed whole (zstd 3).
-    let whole = whole_snapshot_bytes(&machine, data_home.path()).await?;
+    // Its whole snapshot, uncompressed (as runsc writes it) and compressed whole (zstd 3): a
+    // fork's, put back together once the engine has stopped (its saves are chunked).
+    let fork = machine.fork(None).await?;
+    let fork_dir = data_home
+        .path()
+        .join("machines")
+        .join(fork.name())
+        .join("snapshot");
+    data_engine.shutdown().await;
+    let whole = whole_snapshot_bytes(data_home.path(), &fork_dir)?;
     println!(
         "  100 instructions on pandas + a 10 MB DataFrame: {kept} undo points, {:.1} MB on disk \
          ({:.1} MB for the first point and the base); one snapshot of it is {:.1} MB \
@@ -331,24 +339,39 @@ pub async fn history_figures() -> Result<()> {
         whole.1 as f64 / 1e6,
         elapsed.as_secs_f64()
     );
-    data_engine.shutdown().await;
     engine.shutdown().await;
     Ok(())
 }
 
-/// One whole snapshot of the machine: its size as runsc writes it, and compressed with zstd.
-async fn whole_snapshot_bytes(machine: &evervm::Machine, home: &Path) -> Result<(u64, u64)> {
-    let fork = machine.fork(None).await?;
-    let dir = home.join("machines").join(fork.name()).join("snapshot");
-    let pages = std::fs::read(dir.join("pages.img")).unwrap_or_default();
-    let state = std::fs::read(dir.join("checkpoint.img")).unwrap_or_default();
-    let plain = (pages.len() + state.len()) as u64;
-    let packed = tokio::task::spawn_blocking(move || {
-        let a = zstd::bulk::compress(&pages, 3).map_or(0, |c| c.len());
-        let b = zstd::bulk::compress(&state, 3).map_or(0, |c| c.len());
-        (a + b) as u64
-    })
-    .await?;
-    fork.delete().await?;
+/// The whole snapshot in `dir` (under `home`, whose engine has stopped): its size as runsc
+/// writes it (memory and kernel state, chunked files put back together), and compressed with
+/// zstd 3.
+fn whole_snapshot_bytes(home: &Path, dir: &Path) -> Result<(u64, u64)> {
+    let chunks = evervm::engine::chunks::ChunkStore::open(home)?;
+    let scratch = tempfile::tempdir()?;
+    let (mut plain, mut packed) = (0u64, 0u64);
+    for name in ["pages.img", "checkpoint.img"] {
+        let bytes = if dir.join(name).is_file() {
+            std::fs::read(dir.join(name))?
+        } else {
+            let recipe = std::fs::read_dir(dir)?
+                .flatten()
+                .map(|e| e.path())
+                .find(|p| {
+                    p.file_name()
+                        .and_then(|n| {
+                            evervm::engine::chunks::chunked_name(&n.to_string_lossy())
+                                .map(|plain| plain == name)
+                        })
+                        .unwrap_or(false)
+                })
+                .with_context(|| format!("{} holds no {name}", dir.display()))?;
+            let out = scratch.path().join(name);
+            chunks.materialize(&recipe, &out)?;
+            std::fs::read(out)?
+        };
+        plain += bytes.len() as u64;
+        packed += zstd::bulk::compress(&bytes, 3).map_or(0, |c| c.len()) as u64;
+    }
     Ok((plain, packed))
 }

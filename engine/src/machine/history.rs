@@ -3,7 +3,8 @@
 //!
 //! A point is taken by the machine's task after the instruction's result is reported: the
 //! machine is saved in place (the same save `durability = instruction` makes, which it reuses
-//! when it has made it), and the snapshot is copied, chunked, to `history/<seq>`. Points beyond
+//! when it has made it; a machine with a history has its saves chunked as they are made), and
+//! the snapshot is copied, chunked, to `history/<seq>`. Points beyond
 //! the machine's count are dropped, oldest first; their chunks are collected when no other
 //! snapshot holds them.
 

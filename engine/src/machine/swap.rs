@@ -558,8 +558,13 @@ async fn commit_saved(
     let home = engine.config.home.clone();
     let name = machine.name.to_string();
     // With a bucket, chunked as it is saved: the upload sends only the chunks the bucket
-    // lacks. Its chunks stay pinned until it is installed.
-    let chunking = engine.chunking_saves();
+    // lacks. A machine with a history too: its save becomes an undo point, which is chunked
+    // anyway, and chunking it here spares hashing and syncing the whole memory file first.
+    // Its chunks stay pinned until it is installed.
+    let chunking = engine
+        .chunking_saves()
+        .or_else(|| engine.chunking().filter(|_| machine.history > 0));
+    let chunked = chunking.is_some();
     let (manifest, _pinned) = {
         let (staging, runtime) = (staging.to_path_buf(), runtime.to_owned());
         tokio::task::spawn_blocking(move || {
@@ -589,6 +594,10 @@ async fn commit_saved(
         install().await?;
         if let Err(e) = machine.note_saved(engine, None).await {
             tracing::warn!(machine = %machine.name, "cannot note a save: {e}");
+        }
+        if chunked {
+            // Nothing left for the compressor to do with it.
+            machine.snapshot_chunked();
         }
         return Ok(manifest);
     }
