@@ -424,8 +424,12 @@ export interface MachineInfo {
 /** Runs the engine in this process. */
 export declare function openLocal(options?: LocalOptions | undefined | null): Promise<NativeClient>
 
-/** A client of the server at `url` with `token` (`EVERVM_URL` and `EVERVM_TOKEN` when absent). */
-export declare function openRemote(url?: string | undefined | null, token?: string | undefined | null): NativeClient
+/**
+ * A client of the server at `url` with `token` (`EVERVM_URL` and `EVERVM_TOKEN` when absent);
+ * over https it trusts the default roots, or only the CA file `ca_file` (else
+ * `EVERVM_CA_FILE`) names.
+ */
+export declare function openRemote(url?: string | undefined | null, token?: string | undefined | null, caFile?: string | undefined | null): NativeClient
 
 /** One line of output, without its newline. */
 export interface OutputChunk {

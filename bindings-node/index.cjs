@@ -96,9 +96,9 @@ class Client {
       this.#native = options
       return
     }
-    const { url, token } = options ?? {}
+    const { url, token, caFile } = options ?? {}
     try {
-      this.#native = native.openRemote(url ?? null, token ?? null)
+      this.#native = native.openRemote(url ?? null, token ?? null, caFile ?? null)
     } catch (error) {
       throw evervmError(error)
     }

@@ -71,6 +71,9 @@ export interface RemoteOptions {
   url?: string
   /** A token of the server (default `EVERVM_TOKEN`). */
   token?: string
+  /** Over https, trust only the certificates in this PEM file (default `EVERVM_CA_FILE`; when
+   * neither is given, the default roots). */
+  caFile?: string
 }
 
 export declare class Client {

@@ -137,9 +137,15 @@ pub async fn open_local(options: Option<LocalOptions>) -> Result<NativeClient> {
     Ok(NativeClient { client })
 }
 
-/// A client of the server at `url` with `token` (`EVERVM_URL` and `EVERVM_TOKEN` when absent).
+/// A client of the server at `url` with `token` (`EVERVM_URL` and `EVERVM_TOKEN` when absent);
+/// over https it trusts the default roots, or only the CA file `ca_file` (else
+/// `EVERVM_CA_FILE`) names.
 #[napi]
-pub fn open_remote(url: Option<String>, token: Option<String>) -> Result<NativeClient> {
+pub fn open_remote(
+    url: Option<String>,
+    token: Option<String>,
+    ca_file: Option<String>,
+) -> Result<NativeClient> {
     let env = |key: &str| std::env::var(key).ok().filter(|v| !v.is_empty());
     let url = url.or_else(|| env("EVERVM_URL")).ok_or_else(|| {
         invalid(
@@ -150,7 +156,8 @@ pub fn open_remote(url: Option<String>, token: Option<String>) -> Result<NativeC
     let token = token
         .or_else(|| env("EVERVM_TOKEN"))
         .ok_or_else(|| invalid("no token given: pass { token } (or set EVERVM_TOKEN)"))?;
-    let client = evervm::Client::remote(&url, &token).map_err(to_js)?;
+    let trust = evervm::Trust::from_option_or_env(ca_file.map(std::path::PathBuf::from));
+    let client = evervm::Client::remote_trusting(&url, &token, &trust).map_err(to_js)?;
     Ok(NativeClient { client })
 }
 

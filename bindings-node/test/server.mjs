@@ -15,10 +15,10 @@ export function evervmBinary() {
   return path
 }
 
-/** `evervm serve` on a free loopback port and a fresh home. */
-export async function startServer(backend = 'process') {
+/** `evervm serve` on a free loopback port and a fresh home; `args` are more of serve's flags. */
+export async function startServer(backend = 'process', args = []) {
   const home = mkdtempSync(join(tmpdir(), 'evervm-node-'))
-  const child = spawn(evervmBinary(), ['serve', '--listen', '127.0.0.1:0', '--backend', backend, '--home', home], {
+  const child = spawn(evervmBinary(), ['serve', '--listen', '127.0.0.1:0', '--backend', backend, '--home', home, ...args], {
     stdio: ['ignore', 'pipe', 'ignore'],
     env: { ...process.env, EVERVM_POOL_SIZE: '1' },
   })

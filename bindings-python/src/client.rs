@@ -45,13 +45,20 @@ fn exec_options(
 /// a server's client is made again in the child (the parent's connections belong to the
 /// parent's runtime); an in-process engine stays with the parent, and the child is told so.
 pub(crate) struct Connection {
-    /// The server's URL and token; `None` for an in-process engine.
-    server: Option<(String, String)>,
+    /// The server's URL, token and whom it trusts; `None` for an in-process engine.
+    server: Option<Remote>,
     current: std::sync::Mutex<(u32, evervm::Client)>,
 }
 
+/// Where a client of a server connects, and how.
+struct Remote {
+    url: String,
+    token: String,
+    trust: evervm::Trust,
+}
+
 impl Connection {
-    fn new(client: evervm::Client, server: Option<(String, String)>) -> Arc<Self> {
+    fn new(client: evervm::Client, server: Option<Remote>) -> Arc<Self> {
         Arc::new(Self {
             server,
             current: std::sync::Mutex::new((std::process::id(), client)),
@@ -67,14 +74,15 @@ impl Connection {
         if current.0 == pid {
             return Ok(current.1.clone());
         }
-        let Some((url, token)) = &self.server else {
+        let Some(server) = &self.server else {
             return Err(crate::error::ConflictError::new_err(
                 "this client runs its engine in the parent process (Client.local); in a forked \
                  child open a client of its own: Client(url, token) for a server, or \
                  Client.local() on another home",
             ));
         };
-        let fresh = evervm::Client::remote(url, token).map_err(to_py)?;
+        let fresh = evervm::Client::remote_trusting(&server.url, &server.token, &server.trust)
+            .map_err(to_py)?;
         // The parent's client is not dropped here: its connections belong to a runtime this
         // process does not have.
         let inherited = std::mem::replace(&mut *current, (pid, fresh.clone()));
@@ -104,7 +112,8 @@ async fn connect_local(
 fn connect_remote(
     url: Option<String>,
     token: Option<String>,
-) -> PyResult<(evervm::Client, (String, String))> {
+    ca_file: Option<PathBuf>,
+) -> PyResult<(evervm::Client, Remote)> {
     let env = |key: &str| std::env::var(key).ok().filter(|v| !v.is_empty());
     let url = url.or_else(|| env("EVERVM_URL")).ok_or_else(|| {
         invalid_input(
@@ -115,8 +124,9 @@ fn connect_remote(
     let token = token
         .or_else(|| env("EVERVM_TOKEN"))
         .ok_or_else(|| invalid_input("no token given: pass token= (or set EVERVM_TOKEN)"))?;
-    let client = evervm::Client::remote(&url, &token).map_err(to_py)?;
-    Ok((client, (url, token)))
+    let trust = evervm::Trust::from_option_or_env(ca_file);
+    let client = evervm::Client::remote_trusting(&url, &token, &trust).map_err(to_py)?;
+    Ok((client, Remote { url, token, trust }))
 }
 
 async fn create_machine(
@@ -299,7 +309,8 @@ fn create_options(
 // --- blocking -------------------------------------------------------------------------------
 
 /// An evervm client: a server (`Client(url, token)`, defaults from `EVERVM_URL` and
-/// `EVERVM_TOKEN`) or the engine in this process (`Client.local()`).
+/// `EVERVM_TOKEN`; over https it trusts the default roots, or only the CA file `ca_file` or
+/// `EVERVM_CA_FILE` names) or the engine in this process (`Client.local()`).
 #[pyclass(module = "evervm", frozen)]
 pub(crate) struct Client {
     conn: Arc<Connection>,
@@ -314,9 +325,9 @@ impl Client {
 #[pymethods]
 impl Client {
     #[new]
-    #[pyo3(signature = (url=None, token=None))]
-    fn new(url: Option<String>, token: Option<String>) -> PyResult<Self> {
-        let (client, server) = connect_remote(url, token)?;
+    #[pyo3(signature = (url=None, token=None, ca_file=None))]
+    fn new(url: Option<String>, token: Option<String>, ca_file: Option<PathBuf>) -> PyResult<Self> {
+        let (client, server) = connect_remote(url, token, ca_file)?;
         Ok(Self {
             conn: Connection::new(client, Some(server)),
         })
@@ -814,9 +825,9 @@ impl AsyncClient {
 #[pymethods]
 impl AsyncClient {
     #[new]
-    #[pyo3(signature = (url=None, token=None))]
-    fn new(url: Option<String>, token: Option<String>) -> PyResult<Self> {
-        let (client, server) = connect_remote(url, token)?;
+    #[pyo3(signature = (url=None, token=None, ca_file=None))]
+    fn new(url: Option<String>, token: Option<String>, ca_file: Option<PathBuf>) -> PyResult<Self> {
+        let (client, server) = connect_remote(url, token, ca_file)?;
         Ok(Self {
             conn: Connection::new(client, Some(server)),
         })

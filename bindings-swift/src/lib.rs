@@ -108,7 +108,18 @@ impl Client {
         }))
     }
 
-    /// A client of `EVERVM_URL` with `EVERVM_TOKEN`.
+    /// A client of the server at `url` with `token` that trusts only the certificates in the
+    /// PEM file `caFile` over https (a self-hosted server's own CA).
+    #[uniffi::constructor]
+    pub fn trusting(url: String, token: String, ca_file: String) -> Result<Arc<Self>> {
+        let trust = evervm::Trust::CaFile(ca_file.into());
+        Ok(Arc::new(Self {
+            client: evervm::Client::remote_trusting(&url, &token, &trust)?,
+        }))
+    }
+
+    /// A client of `EVERVM_URL` with `EVERVM_TOKEN`, trusting the CA file `EVERVM_CA_FILE`
+    /// names when it is set.
     #[uniffi::constructor]
     pub fn from_environment() -> Result<Arc<Self>> {
         Ok(Arc::new(Self {

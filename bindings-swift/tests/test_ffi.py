@@ -46,6 +46,11 @@ def test_errors_are_one_enum_with_a_case_per_kind(ffi, server) -> None:
             raise AssertionError("ftp is no server")
         except ffi.EvervmError.InvalidInput as e:
             assert "ftp" in e.message
+        try:
+            ffi.Client.trusting(server.url, server.token, "/nonexistent/ca.pem")
+            raise AssertionError("a CA file that is not there")
+        except ffi.EvervmError.InvalidInput as e:
+            assert "/nonexistent/ca.pem" in e.message
         stranger = ffi.Client(server.url, "nope.nope")
         try:
             await stranger.list_machines(None)

@@ -42,6 +42,10 @@ struct Target {
     /// The token for the server (`evervm token create` makes one).
     #[arg(long, env = "EVERVM_TOKEN", global = true, hide_env_values = true)]
     token: Option<String>,
+    /// Trust only the certificates in this PEM file for an https server (a self-hosted
+    /// server's own CA), instead of the default roots.
+    #[arg(long, env = "EVERVM_CA_FILE", global = true)]
+    ca_file: Option<std::path::PathBuf>,
     /// Run the engine in this process instead of talking to a server.
     #[arg(long, global = true)]
     local: bool,
@@ -425,7 +429,13 @@ impl Target {
                 "no token given: pass --token or set EVERVM_TOKEN (`evervm token create` makes one)"
             );
         };
-        Ok(Client::remote(url, token)?)
+        Ok(self.remote(url, token)?)
+    }
+
+    /// A client of the server at `url`, trusting `--ca-file` when given.
+    fn remote(&self, url: &str, token: &str) -> evervm::Result<Client> {
+        let trust = evervm::Trust::from_option_or_env(self.ca_file.clone());
+        Client::remote_trusting(url, token, &trust)
     }
 }
 
@@ -583,6 +593,7 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
             let stdio = mcp::StdioTarget {
                 url: target.url.clone(),
                 token: target.token.clone(),
+                ca_file: target.ca_file.clone(),
                 home: target.home.clone(),
                 backend: target.backend.clone(),
             };

@@ -20,6 +20,7 @@ pub enum McpCommand {
 pub struct StdioTarget {
     pub url: Option<String>,
     pub token: Option<String>,
+    pub ca_file: Option<std::path::PathBuf>,
     pub home: Option<std::path::PathBuf>,
     pub backend: Option<String>,
 }
@@ -28,7 +29,11 @@ pub struct StdioTarget {
 /// protocol's.
 pub async fn serve_stdio(target: StdioTarget) -> Result<()> {
     let server = match (&target.url, &target.token) {
-        (Some(url), Some(token)) => McpServer::new(Client::remote(url, token)?),
+        (Some(url), Some(token)) => McpServer::new(Client::remote_trusting(
+            url,
+            token,
+            &evervm::Trust::from_option_or_env(target.ca_file.clone()),
+        )?),
         (Some(_), None) => bail!(
             "--url (or EVERVM_URL) is given without a token: pass --token or set EVERVM_TOKEN"
         ),

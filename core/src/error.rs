@@ -46,13 +46,35 @@ impl From<evervm_engine::Error> for Error {
 
 impl From<reqwest::Error> for Error {
     fn from(e: reqwest::Error) -> Self {
-        Self::transport(format!("HTTP request failed: {e}"))
+        Self::transport(format!("HTTP request failed: {}", with_causes(&e)))
     }
+}
+
+/// `e` and each error under it (where the reason is: a refused certificate, a refused
+/// connection), with what to do about a certificate the client does not trust.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(inner) = cause {
+        let more = inner.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = inner.source();
+    }
+    if text.contains("certificate") {
+        text.push_str(
+            " (for a server with a CA of its own, give the client its CA file: EVERVM_CA_FILE, \
+             ca_file, --ca-file)",
+        );
+    }
+    text
 }
 
 impl From<tokio_tungstenite::tungstenite::Error> for Error {
     fn from(e: tokio_tungstenite::tungstenite::Error) -> Self {
-        Self::transport(format!("WebSocket failed: {e}"))
+        Self::transport(format!("WebSocket failed: {}", with_causes(&e)))
     }
 }
 

@@ -23,7 +23,7 @@ mod types;
 
 #[cfg(feature = "local")]
 pub use client::LocalOptions;
-pub use client::{Client, EventStream, Machine, Session};
+pub use client::{CA_FILE_ENV, Client, EventStream, Machine, Session, Trust};
 pub use error::{Error, ErrorKind, Result};
 pub use types::*;
 

@@ -408,7 +408,12 @@ class Machine:
 
 @final
 class Client:
-    def __new__(cls, url: Optional[str] = None, token: Optional[str] = None) -> Client: ...
+    def __new__(
+        cls,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+        ca_file: Optional[Union[str, PathLike[str]]] = None,
+    ) -> Client: ...
     @staticmethod
     def local(
         home: Optional[Union[str, PathLike[str]]] = None,
@@ -490,7 +495,12 @@ class AsyncMachine:
 
 @final
 class AsyncClient:
-    def __new__(cls, url: Optional[str] = None, token: Optional[str] = None) -> AsyncClient: ...
+    def __new__(
+        cls,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+        ca_file: Optional[Union[str, PathLike[str]]] = None,
+    ) -> AsyncClient: ...
     @staticmethod
     def local(
         home: Optional[Union[str, PathLike[str]]] = None,

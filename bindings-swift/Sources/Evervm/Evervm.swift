@@ -756,12 +756,28 @@ public convenience init(url: String, token: String)throws  {
 
     
     /**
-     * A client of `EVERVM_URL` with `EVERVM_TOKEN`.
+     * A client of `EVERVM_URL` with `EVERVM_TOKEN`, trusting the CA file `EVERVM_CA_FILE`
+     * names when it is set.
      */
 public static func fromEnvironment()throws  -> Client  {
     return try  FfiConverterTypeClient_lift(try rustCallWithError(FfiConverterTypeEvervmError_lift) {
         uniffiCallStatus in
     uniffi_evervm_ffi_fn_constructor_client_from_environment(uniffiCallStatus
+    )
+})
+}
+    
+    /**
+     * A client of the server at `url` with `token` that trusts only the certificates in the
+     * PEM file `caFile` over https (a self-hosted server's own CA).
+     */
+public static func trusting(url: String, token: String, caFile: String)throws  -> Client  {
+    return try  FfiConverterTypeClient_lift(try rustCallWithError(FfiConverterTypeEvervmError_lift) {
+        uniffiCallStatus in
+    uniffi_evervm_ffi_fn_constructor_client_trusting(
+        FfiConverterString.lower(url),
+        FfiConverterString.lower(token),
+        FfiConverterString.lower(caFile),uniffiCallStatus
     )
 })
 }
@@ -4957,10 +4973,13 @@ private let initializationResult: InitializationResult = {
     if (uniffi_evervm_ffi_checksum_method_pendingexecution_result() != 44932) {
         return InitializationResult.apiChecksumMismatch
     }
-    if (uniffi_evervm_ffi_checksum_constructor_client_from_environment() != 2029) {
+    if (uniffi_evervm_ffi_checksum_constructor_client_from_environment() != 626) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_evervm_ffi_checksum_constructor_client_new() != 25392) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_evervm_ffi_checksum_constructor_client_trusting() != 65078) {
         return InitializationResult.apiChecksumMismatch
     }
 

@@ -264,6 +264,11 @@ uint64_t uniffi_evervm_ffi_fn_constructor_client_from_environment(RustCallStatus
 uint64_t uniffi_evervm_ffi_fn_constructor_client_new(RustBuffer url, RustBuffer token, RustCallStatus *_Nonnull out_status
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_CONSTRUCTOR_CLIENT_TRUSTING
+#define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_CONSTRUCTOR_CLIENT_TRUSTING
+uint64_t uniffi_evervm_ffi_fn_constructor_client_trusting(RustBuffer url, RustBuffer token, RustBuffer ca_file, RustCallStatus *_Nonnull out_status
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_CLIENT_CREATE_MACHINE
 #define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_FN_METHOD_CLIENT_CREATE_MACHINE
 uint64_t uniffi_evervm_ffi_fn_method_client_create_machine(uint64_t ptr, RustBuffer tags, RustBuffer memory_mb, RustBuffer image, RustBuffer durability, RustBuffer history, RustBuffer env, RustBuffer secret_env, RustBuffer ttl_seconds, RustBuffer network, RustBuffer network_allow
@@ -948,6 +953,12 @@ uint16_t uniffi_evervm_ffi_checksum_constructor_client_from_environment(void
 #ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_CONSTRUCTOR_CLIENT_NEW
 #define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_CONSTRUCTOR_CLIENT_NEW
 uint16_t uniffi_evervm_ffi_checksum_constructor_client_new(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_CONSTRUCTOR_CLIENT_TRUSTING
+#define UNIFFI_FFIDEF_UNIFFI_EVERVM_FFI_CHECKSUM_CONSTRUCTOR_CLIENT_TRUSTING
+uint16_t uniffi_evervm_ffi_checksum_constructor_client_trusting(void
     
 );
 #endif

@@ -195,6 +195,13 @@ impl Launch {
             (Some(url), Some(token)) => {
                 env.push(("EVERVM_URL".to_owned(), url.clone()));
                 env.push(("EVERVM_TOKEN".to_owned(), token.clone()));
+                if let Some(ca_file) = &target.ca_file {
+                    let ca_file = ca_file.canonicalize().unwrap_or_else(|_| ca_file.clone());
+                    let Some(ca_file) = ca_file.to_str() else {
+                        bail!("the CA file's path, {}, is not UTF-8", ca_file.display());
+                    };
+                    env.push((evervm::CA_FILE_ENV.to_owned(), ca_file.to_owned()));
+                }
             }
             (Some(_), None) => bail!(
                 "--url (or EVERVM_URL) is given without a token: pass --token or set EVERVM_TOKEN"

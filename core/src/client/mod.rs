@@ -5,6 +5,7 @@ mod files;
 #[cfg(feature = "local")]
 mod local;
 pub(crate) mod remote;
+mod trust;
 
 use std::sync::Arc;
 
@@ -21,6 +22,7 @@ use crate::types::{
 
 #[cfg(feature = "local")]
 pub use local::LocalOptions;
+pub use trust::{CA_FILE_ENV, Trust};
 
 /// Output then the result of one instruction. Ends after the result.
 pub type EventStream = BoxStream<'static, Result<ExecEvent>>;
@@ -112,14 +114,22 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// A client of the server at `url` (`http://host:port`), authenticating with `token`.
+    /// A client of the server at `url` (`http://host:port`), authenticating with `token`; over
+    /// https, it trusts the default roots.
     pub fn remote(url: &str, token: &str) -> Result<Self> {
+        Self::remote_trusting(url, token, &Trust::DefaultRoots)
+    }
+
+    /// A client of the server at `url` that verifies an https server by `trust` (a CA file of
+    /// a self-hosted server's own, say). A CA file that cannot be read is an error naming it.
+    pub fn remote_trusting(url: &str, token: &str, trust: &Trust) -> Result<Self> {
         Ok(Self {
-            transport: Arc::new(remote::RemoteTransport::new(url, token)?),
+            transport: Arc::new(remote::RemoteTransport::new(url, token, trust)?),
         })
     }
 
-    /// A remote client from `EVERVM_URL` and `EVERVM_TOKEN`.
+    /// A remote client from `EVERVM_URL` and `EVERVM_TOKEN`, trusting the CA file
+    /// `EVERVM_CA_FILE` names when it is set.
     pub fn from_env() -> Result<Self> {
         let url = std::env::var("EVERVM_URL").map_err(|_| {
             Error::invalid(
@@ -129,7 +139,7 @@ impl Client {
         let token = std::env::var("EVERVM_TOKEN").map_err(|_| {
             Error::invalid("EVERVM_TOKEN is not set: create one with `evervm token create`")
         })?;
-        Self::remote(&url, &token)
+        Self::remote_trusting(&url, &token, &Trust::from_option_or_env(None))
     }
 
     /// A client that runs the engine in this process (no server). The tokio runtime it is

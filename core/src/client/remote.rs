@@ -1,5 +1,7 @@
 //! The remote transport: an evervm (or ForeverVM-compatible) server over HTTP and WebSocket.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use futures::{SinkExt, StreamExt};
 use reqwest::{Method, StatusCode};
@@ -9,7 +11,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use url::Url;
 
-use super::{EventStream, SessionTransport, Transport};
+use super::{EventStream, SessionTransport, Transport, Trust};
 use crate::error::{Error, Result};
 use crate::protocol::{
     self, ApiError, CreateMachineRequest, CreateMachineResponse, DeleteMachineResponse, ErrorCode,
@@ -26,6 +28,8 @@ pub(crate) struct RemoteTransport {
     base: Url,
     token: String,
     http: reqwest::Client,
+    /// The WebSocket's TLS when the client trusts a CA file (else tungstenite's default roots).
+    tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// Maps an error body and status to an error, by the wire's one table of codes.
@@ -55,7 +59,7 @@ fn seconds(options: &ExecOptions) -> Result<i32> {
 }
 
 impl RemoteTransport {
-    pub(crate) fn new(url: &str, token: &str) -> Result<Self> {
+    pub(crate) fn new(url: &str, token: &str, trust: &Trust) -> Result<Self> {
         let base =
             Url::parse(url).map_err(|e| Error::invalid(format!("{url:?} is not a URL: {e}")))?;
         if !matches!(base.scheme(), "http" | "https") {
@@ -63,14 +67,19 @@ impl RemoteTransport {
                 "{url:?}: the server URL must start with http:// or https://"
             )));
         }
-        let http = reqwest::Client::builder()
-            .tcp_nodelay(true)
+        let tls = trust.client_config()?;
+        let mut http = reqwest::Client::builder().tcp_nodelay(true);
+        if let Some(config) = &tls {
+            http = http.use_preconfigured_tls(rustls::ClientConfig::clone(config));
+        }
+        let http = http
             .build()
             .map_err(|e| Error::transport(format!("cannot build an HTTP client: {e}")))?;
         Ok(Self {
             base,
             token: token.to_owned(),
             http,
+            tls,
         })
     }
 
@@ -690,21 +699,26 @@ impl Transport for RemoteTransport {
             .parse()
             .map_err(|_| Error::invalid("the token contains characters not allowed in a header"))?;
         request.headers_mut().insert("authorization", bearer);
-        let (socket, _) = tokio_tungstenite::connect_async_with_config(request, None, true)
-            .await
-            .map_err(|e| match e {
-                tokio_tungstenite::tungstenite::Error::Http(response) => {
-                    let body = response
-                        .body()
-                        .as_ref()
-                        .map(|b| String::from_utf8_lossy(b).into_owned())
-                        .unwrap_or_default();
-                    let status = StatusCode::from_u16(response.status().as_u16())
-                        .unwrap_or(StatusCode::BAD_GATEWAY);
-                    api_error(status, &body)
-                }
-                other => Error::from(other),
-            })?;
+        let connector = self
+            .tls
+            .as_ref()
+            .map(|config| tokio_tungstenite::Connector::Rustls(Arc::clone(config)));
+        let (socket, _) =
+            tokio_tungstenite::connect_async_tls_with_config(request, None, true, connector)
+                .await
+                .map_err(|e| match e {
+                    tokio_tungstenite::tungstenite::Error::Http(response) => {
+                        let body = response
+                            .body()
+                            .as_ref()
+                            .map(|b| String::from_utf8_lossy(b).into_owned())
+                            .unwrap_or_default();
+                        let status = StatusCode::from_u16(response.status().as_u16())
+                            .unwrap_or(StatusCode::BAD_GATEWAY);
+                        api_error(status, &body)
+                    }
+                    other => Error::from(other),
+                })?;
         let mut session = WebSocketSession {
             socket,
             machine_name: String::new(),
@@ -1001,7 +1015,12 @@ mod tests {
 
     #[test]
     fn urls_drop_any_base_path_like_the_forevervm_sdk() {
-        let t = RemoteTransport::new("http://127.0.0.1:9/prefix/?q=1#f", "a.b").unwrap();
+        let t = RemoteTransport::new(
+            "http://127.0.0.1:9/prefix/?q=1#f",
+            "a.b",
+            &Trust::DefaultRoots,
+        )
+        .unwrap();
         assert_eq!(
             t.url(&["v1", "whoami"]).unwrap().as_str(),
             "http://127.0.0.1:9/v1/whoami"
@@ -1014,12 +1033,12 @@ mod tests {
             t.websocket_url(Some("abc")).unwrap().as_str(),
             "ws://127.0.0.1:9/v1/machine/abc/repl?rich=true"
         );
-        assert!(RemoteTransport::new("ftp://x", "a.b").is_err());
+        assert!(RemoteTransport::new("ftp://x", "a.b", &Trust::DefaultRoots).is_err());
     }
 
     #[test]
     fn machine_names_follow_the_engine_rule() {
-        let t = RemoteTransport::new("http://127.0.0.1:9", "a.b").unwrap();
+        let t = RemoteTransport::new("http://127.0.0.1:9", "a.b", &Trust::DefaultRoots).unwrap();
         assert_eq!(
             t.machine_url("a_B-9", &["exec"]).unwrap().as_str(),
             "http://127.0.0.1:9/v1/machine/a_B-9/exec"
@@ -1033,7 +1052,7 @@ mod tests {
 
     #[test]
     fn checkpoint_names_follow_the_engine_rule() {
-        let t = RemoteTransport::new("http://127.0.0.1:9", "a.b").unwrap();
+        let t = RemoteTransport::new("http://127.0.0.1:9", "a.b", &Trust::DefaultRoots).unwrap();
         for good in ["v1.2", "before-cleanup", "a_b.c-d", "x.", &"c".repeat(64)] {
             let url = t.checkpoint_url("m", good, &["rollback"]).unwrap();
             assert_eq!(

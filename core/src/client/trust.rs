@@ -1,0 +1,102 @@
+//! Which servers a remote client trusts over https: by default the roots every client is built
+//! with (Mozilla's, as browsers); with a CA file (`EVERVM_CA_FILE`, `ca_file=`, `--ca-file`),
+//! the certificates in it and no others, as `curl --cacert` does. The same TLS setup serves the
+//! client's HTTP requests and its WebSocket sessions, so both verify alike.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+
+use crate::error::{Error, Result};
+
+/// The environment variable naming a CA file (PEM) that remote clients trust instead of the
+/// default roots.
+pub const CA_FILE_ENV: &str = "EVERVM_CA_FILE";
+
+/// Whom a remote client trusts.
+#[derive(Debug, Clone, Default)]
+pub enum Trust {
+    /// The default roots.
+    #[default]
+    DefaultRoots,
+    /// Only the certificates in this PEM file.
+    CaFile(PathBuf),
+}
+
+impl Trust {
+    /// `ca_file` when given, else the file `EVERVM_CA_FILE` names when set, else the default
+    /// roots.
+    pub fn from_option_or_env(ca_file: Option<PathBuf>) -> Self {
+        ca_file
+            .or_else(|| {
+                std::env::var_os(CA_FILE_ENV)
+                    .filter(|v| !v.is_empty())
+                    .map(PathBuf::from)
+            })
+            .map_or(Trust::DefaultRoots, Trust::CaFile)
+    }
+
+    /// The TLS configuration for this trust; `None` for the default roots (each library's own).
+    pub(crate) fn client_config(&self) -> Result<Option<Arc<rustls::ClientConfig>>> {
+        let Trust::CaFile(path) = self else {
+            return Ok(None);
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        for certificate in read_certificates(path)? {
+            roots.add(certificate).map_err(|e| {
+                Error::invalid(format!(
+                    "the CA file {}: a certificate in it cannot be trusted: {e}",
+                    path.display()
+                ))
+            })?;
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::transport(format!("TLS: {e}")))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(Some(Arc::new(config)))
+    }
+}
+
+fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
+    let certificates = CertificateDer::pem_file_iter(path)
+        .and_then(Iterator::collect::<std::result::Result<Vec<_>, _>>)
+        .map_err(|e| {
+            Error::invalid(format!(
+                "the CA file {} cannot be read as PEM certificates: {e}",
+                path.display()
+            ))
+        })?;
+    if certificates.is_empty() {
+        return Err(Error::invalid(format!(
+            "the CA file {} holds no certificate (a PEM file with BEGIN CERTIFICATE blocks)",
+            path.display()
+        )));
+    }
+    Ok(certificates)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ca_file_that_is_missing_or_holds_no_certificate_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = Trust::CaFile(dir.path().join("absent.pem"));
+        let error = missing.client_config().unwrap_err().to_string();
+        assert!(error.contains("absent.pem"), "{error}");
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "not a certificate\n").unwrap();
+        let error = Trust::CaFile(empty)
+            .client_config()
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("holds no certificate"), "{error}");
+        assert!(Trust::DefaultRoots.client_config().unwrap().is_none());
+    }
+}
