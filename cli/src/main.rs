@@ -131,6 +131,11 @@ enum Command {
             requires = "tls_cert"
         )]
         tls_key: Option<PathBuf>,
+        /// In a cluster whose nodes advertise https:// addresses: the CA (PEM) their
+        /// certificates are verified against when one forwards to another (default: Mozilla's
+        /// roots).
+        #[arg(long, env = "EVERVM_CLUSTER_CA", value_name = "FILE")]
+        cluster_ca: Option<PathBuf>,
     },
     /// Build and list root filesystem images (for the gVisor backend).
     Image {
@@ -478,17 +483,34 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
             e2b_public_ports,
             tls_cert,
             tls_key,
+            cluster_ca,
         } => {
             let tls = match (tls_cert, tls_key) {
                 (Some(cert), Some(key)) => Some(evervm::server::tls::Tls::load(&cert, &key)?),
                 _ => None,
             };
-            if tls.is_some() && advertise.is_some() {
-                anyhow::bail!(
-                    "--tls-cert with --advertise: a cluster's nodes forward requests to each \
-                     other over plain HTTP, which a TLS listener does not answer (TLS between \
-                     nodes is not built yet); put TLS in front of the nodes instead"
-                );
+            if let Some(advertise) = &advertise {
+                let https = advertise.starts_with("https://");
+                if tls.is_some() && !https {
+                    anyhow::bail!(
+                        "--advertise {advertise} with --tls-cert: the other nodes reach this one \
+                         on its TLS listener, so advertise an https:// address (one its \
+                         certificate names)"
+                    );
+                }
+                if tls.is_none() && https {
+                    anyhow::bail!(
+                        "--advertise {advertise}: an https:// address needs this node to serve \
+                         TLS (--tls-cert and --tls-key)"
+                    );
+                }
+                if https {
+                    let trust = cluster_ca
+                        .clone()
+                        .map_or(evervm::Trust::DefaultRoots, evervm::Trust::CaFile);
+                    evervm::server::trust_nodes(&trust)
+                        .map_err(|e| anyhow::anyhow!("--cluster-ca: {e}"))?;
+                }
             }
             let e2b_domain = e2b_domain
                 .map(|d| evervm::server::e2b::check_domain(&d))

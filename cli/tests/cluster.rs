@@ -3,14 +3,16 @@
 //! WebSockets) reaching another node are forwarded to the owner, a machine swapped on one node
 //! comes back on another with its state, a node killed with SIGKILL loses no acknowledged state
 //! of a machine with `durability = instruction`, and nodes racing for one machine never run it
-//! both. Needs the test PostgreSQL server and bucket (`scripts/test.sh` starts both).
+//! both. Needs the test PostgreSQL server and bucket (`scripts/test.sh` starts both). The nodes
+//! serve TLS with a certificate of a CA the test makes (openssl), advertise https:// addresses
+//! and verify each other against that CA (`--cluster-ca`) when they forward.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use evervm::{Client, CreateMachineOptions};
+use evervm::{Client, CreateMachineOptions, Trust};
 
 const EVERVM: &str = env!("CARGO_BIN_EXE_evervm");
 
@@ -21,6 +23,10 @@ struct Node {
     url: String,
     /// Its E2B listener.
     e2b_url: String,
+    /// The test's CA, which signed the nodes' certificate.
+    ca: std::path::PathBuf,
+    /// An HTTP client that trusts the CA.
+    http: reqwest::Client,
     killed: bool,
     child: Child,
     _home: tempfile::TempDir,
@@ -28,7 +34,7 @@ struct Node {
 }
 
 impl Node {
-    fn start(id: &str, database: &str, bucket: &str) -> Self {
+    fn start(id: &str, database: &str, bucket: &str, tls: &std::path::Path) -> Self {
         let free_port = || {
             std::net::TcpListener::bind("127.0.0.1:0")
                 .unwrap()
@@ -37,8 +43,9 @@ impl Node {
                 .port()
         };
         let (port, e2b_port) = (free_port(), free_port());
-        let url = format!("http://127.0.0.1:{port}");
-        let e2b_url = format!("http://127.0.0.1:{e2b_port}");
+        let url = format!("https://127.0.0.1:{port}");
+        let e2b_url = format!("https://127.0.0.1:{e2b_port}");
+        let ca = tls.join("ca.pem");
         let home = tempfile::tempdir().unwrap();
         let log = tempfile::NamedTempFile::new().unwrap();
         let mut child = Command::new(EVERVM)
@@ -48,6 +55,12 @@ impl Node {
             .arg("--e2b-listen")
             .arg(format!("127.0.0.1:{e2b_port}"))
             .args(["--database", database, "--snapshots", bucket])
+            .arg("--tls-cert")
+            .arg(tls.join("node.pem"))
+            .arg("--tls-key")
+            .arg(tls.join("node.key"))
+            .arg("--cluster-ca")
+            .arg(&ca)
             .arg("--home")
             .arg(home.path())
             .env("EVERVM_LEASE_SECS", LEASE_SECS)
@@ -70,9 +83,16 @@ impl Node {
             }
         }
         std::thread::spawn(move || lines.for_each(drop));
+        let certificate = reqwest::Certificate::from_pem(&std::fs::read(&ca).unwrap()).unwrap();
+        let http = reqwest::Client::builder()
+            .add_root_certificate(certificate)
+            .build()
+            .unwrap();
         Self {
             url,
             e2b_url,
+            ca,
+            http,
             killed: false,
             child,
             _home: home,
@@ -81,7 +101,7 @@ impl Node {
     }
 
     fn client(&self, token: &str) -> Client {
-        Client::remote(&self.url, token).unwrap()
+        Client::remote_trusting(&self.url, token, &Trust::CaFile(self.ca.clone())).unwrap()
     }
 
     fn kill(&mut self) {
@@ -96,7 +116,7 @@ impl Node {
 
     /// `GET PATH` with the token, as JSON or text.
     async fn get(&self, path: &str, token: &str) -> String {
-        reqwest::Client::new()
+        self.http
             .get(format!("{}{path}", self.url))
             .bearer_auth(token)
             .send()
@@ -145,6 +165,7 @@ struct Cluster {
     nodes: Vec<Node>,
     token: String,
     _database: evervm_tests::postgres::ScratchPostgres,
+    _tls: tempfile::TempDir,
 }
 
 impl Cluster {
@@ -166,14 +187,17 @@ impl Cluster {
             String::from_utf8_lossy(&made.stderr)
         );
         let token = String::from_utf8(made.stdout).unwrap().trim().to_owned();
+        let tls = tempfile::tempdir().unwrap();
+        make_certificates(tls.path());
         let nodes = ["node-a", "node-b", "node-c"]
             .iter()
-            .map(|id| Node::start(id, &database.url, &bucket))
+            .map(|id| Node::start(id, &database.url, &bucket, tls.path()))
             .collect();
         Some(Self {
             nodes,
             token,
             _database: database,
+            _tls: tls,
         })
     }
 
@@ -201,6 +225,10 @@ async fn three_nodes_share_machines_forward_requests_and_survive_a_kill() {
         return;
     };
     let token = cluster.token.clone();
+    // A client that trusts only the default roots refuses the nodes' certificate.
+    let untrusting = Client::remote(&cluster.nodes[0].url, &token).unwrap();
+    let refused = untrusting.whoami().await.unwrap_err().to_string();
+    assert!(refused.contains("certificate"), "{refused}");
 
     // Every node lists the three, alive.
     let listed: serde_json::Value =
@@ -240,7 +268,7 @@ async fn three_nodes_share_machines_forward_requests_and_survive_a_kill() {
 
     // A sandbox made through B's E2B listener runs on B (its timeout's clock is there); E2B
     // requests through the other nodes reach it there, however they name it.
-    let e2b = reqwest::Client::new();
+    let e2b = cluster.nodes[0].http.clone();
     let key = evervm::server::e2b::api_key_for_token(&token);
     let created = json_answer(
         e2b.post(format!("{}/sandboxes", cluster.nodes[1].e2b_url))
@@ -426,4 +454,73 @@ async fn three_nodes_share_machines_forward_requests_and_survive_a_kill() {
 /// Sends `request` and reads its answer as JSON.
 async fn json_answer(request: reqwest::RequestBuilder) -> serde_json::Value {
     request.send().await.unwrap().json().await.unwrap()
+}
+
+/// A CA of the test's own (`ca.pem`) and a certificate it signed for 127.0.0.1 (`node.pem`,
+/// `node.key`), which every node serves (they all listen on loopback).
+fn make_certificates(dir: &std::path::Path) {
+    let openssl = |args: &[&str]| {
+        let done = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl runs (scripts/setup.sh installs it)");
+        assert!(
+            done.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&done.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    openssl(
+        &[
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=evervm test CA",
+            ],
+        ]
+        .concat(),
+    );
+    openssl(
+        &[
+            &["req", "-new"][..],
+            &ec,
+            &[
+                "-keyout", "node.key", "-out", "node.csr", "-subj", "/CN=node",
+            ],
+        ]
+        .concat(),
+    );
+    std::fs::write(dir.join("node.ext"), "subjectAltName = IP:127.0.0.1\n").unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "node.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "node.ext",
+        "-out",
+        "node.pem",
+    ]);
 }

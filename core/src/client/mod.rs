@@ -5,7 +5,7 @@ mod files;
 #[cfg(feature = "local")]
 mod local;
 pub(crate) mod remote;
-mod trust;
+pub(crate) mod trust;
 
 use std::sync::Arc;
 

@@ -40,17 +40,28 @@ impl Trust {
 
     /// The TLS configuration for this trust; `None` for the default roots (each library's own).
     pub(crate) fn client_config(&self) -> Result<Option<Arc<rustls::ClientConfig>>> {
-        let Trust::CaFile(path) = self else {
-            return Ok(None);
-        };
+        match self {
+            Trust::DefaultRoots => Ok(None),
+            Trust::CaFile(_) => self.rustls_config().map(Some),
+        }
+    }
+
+    /// A rustls configuration for this trust, the default roots being Mozilla's.
+    pub fn rustls_config(&self) -> Result<Arc<rustls::ClientConfig>> {
         let mut roots = rustls::RootCertStore::empty();
-        for certificate in read_certificates(path)? {
-            roots.add(certificate).map_err(|e| {
-                Error::invalid(format!(
-                    "the CA file {}: a certificate in it cannot be trusted: {e}",
-                    path.display()
-                ))
-            })?;
+        match self {
+            Trust::DefaultRoots => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+            Trust::CaFile(path) => {
+                let expected = "a PEM file with BEGIN CERTIFICATE blocks";
+                for certificate in read_certificates(path, "the CA file", expected)? {
+                    roots.add(certificate).map_err(|e| {
+                        Error::invalid(format!(
+                            "the CA file {}: a certificate in it cannot be trusted: {e}",
+                            path.display()
+                        ))
+                    })?;
+                }
+            }
         }
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let config = rustls::ClientConfig::builder_with_provider(provider)
@@ -58,22 +69,28 @@ impl Trust {
             .map_err(|e| Error::transport(format!("TLS: {e}")))?
             .with_root_certificates(roots)
             .with_no_client_auth();
-        Ok(Some(Arc::new(config)))
+        Ok(Arc::new(config))
     }
 }
 
-fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
+/// The certificates in the PEM file at `path`, which `what` names in errors (`the CA file`,
+/// `--tls-cert`); `expected` says what it should hold.
+pub(crate) fn read_certificates(
+    path: &Path,
+    what: &str,
+    expected: &str,
+) -> Result<Vec<CertificateDer<'static>>> {
     let certificates = CertificateDer::pem_file_iter(path)
         .and_then(Iterator::collect::<std::result::Result<Vec<_>, _>>)
         .map_err(|e| {
             Error::invalid(format!(
-                "the CA file {} cannot be read as PEM certificates: {e}",
+                "{what} {}: not PEM certificates ({e})",
                 path.display()
             ))
         })?;
     if certificates.is_empty() {
         return Err(Error::invalid(format!(
-            "the CA file {} holds no certificate (a PEM file with BEGIN CERTIFICATE blocks)",
+            "{what} {}: no certificate in it ({expected})",
             path.display()
         )));
     }
@@ -96,7 +113,7 @@ mod tests {
             .client_config()
             .unwrap_err()
             .to_string();
-        assert!(error.contains("holds no certificate"), "{error}");
+        assert!(error.contains("no certificate in it"), "{error}");
         assert!(Trust::DefaultRoots.client_config().unwrap().is_none());
     }
 }

@@ -3,6 +3,10 @@
 //! upgrade is forwarded too, then its bytes copied both ways. A forwarded request carries
 //! [`FORWARDED_BY`] and is never forwarded again: the node it reaches serves it (or refuses it,
 //! if the machine moved meanwhile). The node forwarded to checks the token itself.
+//!
+//! Nodes that advertise `https://` addresses (each serving with `--tls-cert`) are reached over
+//! TLS, their certificates verified against the cluster's CA (`--cluster-ca`) or, without one,
+//! Mozilla's roots.
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -17,8 +21,35 @@ use crate::protocol::ErrorCode;
 /// The header a forwarded request carries: the id of the node that forwarded it.
 pub(crate) const FORWARDED_BY: &str = "x-evervm-forwarded-by";
 
-/// How long connecting to the owner may take.
+/// How long connecting to the owner (its TLS handshake included) may take.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How this process verifies the nodes it forwards to over https; set once, by `evervm serve`.
+static NODE_TLS: std::sync::OnceLock<std::sync::Arc<rustls::ClientConfig>> =
+    std::sync::OnceLock::new();
+
+/// Sets how the nodes this process forwards to over https are verified: against `trust` (a
+/// cluster's CA file, or the default roots). Once per process; an error names a CA file that
+/// cannot be read, or says it was set before.
+pub fn trust_nodes(trust: &crate::Trust) -> crate::error::Result<()> {
+    let config = trust.rustls_config()?;
+    NODE_TLS.set(config).map_err(|_| {
+        crate::error::Error::new(
+            crate::error::ErrorKind::Conflict,
+            "the nodes' CA is set once per process",
+        )
+    })
+}
+
+fn node_tls() -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
+    if let Some(config) = NODE_TLS.get() {
+        return Ok(std::sync::Arc::clone(config));
+    }
+    let config = crate::Trust::DefaultRoots
+        .rustls_config()
+        .map_err(|e| e.to_string())?;
+    Ok(std::sync::Arc::clone(NODE_TLS.get_or_init(|| config)))
+}
 
 /// The machine a path is about (`/v1/machine/NAME/...`), if any.
 fn machine_in_path(path: &str) -> Option<&str> {
@@ -122,22 +153,41 @@ pub(crate) async fn forward(
     mut request: Request,
 ) -> Result<Response, String> {
     let url = url::Url::parse(address).map_err(|e| format!("its address is invalid: {e}"))?;
-    if url.scheme() != "http" {
-        return Err(format!(
-            "forwarding speaks plain http between nodes, and the address is {}",
-            url.scheme()
-        ));
-    }
+    let secure = match url.scheme() {
+        "http" => false,
+        "https" => true,
+        other => {
+            return Err(format!(
+                "its address is {other}://, not http:// or https://"
+            ));
+        }
+    };
     let host = url.host_str().ok_or("its address has no host")?.to_owned();
     let port = url.port_or_known_default().unwrap_or(80);
-    let stream = tokio::time::timeout(
-        CONNECT_TIMEOUT,
-        tokio::net::TcpStream::connect((host.as_str(), port)),
-    )
-    .await
-    .map_err(|_| format!("no connection within {} s", CONNECT_TIMEOUT.as_secs()))?
-    .map_err(|e| format!("cannot connect: {e}"))?;
-    let _ = stream.set_nodelay(true);
+    let connecting = async {
+        let stream = tokio::net::TcpStream::connect((host.as_str(), port))
+            .await
+            .map_err(|e| format!("cannot connect: {e}"))?;
+        let _ = stream.set_nodelay(true);
+        if !secure {
+            return Ok(NodeStream::Plain(stream));
+        }
+        // An address in brackets is an IPv6 address: its name for the certificate is bare.
+        let name = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        let name = rustls::pki_types::ServerName::try_from(name)
+            .map_err(|e| format!("its host cannot be checked against a certificate: {e}"))?;
+        let tls = tokio_rustls::TlsConnector::from(node_tls()?)
+            .connect(name, stream)
+            .await
+            .map_err(|e| format!("its TLS certificate was refused: {e}"))?;
+        Ok::<_, String>(NodeStream::Tls(Box::new(tls)))
+    };
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
+        .await
+        .map_err(|_| format!("no connection within {} s", CONNECT_TIMEOUT.as_secs()))??;
     let headers = request.headers_mut();
     if let Ok(authority) = HeaderValue::from_str(&format!("{host}:{port}")) {
         headers.insert(header::HOST, authority);
@@ -145,7 +195,16 @@ pub(crate) async fn forward(
     if let Ok(by) = HeaderValue::from_str(node) {
         headers.insert(FORWARDED_BY, by);
     }
-    super::proxy::proxy_over(stream, request).await
+    match stream {
+        NodeStream::Plain(stream) => super::proxy::proxy_over(stream, request).await,
+        NodeStream::Tls(stream) => super::proxy::proxy_over(*stream, request).await,
+    }
+}
+
+/// A connection to another node: plain, or TLS to an `https://` address.
+enum NodeStream {
+    Plain(tokio::net::TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>),
 }
 
 #[cfg(test)]

@@ -41,6 +41,7 @@ pub(crate) mod redact;
 pub(crate) mod repl;
 pub mod tls;
 
+pub use forward::trust_nodes;
 pub use open::{PROCESS_FALLBACK_REFUSED, ServeOptions, Server, open};
 
 use std::future::{Future, IntoFuture};

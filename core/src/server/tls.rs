@@ -12,8 +12,8 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use rustls::ServerConfig;
+use rustls::pki_types::PrivateKeyDer;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_rustls::TlsAcceptor;
@@ -114,21 +114,11 @@ impl Tls {
 }
 
 fn server_config(cert: &Path, key: &Path) -> Result<ServerConfig> {
-    let chain = CertificateDer::pem_file_iter(cert)
-        .and_then(Iterator::collect::<std::result::Result<Vec<_>, _>>)
-        .map_err(|e| {
-            Error::invalid(format!(
-                "--tls-cert {}: not a PEM certificate chain ({e})",
-                cert.display()
-            ))
-        })?;
-    if chain.is_empty() {
-        return Err(Error::invalid(format!(
-            "--tls-cert {}: no certificate in it (a PEM file with BEGIN CERTIFICATE blocks, the \
-             server's own first)",
-            cert.display()
-        )));
-    }
+    let chain = crate::client::trust::read_certificates(
+        cert,
+        "--tls-cert",
+        "a PEM file with BEGIN CERTIFICATE blocks, the server's own first",
+    )?;
     let private = PrivateKeyDer::from_pem_file(key).map_err(|e| {
         Error::invalid(format!(
             "--tls-key {}: not a PEM private key ({e})",
