@@ -1,5 +1,6 @@
 //! `evervm`: run a server, manage machines, run Python in them.
 
+mod audit;
 mod contexts;
 mod doctor;
 mod files;
@@ -147,6 +148,9 @@ enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
+    /// Read the audit log of the store (the home's, or --database): every state-changing call,
+    /// newest first, with its account, token id, machine and outcome.
+    Audit(audit::AuditArgs),
     /// Manage machines.
     Machine {
         #[command(subcommand)]
@@ -538,6 +542,14 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
                 .clone()
                 .unwrap_or_else(evervm::admin::default_home);
             tokens(&home, target.database.as_deref(), command).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Audit(args) => {
+            let home = target
+                .home
+                .clone()
+                .unwrap_or_else(evervm::admin::default_home);
+            audit::audit(&home, target.database.as_deref(), args).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Image {

@@ -1208,6 +1208,21 @@ fn tokens_are_listed_revoked_and_expire_while_the_server_runs() {
     assert!(stderr(&bad).contains("not a duration"), "{}", stderr(&bad));
     // The server's own token still works.
     assert!(whoami(&server.token).status.success());
+
+    // The operator's token commands are in the audit log, newest first; reads are not.
+    let audit: serde_json::Value =
+        serde_json::from_str(&ok(admin(&["audit", "--account", "ci", "--json"]))).unwrap();
+    let actions: Vec<&str> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["token.revoke", "token.create", "token.create"]);
+    let table = ok(admin(&["audit", "--action", "token.revoke"]));
+    assert!(table.contains(&format!("token {extra_id}")), "{table}");
+    let bad = admin(&["audit", "--limit", "0"]);
+    assert!(stderr(&bad).contains("out of range"), "{}", stderr(&bad));
 }
 
 /// `evervm mcp install` with HOME in a fresh directory: every assistant's file written with the

@@ -11,6 +11,7 @@ use evervm_engine::guest::image::{ImageBuilder, Profile, StderrProgress};
 use crate::error::{Error, ErrorKind, Result};
 pub use evervm_engine::TokenInfo;
 pub use evervm_engine::doctor::{Check, Status as CheckStatus};
+pub use evervm_engine::store::{AUDIT_PAGE_MAX, AuditEntry, AuditQuery};
 
 /// The home when none is given: `$EVERVM_HOME`, else `$XDG_DATA_HOME/evervm`, else
 /// `~/.local/share/evervm`.
@@ -57,6 +58,17 @@ pub async fn list_tokens(home: &Path, database: Option<&str>) -> Result<Vec<Toke
 pub async fn revoke_token(home: &Path, database: Option<&str>, id: &str) -> Result<()> {
     let database = self::database(database)?;
     Ok(evervm_engine::revoke_token_in_store(home, database.as_ref(), id).await?)
+}
+
+/// The audit entries `query` asks for, newest first, from the store (the home's, or PostgreSQL
+/// at `database`).
+pub async fn read_audit(
+    home: &Path,
+    database: Option<&str>,
+    query: AuditQuery,
+) -> Result<Vec<AuditEntry>> {
+    let database = self::database(database)?;
+    Ok(evervm_engine::read_audit_in_store(home, database.as_ref(), query).await?)
 }
 
 /// `90s`, `15m`, `12h`, `30d` (a number and a unit) as a duration.
@@ -183,6 +195,31 @@ mod tests {
         let (id, _) = expiring.split_once('.').unwrap();
         revoke_token(home.path(), None, id).await.unwrap();
         assert_eq!(list_tokens(home.path(), None).await.unwrap().len(), 1);
+        // The operator's token commands are in the audit log, the tokens' secrets are not.
+        let query = AuditQuery {
+            limit: 10,
+            ..Default::default()
+        };
+        let audit = read_audit(home.path(), None, query).await.unwrap();
+        let actions: Vec<(&str, Option<&str>)> = audit
+            .iter()
+            .map(|e| (e.action.as_str(), e.account.as_deref()))
+            .collect();
+        assert_eq!(
+            actions,
+            [
+                ("token.revoke", Some("bob")),
+                ("token.create", Some("bob")),
+                ("token.create", Some("alice"))
+            ]
+        );
+        assert!(audit.iter().all(|e| e.door == "cli"));
+        assert_eq!(
+            audit[0].detail.as_deref(),
+            Some(format!("token {id}").as_str())
+        );
+        let (_, secret) = token.split_once('.').unwrap();
+        assert!(!format!("{audit:?}").contains(secret));
         let bad = revoke_token(home.path(), None, id).await.unwrap_err();
         assert_eq!(bad.kind(), crate::ErrorKind::NotFound, "{bad}");
         let bad = create_token(home.path(), Some("postgres://x@host:port/db"), "a", None)

@@ -644,3 +644,85 @@ async fn a_configured_domain_is_answered_and_routes_by_host() {
     }
     s.engine.shutdown().await;
 }
+
+/// E2B's state-changing calls are in the audit log with the door `e2b`, the token behind the
+/// key or the sandbox's access token, and their outcome; reads are not.
+#[tokio::test]
+async fn e2b_calls_are_audited() {
+    let s = Server::start().await;
+    let (status, created) = send(
+        s.api(Method::POST, "/v2/sandboxes", Some(&s.alice))
+            .json(&json!({"templateID": "base", "timeout": 60})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let id = created["sandboxID"].as_str().unwrap().to_owned();
+    let access = created["envdAccessToken"].as_str().unwrap().to_owned();
+    let (status, _) = send(
+        s.sandbox("/execute", &id, INTERPRETER_PORT, &access)
+            .json(&json!({"code": "6 * 7"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    for (method, body) in [
+        ("MakeDir", json!({"path": "made"})),
+        ("Stat", json!({"path": "made"})),
+    ] {
+        let (status, answer) = send(
+            s.sandbox(
+                &format!("/filesystem.Filesystem/{method}"),
+                &id,
+                ENVD_PORT,
+                &access,
+            )
+            .header("content-type", "application/json")
+            .json(&body),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{method}: {answer}");
+    }
+    let (status, _) = send(s.api(Method::GET, &format!("/sandboxes/{id}"), Some(&s.alice))).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = send(s.api(Method::DELETE, &format!("/sandboxes/{id}"), Some(&s.bob))).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) =
+        send(s.api(Method::DELETE, &format!("/sandboxes/{id}"), Some(&s.alice))).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+
+    let query = evervm_engine::store::AuditQuery {
+        machine: Some(id.clone()),
+        limit: 100,
+        ..Default::default()
+    };
+    let mut entries = s.engine.audit_entries(&query).await.unwrap();
+    entries.reverse();
+    let seen: Vec<(&str, &str, &str)> = entries
+        .iter()
+        .map(|e| {
+            assert_eq!(e.door, "e2b", "{e:?}");
+            (
+                e.account.as_deref().unwrap(),
+                e.action.as_str(),
+                e.outcome.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("alice", "machine.create", "ok"),
+            ("alice", "exec", "ok"),
+            ("alice", "file.mkdir", "ok"),
+            ("bob", "machine.delete", "404 Not Found"),
+            ("alice", "machine.delete", "ok"),
+        ]
+    );
+    // The same token's id whether the call carried the key or the sandbox's access token.
+    let alice_ids: std::collections::BTreeSet<_> = entries
+        .iter()
+        .filter(|e| e.account.as_deref() == Some("alice"))
+        .map(|e| e.token_id.clone().unwrap())
+        .collect();
+    assert_eq!(alice_ids.len(), 1, "{alice_ids:?}");
+    assert!(entries[1].detail.as_deref().unwrap().starts_with("sha256:"));
+}

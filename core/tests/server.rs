@@ -5,6 +5,8 @@
 // Test code: a failed step should stop the test at once, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "server/audit.rs"]
+mod audit;
 #[path = "server/contexts.rs"]
 mod contexts;
 #[path = "server/files.rs"]

@@ -43,10 +43,10 @@ mod types;
 
 #[cfg(feature = "runtime")]
 pub use engine::{
-    BackendChoice, Engine, EngineConfig, Hook, Hooks, LINE_OVERHEAD_BYTES, Limits,
-    MAX_HISTORY_LIST, NodeSettings, create_token_in_home, create_token_in_store,
-    list_tokens_in_home, list_tokens_in_store, parse_memory_list, revoke_token_in_home,
-    revoke_token_in_store,
+    AuditCode, AuditSettings, BackendChoice, Engine, EngineConfig, Hook, Hooks,
+    LINE_OVERHEAD_BYTES, Limits, MAX_HISTORY_LIST, NodeSettings, create_token_in_home,
+    create_token_in_store, list_tokens_in_home, list_tokens_in_store, parse_memory_list,
+    read_audit_in_store, revoke_token_in_home, revoke_token_in_store,
 };
 pub use error::{Error, ErrorKind, Result};
 pub use files::{ByteStream, FileInfo, FileKind, FileList, FileRead, WriteFileOptions};

@@ -67,6 +67,10 @@ pub(crate) struct Metrics {
     /// In a cluster: its nodes by state (alive, dead), and the leases this node holds.
     cluster_nodes: Family<StateLabel, Gauge>,
     node_leases: Gauge,
+    /// Requests refused for a credential that is unknown, expired or wrong (not audited).
+    refused_credentials: Counter,
+    /// Audit entries, by outcome (stored; lost: the store refused them).
+    audit_entries: Family<Outcome, Counter>,
     /// Account names by id, as the engine has seen them.
     account_names: Mutex<HashMap<i64, String>>,
 }
@@ -95,6 +99,8 @@ impl Default for Metrics {
             restore_sources: Family::default(),
             cluster_nodes: Family::default(),
             node_leases: Gauge::default(),
+            refused_credentials: Counter::default(),
+            audit_entries: Family::default(),
             account_names: Mutex::new(HashMap::new()),
         };
         registry.register(
@@ -197,6 +203,18 @@ impl Default for Metrics {
              renewed them)",
             metrics.node_leases.clone(),
         );
+        registry.register(
+            "refused_credentials",
+            "Requests refused for their credential (unknown, revoked, expired or malformed \
+             tokens): counted here, never written to the audit log",
+            metrics.refused_credentials.clone(),
+        );
+        registry.register(
+            "audit_entries",
+            "Audit log entries, by outcome (stored; lost: the store refused them, and the \
+             server's log says why)",
+            metrics.audit_entries.clone(),
+        );
         // Every label value from the start (at 0), so that a series never appears out of
         // nowhere and the families show before anything happened.
         for ok in [true, false] {
@@ -207,6 +225,14 @@ impl Default for Metrics {
             metrics
                 .bucket_downloads
                 .get_or_create(&outcome(ok))
+                .inc_by(0);
+        }
+        for outcome in ["stored", "lost"] {
+            metrics
+                .audit_entries
+                .get_or_create(&Outcome {
+                    outcome: outcome.to_owned(),
+                })
                 .inc_by(0);
         }
         for source in ["cache", "bucket"] {
@@ -275,6 +301,22 @@ impl Metrics {
                 account: self.account(account_id),
             })
             .inc();
+    }
+
+    pub(crate) fn refused_credential(&self) {
+        self.refused_credentials.inc();
+    }
+
+    /// What counts audit entries, for the audit log's writer.
+    pub(crate) fn audit_counter(&self) -> std::sync::Arc<dyn Fn(bool, usize) + Send + Sync> {
+        let family = self.audit_entries.clone();
+        std::sync::Arc::new(move |stored: bool, count: usize| {
+            family
+                .get_or_create(&Outcome {
+                    outcome: if stored { "stored" } else { "lost" }.to_owned(),
+                })
+                .inc_by(count as u64);
+        })
     }
 
     pub(crate) fn restored(&self, ok: bool, seconds: f64) {

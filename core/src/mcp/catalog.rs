@@ -63,6 +63,24 @@ impl ToolName {
         }
     }
 
+    /// The audit log's action for a tool that changes state (the API's name for the same
+    /// change); `None` for one that only reads.
+    #[cfg(feature = "server")]
+    pub(crate) fn audit_action(self) -> Option<&'static str> {
+        Some(match self {
+            ToolName::CreateRepl => "machine.create",
+            ToolName::RunPython => "exec",
+            ToolName::ForkRepl => "machine.fork",
+            ToolName::CreateCheckpoint => "checkpoint.create",
+            ToolName::Rollback => "checkpoint.rollback",
+            ToolName::Undo | ToolName::Rewind => "machine.rewind",
+            ToolName::SwapOut => "machine.swap",
+            ToolName::Interrupt => "machine.interrupt",
+            ToolName::WriteFile => "file.write",
+            ToolName::ListRepls | ToolName::ListCheckpoints | ToolName::ReadFile => return None,
+        })
+    }
+
     pub(crate) fn parse(name: &str) -> Option<ToolName> {
         Self::ALL.iter().copied().find(|t| t.as_str() == name)
     }

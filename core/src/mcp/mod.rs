@@ -55,8 +55,30 @@ enum Clients {
     PerRequest {
         client_for: ClientFor,
         redact: Arc<dyn Fn(&str) -> String + Send + Sync>,
+        audit: AuditFor,
     },
 }
+
+/// A tool call that changed state (or tried to), for the audit log.
+#[cfg(feature = "server")]
+#[derive(Debug)]
+pub(crate) struct AuditedCall {
+    pub(crate) action: &'static str,
+    pub(crate) machine: Option<String>,
+    /// The code a `run-python-in-repl` ran.
+    pub(crate) code: Option<String>,
+    /// The file, checkpoint or instruction the call named.
+    pub(crate) detail: Option<String>,
+    pub(crate) ok: bool,
+}
+
+/// Records a tool call of an HTTP request in the audit log.
+#[cfg(feature = "server")]
+type AuditFor = Arc<
+    dyn Fn(&axum::http::request::Parts, AuditedCall) -> futures::future::BoxFuture<'static, ()>
+        + Send
+        + Sync,
+>;
 
 /// The client for an HTTP request's account.
 #[cfg(feature = "server")]
@@ -97,9 +119,14 @@ impl McpServer {
     pub(crate) fn per_request(
         client_for: ClientFor,
         redact: Arc<dyn Fn(&str) -> String + Send + Sync>,
+        audit: AuditFor,
     ) -> Self {
         Self {
-            clients: Clients::PerRequest { client_for, redact },
+            clients: Clients::PerRequest {
+                client_for,
+                redact,
+                audit,
+            },
         }
     }
 
@@ -203,26 +230,72 @@ impl ServerHandler for McpServer {
                 None,
             ));
         };
+        let arguments = request.arguments.unwrap_or_default();
+        #[cfg(feature = "server")]
+        let audited = audited_call(tool, &arguments);
         #[cfg_attr(not(feature = "server"), allow(unused_mut))]
         let mut result = match self.client(&context).await {
-            Ok(client) => {
-                let arguments = request.arguments.unwrap_or_default();
-                calls::call(tool, &client, arguments, &context).await
-            }
+            Ok(client) => calls::call(tool, &client, arguments, &context).await,
             Err(message) => tool_error(message),
         };
         #[cfg(feature = "server")]
-        if let Clients::PerRequest { redact, .. } = &self.clients
-            && result.is_error == Some(true)
-        {
-            for content in &mut result.content {
-                if let ContentBlock::Text(text) = content {
-                    text.text = redact(&text.text);
+        if let Clients::PerRequest { redact, audit, .. } = &self.clients {
+            if result.is_error == Some(true) {
+                for content in &mut result.content {
+                    if let ContentBlock::Text(text) = content {
+                        text.text = redact(&text.text);
+                    }
                 }
+            }
+            if let (Some(mut call), Some(parts)) = (
+                audited,
+                context.extensions.get::<axum::http::request::Parts>(),
+            ) {
+                call.ok = result.is_error != Some(true);
+                if call.machine.is_none() && call.ok {
+                    // A new REPL's id is its result's text.
+                    call.machine = result.content.iter().find_map(|c| match c {
+                        ContentBlock::Text(text) => Some(text.text.clone()),
+                        _ => None,
+                    });
+                }
+                audit(parts, call).await;
             }
         }
         Ok(result.into())
     }
+}
+
+/// What the audit log keeps of a tool call, read from its arguments before it runs; `None` for
+/// a tool that only reads.
+#[cfg(feature = "server")]
+fn audited_call(
+    tool: catalog::ToolName,
+    arguments: &rmcp::model::JsonObject,
+) -> Option<AuditedCall> {
+    let text = |key: &str| {
+        arguments
+            .get(key)
+            .and_then(|v| v.as_str())
+            .map(str::to_owned)
+    };
+    let detail = match tool {
+        catalog::ToolName::WriteFile => text("path"),
+        catalog::ToolName::CreateCheckpoint => text("name"),
+        catalog::ToolName::Rollback => text("checkpoint"),
+        catalog::ToolName::Rewind => arguments.get("instruction").map(|v| format!("to {v}")),
+        catalog::ToolName::Undo => Some("to -1".to_owned()),
+        _ => None,
+    };
+    Some(AuditedCall {
+        action: tool.audit_action()?,
+        machine: text("replId"),
+        code: matches!(tool, catalog::ToolName::RunPython)
+            .then(|| text("pythonCode"))
+            .flatten(),
+        detail,
+        ok: false,
+    })
 }
 
 /// A failure a model reads: `isError` with one text.

@@ -52,6 +52,13 @@ pub struct ApiError {
     pub message: Option<String>,
 }
 
+/// `GET /v1/audit`'s answer: audit entries, newest first (evervm's own).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
+pub struct AuditResponse {
+    pub entries: Vec<evervm_engine::store::AuditEntry>,
+}
+
 /// The account of the token.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "server", derive(schemars::JsonSchema))]

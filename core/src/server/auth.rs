@@ -8,6 +8,7 @@ use axum::http::request::Parts;
 use evervm_engine::Account;
 
 use super::AppState;
+use super::audit::{AuditNote, token_id};
 use super::error::ApiFailure;
 
 /// The query parameter the ForeverVM JS SDK puts the token in.
@@ -17,9 +18,10 @@ pub(crate) const TOKEN_QUERY_PARAMETER: &str = "_forevervm_jwt";
 #[derive(Debug)]
 pub(crate) struct Authed(pub(crate) Account);
 
-/// The caller's account, from the `Authorization` header or the `_forevervm_jwt` query parameter.
+/// The caller's account and the id of its token, from the `Authorization` header or the
+/// `_forevervm_jwt` query parameter.
 #[derive(Debug)]
-pub(crate) struct WsAuthed(pub(crate) Account);
+pub(crate) struct WsAuthed(pub(crate) Account, pub(crate) String);
 
 /// The token in an `Authorization` header value: `Bearer <token>` (scheme in any case).
 pub(crate) fn bearer_token(header: &str) -> Result<&str, ApiFailure> {
@@ -41,6 +43,11 @@ pub(crate) fn query_token(query: &str) -> Option<String> {
         .filter(|value| !value.is_empty())
 }
 
+/// The bearer token of a request that authentication accepted.
+pub(crate) fn request_token(parts: &Parts) -> Option<&str> {
+    header_token(parts).ok().flatten()
+}
+
 fn header_token(parts: &Parts) -> Result<Option<&str>, ApiFailure> {
     let Some(value) = parts.headers.get(AUTHORIZATION) else {
         return Ok(None);
@@ -51,12 +58,17 @@ fn header_token(parts: &Parts) -> Result<Option<&str>, ApiFailure> {
     bearer_token(value).map(Some)
 }
 
-async fn authenticate(state: &AppState, token: &str) -> Result<Account, ApiFailure> {
-    state
+/// The token's account, noted on the request's audit note when it has one.
+async fn authenticate(state: &AppState, token: &str, parts: &Parts) -> Result<Account, ApiFailure> {
+    let account = state
         .engine
         .authenticate(token)
         .await
-        .map_err(ApiFailure::from)
+        .map_err(ApiFailure::from)?;
+    if let Some(note) = parts.extensions.get::<AuditNote>() {
+        note.caller(&account, token);
+    }
+    Ok(account)
 }
 
 const MISSING: &str =
@@ -67,7 +79,7 @@ impl FromRequestParts<AppState> for Authed {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiFailure> {
         match header_token(parts)? {
-            Some(token) => authenticate(state, token).await.map(Authed),
+            Some(token) => authenticate(state, token, parts).await.map(Authed),
             None => Err(ApiFailure::unauthorized(MISSING)),
         }
     }
@@ -78,10 +90,14 @@ impl FromRequestParts<AppState> for WsAuthed {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiFailure> {
         if let Some(token) = header_token(parts)? {
-            return authenticate(state, token).await.map(WsAuthed);
+            let account = authenticate(state, token, parts).await?;
+            return Ok(WsAuthed(account, token_id(token).to_owned()));
         }
         match parts.uri.query().and_then(query_token) {
-            Some(token) => authenticate(state, &token).await.map(WsAuthed),
+            Some(token) => {
+                let account = authenticate(state, &token, parts).await?;
+                Ok(WsAuthed(account, token_id(&token).to_owned()))
+            }
             None => Err(ApiFailure::unauthorized(MISSING)),
         }
     }

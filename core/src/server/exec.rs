@@ -20,11 +20,15 @@ use crate::protocol::{ExecRequest, ExecResponse, ExecResultResponse, MessageFrom
 pub(crate) async fn exec(
     State(state): State<AppState>,
     Authed(account): Authed,
+    note: super::audit::AuditNote,
     WirePath(name): WirePath<String>,
     JsonBody(request): JsonBody<ExecRequest>,
 ) -> Result<Json<ExecResponse>, ApiFailure> {
     let accepted = match exec_from_wire(request.instruction, request.interrupt) {
-        Ok(request) => state.engine.exec(&account, &name, request).await,
+        Ok(request) => {
+            note.detail(state.engine.audit_detail_for_code(&request.code));
+            state.engine.exec(&account, &name, request).await
+        }
         Err(e) => Err(e),
     }
     .map_err(|e| ApiFailure::from(&e))?;

@@ -240,9 +240,11 @@ pub(crate) async fn remove(
 pub(crate) async fn install(
     State(state): State<AppState>,
     Authed(account): Authed,
+    note: super::audit::AuditNote,
     WirePath(name): WirePath<String>,
     JsonBody(request): JsonBody<crate::protocol::InstallRequest>,
 ) -> ApiResult<crate::protocol::InstallResponse> {
+    note.detail(request.requirements.join(" "));
     let report = state
         .engine
         .install_packages(&account, &name, &request.requirements)

@@ -6,6 +6,7 @@ use axum::extract::State;
 use evervm_engine::Tags;
 
 use super::AppState;
+use super::audit::AuditNote;
 use super::auth::Authed;
 use super::error::ApiFailure;
 use super::extract::{OptionalJsonBody, WirePath, WireQuery};
@@ -55,12 +56,14 @@ pub(crate) async fn nodes(
 pub(crate) async fn create(
     State(state): State<AppState>,
     Authed(account): Authed,
+    note: AuditNote,
     OptionalJsonBody(request): OptionalJsonBody<CreateMachineRequest>,
 ) -> ApiResult<CreateMachineResponse> {
     let info = state
         .engine
         .create_machine(&account, create_machine_from_wire(request)?)
         .await?;
+    note.machine(info.name.as_str());
     Ok(Json(CreateMachineResponse {
         machine_name: info.name.to_string(),
     }))
@@ -194,6 +197,7 @@ pub(crate) async fn swap(
 pub(crate) async fn fork(
     State(state): State<AppState>,
     Authed(account): Authed,
+    note: AuditNote,
     WirePath(name): WirePath<String>,
     OptionalJsonBody(request): OptionalJsonBody<ForkMachineRequest>,
 ) -> ApiResult<CreateMachineResponse> {
@@ -202,7 +206,12 @@ pub(crate) async fn fork(
         tags: request.tags,
         at: request.at,
     };
+    let at = request.at;
     let info = state.engine.fork_machine(&account, &name, request).await?;
+    note.detail(match at {
+        Some(seq) => format!("made {} at instruction {seq}", info.name),
+        None => format!("made {}", info.name),
+    });
     Ok(Json(CreateMachineResponse {
         machine_name: info.name.to_string(),
     }))
@@ -249,10 +258,12 @@ pub(crate) async fn rollback(
 pub(crate) async fn rewind(
     State(state): State<AppState>,
     Authed(account): Authed,
+    note: AuditNote,
     WirePath(name): WirePath<String>,
     OptionalJsonBody(request): OptionalJsonBody<RewindRequest>,
 ) -> ApiResult<RewindResponse> {
     let to = request.map_or(-1, |r| r.to);
+    note.detail(format!("to {to}"));
     Ok(Json(state.engine.rewind(&account, &name, to).await?))
 }
 

@@ -24,6 +24,7 @@
 //! # }
 //! ```
 
+pub(crate) mod audit;
 mod auth;
 mod contexts;
 pub mod e2b;
@@ -76,6 +77,7 @@ pub(crate) mod paths {
     pub(crate) const SIGNUP: &str = "/internal/signup";
     pub(crate) const WHOAMI: &str = "/v1/whoami";
     pub(crate) const NODES: &str = "/v1/nodes";
+    pub(crate) const AUDIT: &str = "/v1/audit";
     pub(crate) const MACHINE_NEW: &str = "/v1/machine/new";
     pub(crate) const MACHINE_LIST: &str = "/v1/machine/list";
     pub(crate) const MACHINE: &str = "/v1/machine/{machine_name}";
@@ -116,6 +118,7 @@ pub(crate) mod paths {
         SIGNUP,
         WHOAMI,
         NODES,
+        AUDIT,
         MACHINE_NEW,
         MACHINE_LIST,
         MACHINE,
@@ -151,23 +154,40 @@ pub(crate) struct AppState {
     pub(crate) openapi: Arc<str>,
     /// The token `/metrics` asks for (`EVERVM_METRICS_TOKEN`); none: `/metrics` is open.
     pub(crate) metrics_token: Option<Arc<str>>,
+    /// The token that reads every account's audit entries (`EVERVM_ADMIN_TOKEN`); none: each
+    /// account reads its own only.
+    pub(crate) admin_token: Option<Arc<str>>,
 }
 
 /// The whole API for `engine`, ready for `axum::serve`; `/metrics` asks for the token in
-/// `EVERVM_METRICS_TOKEN` when it is set.
+/// `EVERVM_METRICS_TOKEN` when it is set, and the token in `EVERVM_ADMIN_TOKEN` reads every
+/// account's audit entries.
 pub fn router(engine: Engine) -> Router {
-    let token = std::env::var("EVERVM_METRICS_TOKEN")
-        .ok()
-        .filter(|t| !t.trim().is_empty());
-    router_with_metrics_token(engine, token)
+    let token = |key: &str| std::env::var(key).ok().filter(|t| !t.trim().is_empty());
+    router_with_tokens(
+        engine,
+        token("EVERVM_METRICS_TOKEN"),
+        token("EVERVM_ADMIN_TOKEN"),
+    )
 }
 
 /// The whole API for `engine`; `/metrics` asks for `metrics_token` (none: it is open).
 pub fn router_with_metrics_token(engine: Engine, metrics_token: Option<String>) -> Router {
+    router_with_tokens(engine, metrics_token, None)
+}
+
+/// The whole API for `engine`; `/metrics` asks for `metrics_token` (none: it is open), and
+/// `admin_token` reads every account's audit entries (none: each account reads its own).
+pub fn router_with_tokens(
+    engine: Engine,
+    metrics_token: Option<String>,
+    admin_token: Option<String>,
+) -> Router {
     let state = AppState {
         redactor: Arc::new(Redactor::for_engine(&engine)),
         openapi: openapi::document_for(engine.limits(), engine.max_history()).into(),
         metrics_token: metrics_token.map(Into::into),
+        admin_token: admin_token.map(Into::into),
         engine,
     };
     let api = Router::new()
@@ -177,6 +197,7 @@ pub fn router_with_metrics_token(engine: Engine, metrics_token: Option<String>) 
         .route(paths::SIGNUP, post(signup))
         .route(paths::WHOAMI, get(machines::whoami))
         .route(paths::NODES, get(machines::nodes))
+        .route(paths::AUDIT, get(audit::read))
         .route(paths::MACHINE_NEW, post(machines::create))
         .route(
             paths::MACHINE_LIST,
@@ -216,6 +237,7 @@ pub fn router_with_metrics_token(engine: Engine, metrics_token: Option<String>) 
         )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), audit::record))
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state.redactor),

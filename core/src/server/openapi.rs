@@ -70,11 +70,11 @@ mod tests {
 
     use super::DOCUMENT;
     use crate::protocol::{
-        ApiCheckpoint, ApiContext, ApiError, CreateCheckpointRequest, CreateContextRequest,
-        CreateMachineRequest, CreateMachineResponse, DeleteCheckpointResponse,
-        DeleteContextResponse, DeleteMachineResponse, ExecRequest, ExecResponse,
-        ExecResultResponse, ForkMachineRequest, HealthResponse, HistoryResponse, InstallRequest,
-        InstallResponse, InterruptRequest, InterruptResponse, LineageResponse,
+        ApiCheckpoint, ApiContext, ApiError, AuditResponse, CreateCheckpointRequest,
+        CreateContextRequest, CreateMachineRequest, CreateMachineResponse,
+        DeleteCheckpointResponse, DeleteContextResponse, DeleteMachineResponse, ExecRequest,
+        ExecResponse, ExecResultResponse, ForkMachineRequest, HealthResponse, HistoryResponse,
+        InstallRequest, InstallResponse, InterruptRequest, InterruptResponse, LineageResponse,
         ListCheckpointsResponse, ListContextsResponse, ListMachinesRequest, ListMachinesResponse,
         MachineInfoResponse, MessageFromServer, MessageToServer, NodesResponse, RewindRequest,
         RewindResponse, SignupRequest, SwapResponse, WhoamiResponse,
@@ -126,6 +126,7 @@ mod tests {
             ),
             ("get", paths::WHOAMI, None, Json(body::<WhoamiResponse>)),
             ("get", paths::NODES, None, Json(body::<NodesResponse>)),
+            ("get", paths::AUDIT, None, Json(body::<AuditResponse>)),
             (
                 "post",
                 paths::MACHINE_NEW,

@@ -49,7 +49,7 @@ const RUST_SDK_EXEC_RECEIVED_DELAY: std::time::Duration = std::time::Duration::f
 
 pub(crate) async fn repl(
     State(state): State<AppState>,
-    WsAuthed(account): WsAuthed,
+    WsAuthed(account, token_id): WsAuthed,
     WirePath(name): WirePath<String>,
     WireQuery(query): WireQuery<RichQuery>,
     headers: axum::http::HeaderMap,
@@ -67,7 +67,17 @@ pub(crate) async fn repl(
     })?;
     Ok(upgrade
         .max_message_size(super::BODY_LIMIT_BYTES)
-        .on_upgrade(move |socket| session(state, account, name, socket, rust_sdk, query.rich)))
+        .on_upgrade(move |socket| {
+            let caller = Caller { account, token_id };
+            session(state, caller, name, socket, rust_sdk, query.rich)
+        }))
+}
+
+/// Who is on the other end of a connection.
+struct Caller {
+    account: Account,
+    /// Its token's id, for the audit log.
+    token_id: String,
 }
 
 /// The instruction being streamed: its seq and its events, in batches of those ready at once.
@@ -91,6 +101,7 @@ struct Session {
     engine: Engine,
     redactor: Arc<Redactor>,
     account: Account,
+    token_id: String,
     machine: String,
     socket: WebSocket,
     /// Accepted instructions not yet streamed, in order.
@@ -108,7 +119,7 @@ struct Session {
 
 async fn session(
     state: AppState,
-    account: Account,
+    Caller { account, token_id }: Caller,
     requested: String,
     mut socket: WebSocket,
     rust_sdk: bool,
@@ -131,6 +142,7 @@ async fn session(
         engine,
         redactor,
         account,
+        token_id,
         machine,
         socket,
         queue: VecDeque::new(),
@@ -206,9 +218,24 @@ impl Session {
                 )))
             }
             Ok(request) => {
-                self.engine
+                let detail = self.engine.audit_detail_for_code(&request.code);
+                let accepted = self
+                    .engine
                     .exec(&self.account, &self.machine, request)
-                    .await
+                    .await;
+                let outcome = match &accepted {
+                    Ok(_) => "ok".to_owned(),
+                    Err(e) => super::audit::outcome(ApiFailure::from(e).status),
+                };
+                let entry = engine::store::AuditEntry {
+                    account: Some(self.account.name.clone()),
+                    token_id: Some(self.token_id.clone()),
+                    machine: Some(self.machine.clone()),
+                    detail: Some(detail),
+                    ..engine::store::AuditEntry::now("websocket", "exec", &outcome)
+                };
+                self.engine.record_audit(entry).await;
+                accepted
             }
             Err(e) => Err(e),
         };

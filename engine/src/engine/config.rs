@@ -267,6 +267,8 @@ pub struct EngineConfig {
     /// and the bucket with other nodes, owns the machines it runs through leases, and the server
     /// forwards requests for the others' machines. Needs `database` and `snapshots`.
     pub node: Option<super::node::NodeSettings>,
+    /// What the audit log keeps, and for how long.
+    pub audit: super::audit::AuditSettings,
     #[doc(hidden)]
     pub hooks: Hooks,
 }
@@ -367,6 +369,7 @@ impl EngineConfig {
             snapshots: None,
             snapshot_cache_mb: positive("EVERVM_SNAPSHOT_CACHE_MB").unwrap_or(10 * 1024),
             node: None,
+            audit: super::audit::AuditSettings::from_env(),
             hooks: Hooks::default(),
         }
     }

@@ -184,7 +184,49 @@ pub fn create_token_in_home(
     create_home(home)?;
     let mut store = Store::open(&home.join("evervm.db"))?;
     let account = store.ensure_account(account_name)?;
-    store.create_token(&account, expires_at)
+    let token = store.create_token(&account, expires_at)?;
+    store.record_audit(&[token_created(account_name, &token, expires_at)])?;
+    Ok(token)
+}
+
+/// The audit entry of a token made by the operator's command.
+fn token_created(
+    account: &str,
+    token: &str,
+    expires_at: Option<chrono::DateTime<chrono::Utc>>,
+) -> crate::store::AuditEntry {
+    let id = token.split_once('.').map_or("", |(id, _)| id);
+    let expiry = expires_at.map_or_else(
+        || "never expires".to_owned(),
+        |t| {
+            format!(
+                "expires {}",
+                t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            )
+        },
+    );
+    crate::store::AuditEntry {
+        account: Some(account.to_owned()),
+        detail: Some(format!("token {id}, {expiry}")),
+        ..crate::store::AuditEntry::now("cli", "token.create", "ok")
+    }
+}
+
+/// The audit entry of a token revoked by the operator's command.
+fn token_revoked(account: Option<String>, id: &str) -> crate::store::AuditEntry {
+    crate::store::AuditEntry {
+        account,
+        detail: Some(format!("token {id}")),
+        ..crate::store::AuditEntry::now("cli", "token.revoke", "ok")
+    }
+}
+
+/// The account a token belongs to, for the audit entry of its revocation.
+fn token_account(tokens: &[crate::types::TokenInfo], id: &str) -> Option<String> {
+    tokens
+        .iter()
+        .find(|t| t.id == id)
+        .map(|t| t.account.clone())
 }
 
 /// Creates a token in the store a server uses: PostgreSQL at `database` when given, else the
@@ -208,7 +250,13 @@ pub async fn create_token_in_store(
         return Err(Error::invalid("a token's expiry must be in the future"));
     }
     let store = crate::store::PostgresStore::connect(database).await?;
-    crate::store::Metadata::create_token(&store, account_name, expires_at).await
+    let token = crate::store::Metadata::create_token(&store, account_name, expires_at).await?;
+    crate::store::Metadata::record_audit(
+        &store,
+        vec![token_created(account_name, &token, expires_at)],
+    )
+    .await?;
+    Ok(token)
 }
 
 /// Every token of a store (never its secret), oldest first: PostgreSQL at `database` when
@@ -239,14 +287,48 @@ pub async fn revoke_token_in_store(
 ) -> Result<()> {
     match database {
         Some(database) => {
+            use crate::store::Metadata;
             let store = crate::store::PostgresStore::connect(database).await?;
-            crate::store::Metadata::revoke_token(&store, id).await
+            let account = token_account(&store.tokens().await?, id);
+            store.revoke_token(id).await?;
+            store.record_audit(vec![token_revoked(account, id)]).await
         }
         None => {
             let (home, id) = (home.to_owned(), id.to_owned());
             tokio::task::spawn_blocking(move || revoke_token_in_home(&home, &id))
                 .await
                 .map_err(|e| Error::internal(format!("revoking a token stopped: {e}")))?
+        }
+    }
+}
+
+/// The audit entries `query` asks for, newest first, from a store: PostgreSQL at `database`
+/// when given, else the home's SQLite database (also while a server runs there).
+pub async fn read_audit_in_store(
+    home: &Path,
+    database: Option<&crate::store::PostgresSettings>,
+    query: crate::store::AuditQuery,
+) -> Result<Vec<crate::store::AuditEntry>> {
+    match database {
+        Some(database) => {
+            let store = crate::store::PostgresStore::connect(database).await?;
+            crate::store::Metadata::audit_entries(&store, &query).await
+        }
+        None => {
+            let path = home.join("evervm.db");
+            if !path.exists() {
+                return Err(Error::new(
+                    crate::ErrorKind::NotFound,
+                    format!(
+                        "{} has no database: no server has run on this home (give --home or \
+                         --database)",
+                        home.display()
+                    ),
+                ));
+            }
+            tokio::task::spawn_blocking(move || Store::open(&path)?.audit_entries(&query))
+                .await
+                .map_err(|e| Error::internal(format!("reading the audit log stopped: {e}")))?
         }
     }
 }
@@ -261,5 +343,7 @@ pub fn list_tokens_in_home(home: &Path) -> Result<Vec<crate::types::TokenInfo>> 
 /// from then on, also by a server running on that home.
 pub fn revoke_token_in_home(home: &Path, id: &str) -> Result<()> {
     let mut store = Store::open(&home.join("evervm.db"))?;
-    store.revoke_token(id)
+    let account = token_account(&store.tokens()?, id);
+    store.revoke_token(id)?;
+    store.record_audit(&[token_revoked(account, id)])
 }

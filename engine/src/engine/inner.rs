@@ -70,6 +70,8 @@ pub(crate) struct EngineInner {
     disk: Mutex<HashMap<String, DiskFacts>>,
     rates: Mutex<HashMap<i64, Bucket>>,
     pub(crate) metrics: crate::metrics::Metrics,
+    /// The audit log's writer.
+    pub(crate) audit: super::audit::AuditLog,
     /// The package index and wheel cache of `install` (an unusable index URL is told at install).
     pub(crate) packages: Result<crate::packages::index::PackageIndex>,
 }
@@ -85,8 +87,16 @@ impl EngineInner {
     ) -> Self {
         let packages =
             crate::packages::index::PackageIndex::new(&config.packages, config.home.join("wheels"));
+        let metrics = crate::metrics::Metrics::default();
+        let audit = super::audit::AuditLog::start(
+            Arc::clone(&store),
+            config.node.as_ref().map(|node| node.id.clone()),
+            &config.audit,
+            metrics.audit_counter(),
+        );
         Self {
             node: config.node.clone().map(super::node::Node::new),
+            audit,
             config,
             store,
             bucket,
@@ -104,7 +114,7 @@ impl EngineInner {
             disk: Mutex::new(HashMap::new()),
             rates: Mutex::new(HashMap::new()),
             packages,
-            metrics: crate::metrics::Metrics::default(),
+            metrics,
         }
     }
 

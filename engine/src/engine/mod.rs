@@ -5,6 +5,7 @@
 //! deleting machines, `forever.rs` swap, fork, checkpoints and rollback, `budget.rs` the swap
 //! policy, `processes.rs` processes beside a machine's interpreter.
 
+mod audit;
 mod budget;
 pub(crate) mod chunks;
 mod config;
@@ -24,13 +25,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+pub use self::audit::{AuditCode, AuditSettings};
 pub use self::config::{
     BackendChoice, EngineConfig, Hook, Hooks, LINE_OVERHEAD_BYTES, Limits, parse_memory_list,
 };
 pub(crate) use self::home::gvisor_config;
 pub use self::home::{
     create_token_in_home, create_token_in_store, list_tokens_in_home, list_tokens_in_store,
-    revoke_token_in_home, revoke_token_in_store,
+    read_audit_in_store, revoke_token_in_home, revoke_token_in_store,
 };
 pub(crate) use self::inner::EngineInner;
 pub use self::node::NodeSettings;
@@ -233,7 +235,12 @@ impl Engine {
     /// The account a token belongs to.
     pub async fn authenticate(&self, token: &str) -> Result<Account> {
         let token = token.to_owned();
-        let account = self.inner.store.authenticate(&token).await?;
+        let account = self
+            .inner
+            .store
+            .authenticate(&token)
+            .await
+            .inspect_err(|e| self.count_refusal(e))?;
         self.inner.metrics.know_account(account.id, &account.name);
         Ok(account)
     }
@@ -251,13 +258,26 @@ impl Engine {
     /// The account a credential from [`Engine::scoped_credential`] acts for, if it was made
     /// for `scope`.
     pub async fn authenticate_scoped(&self, credential: &str, scope: &str) -> Result<Account> {
-        let (id, mac) = crate::store::split_token(credential)?;
-        let record = self.token_record(id).await?;
-        record.check_scoped(scope, mac)?;
+        let (id, mac) =
+            crate::store::split_token(credential).inspect_err(|e| self.count_refusal(e))?;
+        let record = self
+            .token_record(id)
+            .await
+            .inspect_err(|e| self.count_refusal(e))?;
+        record
+            .check_scoped(scope, mac)
+            .inspect_err(|e| self.count_refusal(e))?;
         self.inner
             .metrics
             .know_account(record.account.id, &record.account.name);
         Ok(record.account)
+    }
+
+    /// Counts a credential refused (not audited: a flood of bad tokens must not fill the log).
+    fn count_refusal(&self, error: &crate::Error) {
+        if error.kind() == crate::ErrorKind::Unauthorized {
+            self.inner.metrics.refused_credential();
+        }
     }
 
     async fn token_record(&self, id: &str) -> Result<crate::store::TokenRecord> {
@@ -289,6 +309,7 @@ impl Engine {
         self.inner.pool.drain().await;
         self.inner.backend.shutdown().await;
         // Everything stored before the home is handed over.
+        self.inner.audit.flush().await;
         let _ = self.inner.store.flush().await;
         self.inner.store.hand_over().await;
         lock(&self.inner.home_lock).take();

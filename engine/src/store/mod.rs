@@ -19,6 +19,7 @@ use crate::types::{
     Account, Durability, Env, ExecResult, MachineName, OutputChunk, Tags, TokenInfo,
 };
 
+mod audit;
 mod output;
 mod postgres;
 mod schema;
@@ -26,8 +27,12 @@ mod sqlite;
 #[cfg(test)]
 mod suite;
 #[cfg(test)]
+mod suite_audit;
+#[cfg(test)]
 mod suite_leases;
 
+pub(crate) use audit::PRUNE_BATCH;
+pub use audit::{AUDIT_PAGE_MAX, AuditEntry, AuditQuery};
 pub use output::OutputBatches;
 pub use postgres::{PostgresSettings, PostgresStore};
 pub(crate) use sqlite::StoreThread;
@@ -298,6 +303,16 @@ pub trait Metadata: Send + Sync {
     /// [`Metadata::mark_saved`] by the holder of `lease` only: refused (`Conflict`) when the
     /// lease is no longer held, so a node that lost a machine never records a snapshot for it.
     async fn mark_saved_fenced(&self, lease: &Lease, sha256: Option<&str>) -> Result<()>;
+
+    // --- the audit log ---------------------------------------------------------------------
+
+    /// Stores entries, all or none.
+    async fn record_audit(&self, entries: Vec<AuditEntry>) -> Result<()>;
+    /// The entries `query` asks for, newest first.
+    async fn audit_entries(&self, query: &AuditQuery) -> Result<Vec<AuditEntry>>;
+    /// Removes up to a batch of the entries older than `before` or not among the newest `keep`;
+    /// how many it removed (call again while it removes a whole batch).
+    async fn prune_audit(&self, before: DateTime<Utc>, keep: u64) -> Result<usize>;
 
     /// Waits until everything asked of the store before has been done.
     async fn flush(&self) -> Result<()>;

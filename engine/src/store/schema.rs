@@ -14,14 +14,16 @@
 //! restores from, moved only once the snapshot is whole in the bucket. Version 9 gave machines
 //! a history (`history`: how many undo points they keep) and a lineage (`parent`, the machine a
 //! fork was made from, and `forked_at`, the instruction of the parent's it was made after).
+//! Version 10 gave the store an audit log (`audit`): who changed what, when, and how it went.
 
 /// The schema version this engine writes.
-pub(super) const VERSION: i64 = 9;
+pub(super) const VERSION: i64 = 10;
 
 /// Changes after version 6: `(the version it makes, statements)`, applied in order to both
 /// databases, in the template's words. A new database is made from the tables below, which are
 /// always the latest version's.
-pub(super) const MIGRATIONS: &[(i64, &str)] = &[(7, LEASES_7), (8, BUCKET_8), (9, HISTORY_9)];
+pub(super) const MIGRATIONS: &[(i64, &str)] =
+    &[(7, LEASES_7), (8, BUCKET_8), (9, HISTORY_9), (10, AUDIT_10)];
 
 /// Version 7: nodes, and machines' leases.
 const LEASES_7: &str = "
@@ -47,6 +49,23 @@ const HISTORY_9: &str = "
 ALTER TABLE machines ADD COLUMN history {int} NOT NULL DEFAULT 0;
 ALTER TABLE machines ADD COLUMN parent TEXT;
 ALTER TABLE machines ADD COLUMN forked_at {int};
+";
+
+/// Version 10: the audit log. Its rows belong to no machine (they outlive the machines they
+/// name) and are removed by age and count only ([`super::audit`]).
+const AUDIT_10: &str = "
+CREATE TABLE IF NOT EXISTS audit (
+    id {serial},
+    at TEXT NOT NULL,
+    node TEXT,
+    door TEXT NOT NULL,
+    account TEXT,
+    token_id TEXT,
+    action TEXT NOT NULL,
+    machine TEXT,
+    outcome TEXT NOT NULL,
+    detail TEXT
+);
 ";
 
 /// The database a statement is written for.
@@ -155,6 +174,9 @@ const INDEXES: &str = "
 CREATE INDEX IF NOT EXISTS machines_by_expiry ON machines(expires_at)
     WHERE expires_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS machines_by_owner ON machines(owner) WHERE owner IS NOT NULL;
+CREATE INDEX IF NOT EXISTS audit_by_time ON audit(at);
+CREATE INDEX IF NOT EXISTS audit_by_account ON audit(account, id);
+CREATE INDEX IF NOT EXISTS audit_by_machine ON audit(machine, id) WHERE machine IS NOT NULL;
 ";
 
 /// `template` in `dialect`'s words.
@@ -197,6 +219,11 @@ pub(super) fn machine_rows(dialect: Dialect) -> String {
     render(MACHINE_ROWS, dialect)
 }
 
+/// The audit log's table (a new database's; older ones get it from migration 10).
+pub(super) fn audit(dialect: Dialect) -> String {
+    render(AUDIT_10, dialect)
+}
+
 /// The indexes of the latest version.
 pub(super) fn indexes(dialect: Dialect) -> String {
     render(INDEXES, dialect)
@@ -218,7 +245,12 @@ mod tests {
     #[test]
     fn every_word_is_spelled_in_both_dialects() {
         for dialect in [Dialect::Sqlite, Dialect::Postgres] {
-            for text in [base(dialect), machine_rows(dialect), indexes(dialect)] {
+            for text in [
+                base(dialect),
+                machine_rows(dialect),
+                audit(dialect),
+                indexes(dialect),
+            ] {
                 for word in ["{id}", "{serial}", "{int}", "{bytes}"] {
                     assert!(!text.contains(word), "{word} left in {dialect:?}");
                 }

@@ -63,6 +63,7 @@ async fn passes(store: Arc<dyn Metadata>) {
     history(&*store).await;
     limits_hold_under_concurrency(store.clone()).await;
     deleting_takes_everything(&*store).await;
+    super::suite_audit::audit(&*store).await;
 }
 
 async fn tokens(store: &dyn Metadata) {

@@ -93,6 +93,16 @@ pub(super) async fn authenticate_sandbox(
     }
 }
 
+/// The id of the token behind a sandbox request's credential (a sandbox's access token starts
+/// with it; an API key encodes the token), for the audit log; empty when it is neither.
+pub(super) fn token_id_of(credential: &str) -> String {
+    let token = match credential.strip_prefix(SANDBOX_TOKEN_PREFIX) {
+        Some(scoped) => scoped.to_owned(),
+        None => super::token_for_api_key(credential).unwrap_or_default(),
+    };
+    crate::server::audit::token_id(&token).to_owned()
+}
+
 /// The `domain` evervm answers for sandboxes reached at `host` (`127.0.0.1:3000`), which is
 /// also what users set `E2B_DOMAIN` to: every URL an SDK builds under it leads back to `host`.
 pub fn sink_domain_for(host: &str) -> String {

@@ -238,6 +238,7 @@ fn created<T: Serialize>(body: &T) -> Response {
 pub(super) async fn create(
     State(state): State<E2bState>,
     ApiCaller(account): ApiCaller,
+    note: crate::server::audit::AuditNote,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, E2bFailure> {
@@ -301,6 +302,8 @@ pub(super) async fn create(
             )
             .await
             .map_err(|e| E2bFailure::from(&e))?;
+        note.machine(info.name.as_str());
+        note.detail(format!("from snapshot {}", snapshot.name));
         state.sandboxes.start(&account, info.name.as_str(), timeout);
         return Ok(created(&view(&state, &info, &access).await?));
     }
@@ -332,6 +335,7 @@ pub(super) async fn create(
         )
         .await
         .map_err(|e| template_failure(&e))?;
+    note.machine(info.name.as_str());
     state.sandboxes.start(&account, info.name.as_str(), timeout);
     Ok(created(&view(&state, &info, &access).await?))
 }

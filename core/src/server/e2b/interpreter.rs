@@ -154,10 +154,12 @@ fn env_code(env: &BTreeMap<String, String>) -> Result<Option<(String, String)>, 
 pub(super) async fn execute(
     State(state): State<E2bState>,
     InterpreterCaller(caller): InterpreterCaller,
+    note: crate::server::audit::AuditNote,
     body: Bytes,
 ) -> Result<Response, E2bFailure> {
     let request: ExecuteRequest = serde_json::from_slice(&body)
         .map_err(|e| E2bFailure::bad_request(format!("the request body is not valid: {e}")))?;
+    note.detail(state.engine.audit_detail_for_code(&request.code));
     if request.context_id.is_some() && request.language.is_some() {
         return Err(E2bFailure::bad_request(
             "Only one of context_id or language can be provided",

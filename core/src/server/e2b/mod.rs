@@ -16,6 +16,7 @@
 //! next `connect` or sandbox request brings it back.
 
 mod access;
+mod audit;
 mod connect;
 mod control;
 mod envd;
@@ -202,6 +203,10 @@ pub fn router_with(engine: Engine, options: E2bOptions) -> Router {
             post(interpreter::restart_context),
         )
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            audit::record,
+        ))
         .layer(axum::extract::DefaultBodyLimit::max(
             super::BODY_LIMIT_BYTES,
         ))
@@ -329,7 +334,13 @@ impl FromRequestParts<E2bState> for ApiCaller {
                      token create ACCOUNT --e2b`)",
                 )
             })?;
-        authenticate(state, key).await.map(ApiCaller)
+        let account = authenticate(state, key).await?;
+        if let Some(note) = parts.extensions.get::<crate::server::audit::AuditNote>()
+            && let Ok(token) = token_for_api_key(key)
+        {
+            note.caller(&account, &token);
+        }
+        Ok(ApiCaller(account))
     }
 }
 
@@ -403,6 +414,9 @@ impl SandboxCaller {
                 )
             })?;
         let account = access::authenticate_sandbox(&state.engine, key, &sandbox).await?;
+        if let Some(note) = parts.extensions.get::<crate::server::audit::AuditNote>() {
+            note.caller(&account, &access::token_id_of(key));
+        }
         Ok(Self { account, sandbox })
     }
 }

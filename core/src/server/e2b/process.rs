@@ -152,6 +152,7 @@ type CommandKey = (i64, String, u32);
 pub(super) async fn process(
     State(state): State<E2bState>,
     EnvdCaller(caller): EnvdCaller,
+    note: crate::server::audit::AuditNote,
     Path(method): Path<String>,
     headers: HeaderMap,
     body: Bytes,
@@ -161,7 +162,7 @@ pub(super) async fn process(
         Err(e) => e.into_response(),
     };
     match method.as_str() {
-        "Start" => start(state, caller, &headers, &body).await,
+        "Start" => start(state, caller, &note, &headers, &body).await,
         "Connect" => reconnect(state, caller, &headers, &body).await,
         "List" => connect::unary(&serde_json::json!({ "processes": list(&state, &caller) })),
         "SendSignal" => unary(send_signal(&state, &caller, &body).await),
@@ -384,6 +385,7 @@ pub(super) fn stream_response(body: Body) -> Response {
 async fn start(
     state: E2bState,
     caller: SandboxCaller,
+    note: &crate::server::audit::AuditNote,
     headers: &HeaderMap,
     body: &[u8],
 ) -> Response {
@@ -391,6 +393,13 @@ async fn start(
         Ok(request) => request,
         Err(e) => return refused(e),
     };
+    // The command line, kept or hashed as code is (the environment is not kept: it may hold
+    // secrets).
+    let line = std::iter::once(request.process.cmd.as_str())
+        .chain(request.process.args.iter().map(String::as_str))
+        .collect::<Vec<_>>()
+        .join(" ");
+    note.detail(state.engine.audit_detail_for_code(&line));
     // envd's default size when a pty names none.
     let pty = request.pty.map(|p| {
         p.size.map_or(

@@ -11,6 +11,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
+mod audit;
 mod leases;
 
 use super::output::{StoredBatch, decode_output};
@@ -280,6 +281,9 @@ impl PostgresStore {
         match version {
             None => {
                 tx.batch_execute(&schema::machine_rows(Dialect::Postgres))
+                    .await
+                    .map_err(failed)?;
+                tx.batch_execute(&schema::audit(Dialect::Postgres))
                     .await
                     .map_err(failed)?;
                 tx.execute(
@@ -968,6 +972,18 @@ impl Metadata for PostgresStore {
 
     async fn mark_saved_fenced(&self, lease: &Lease, sha256: Option<&str>) -> Result<()> {
         self.mark_saved_fenced_row(lease, sha256).await
+    }
+
+    async fn record_audit(&self, entries: Vec<super::AuditEntry>) -> Result<()> {
+        self.record_audit_rows(&entries).await
+    }
+
+    async fn audit_entries(&self, query: &super::AuditQuery) -> Result<Vec<super::AuditEntry>> {
+        self.audit_rows(query).await
+    }
+
+    async fn prune_audit(&self, before: DateTime<Utc>, keep: u64) -> Result<usize> {
+        self.prune_audit_rows(before, keep).await
     }
 
     async fn flush(&self) -> Result<()> {

@@ -274,6 +274,22 @@ impl Metadata for StoreThread {
             .await
     }
 
+    async fn record_audit(&self, entries: Vec<crate::store::AuditEntry>) -> Result<()> {
+        self.call(move |s| s.record_audit(&entries)).await
+    }
+
+    async fn audit_entries(
+        &self,
+        query: &crate::store::AuditQuery,
+    ) -> Result<Vec<crate::store::AuditEntry>> {
+        let query = query.clone();
+        self.call(move |s| s.audit_entries(&query)).await
+    }
+
+    async fn prune_audit(&self, before: DateTime<Utc>, keep: u64) -> Result<usize> {
+        self.call(move |s| s.prune_audit(before, keep)).await
+    }
+
     async fn flush(&self) -> Result<()> {
         self.call(|_| Ok(())).await
     }

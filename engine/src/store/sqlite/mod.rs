@@ -14,6 +14,7 @@ use super::{
 use crate::error::{Error, Result};
 use crate::types::{Account, TokenInfo};
 
+mod audit;
 mod history;
 mod leases;
 mod metadata;

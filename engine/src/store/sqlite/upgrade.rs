@@ -22,6 +22,7 @@ pub(super) fn prepare(conn: &mut Connection, path: &std::path::Path) -> Result<(
     let version = match version {
         None => {
             conn.execute_batch(&schema::machine_rows(Dialect::Sqlite))?;
+            conn.execute_batch(&schema::audit(Dialect::Sqlite))?;
             conn.execute(
                 "INSERT INTO meta (key, value) VALUES ('schema_version', ?1)",
                 params![VERSION.to_string()],
