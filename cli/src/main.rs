@@ -148,6 +148,11 @@ enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
+    /// Make and rotate the key machines' secret environment values are sealed with in the store.
+    SecretKey {
+        #[command(subcommand)]
+        command: SecretKeyCommand,
+    },
     /// Read the audit log of the store (the home's, or --database): every state-changing call,
     /// newest first, with its account, token id, machine and outcome.
     Audit(audit::AuditArgs),
@@ -270,6 +275,15 @@ enum TokenCommand {
     /// Revoke a token by its id (the part before the `.`); a server on the store refuses it
     /// from its next request on.
     Revoke { id: String },
+}
+
+#[derive(Subcommand)]
+enum SecretKeyCommand {
+    /// Print a new random key (64 hex digits) for EVERVM_SECRET_KEY.
+    Generate,
+    /// Seal every machine's secret environment values in the store (the home's, or --database)
+    /// with the key EVERVM_SECRET_KEY gives, opening older ones with EVERVM_SECRET_KEY_PREVIOUS.
+    Rotate,
 }
 
 #[derive(Subcommand)]
@@ -542,6 +556,21 @@ async fn run(command: Command, target: &Target) -> Result<ExitCode> {
                 .clone()
                 .unwrap_or_else(evervm::admin::default_home);
             tokens(&home, target.database.as_deref(), command).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::SecretKey { command } => {
+            match command {
+                SecretKeyCommand::Generate => println!("{}", evervm::admin::generate_secret_key()?),
+                SecretKeyCommand::Rotate => {
+                    let home = target
+                        .home
+                        .clone()
+                        .unwrap_or_else(evervm::admin::default_home);
+                    let (changed, id) =
+                        evervm::admin::rotate_secret_key(&home, target.database.as_deref()).await?;
+                    eprintln!("sealed the secrets of {changed} machines with key {id}");
+                }
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Audit(args) => {

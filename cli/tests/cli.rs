@@ -1223,6 +1223,36 @@ fn tokens_are_listed_revoked_and_expire_while_the_server_runs() {
     assert!(table.contains(&format!("token {extra_id}")), "{table}");
     let bad = admin(&["audit", "--limit", "0"]);
     assert!(stderr(&bad).contains("out of range"), "{}", stderr(&bad));
+
+    // A secret key made, and the store's secrets sealed with it (recorded too).
+    let key = ok(admin(&["secret-key", "generate"]));
+    let key = key.trim();
+    assert!(
+        key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{key}"
+    );
+    let keyless = admin(&["secret-key", "rotate"]);
+    assert!(!keyless.status.success());
+    assert!(
+        stderr(&keyless).contains("EVERVM_SECRET_KEY"),
+        "{}",
+        stderr(&keyless)
+    );
+    let rotated = run_with_input(
+        Command::new(EVERVM)
+            .args(["secret-key", "rotate", "--home"])
+            .arg(server.home.path())
+            .env("EVERVM_SECRET_KEY", key),
+        "",
+    );
+    assert!(
+        stderr(&rotated).contains("sealed the secrets of"),
+        "{}",
+        stderr(&rotated)
+    );
+    assert!(!stderr(&rotated).contains(key), "the key is never repeated");
+    let table = ok(admin(&["audit", "--action", "secret-key.rotate"]));
+    assert!(table.contains("machines sealed with key"), "{table}");
 }
 
 /// `evervm mcp install` with HOME in a fresh directory: every assistant's file written with the

@@ -71,6 +71,29 @@ pub async fn read_audit(
     Ok(evervm_engine::read_audit_in_store(home, database.as_ref(), query).await?)
 }
 
+/// A new random secret key for `EVERVM_SECRET_KEY`, as 64 hex digits.
+pub fn generate_secret_key() -> Result<String> {
+    Ok(evervm_engine::secrets::SecretKeys::generate()?)
+}
+
+/// Seals every machine's secret environment values in the store (the home's, or PostgreSQL at
+/// `database`) with the key `EVERVM_SECRET_KEY` (or `EVERVM_SECRET_KEY_FILE`) gives, opening
+/// those sealed before with the keys in `EVERVM_SECRET_KEY_PREVIOUS`: how many machines changed,
+/// and the key's id.
+pub async fn rotate_secret_key(home: &Path, database: Option<&str>) -> Result<(usize, String)> {
+    let keys = evervm_engine::secrets::SecretKeys::from_env()?.ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidInput,
+            "no key to seal with: set EVERVM_SECRET_KEY (or EVERVM_SECRET_KEY_FILE) to the new \
+             key and EVERVM_SECRET_KEY_PREVIOUS to the old ones",
+        )
+    })?;
+    let id = keys.current_id().to_owned();
+    let database = self::database(database)?;
+    let changed = evervm_engine::reseal_secrets_in_store(home, database.as_ref(), keys).await?;
+    Ok((changed, id))
+}
+
 /// `90s`, `15m`, `12h`, `30d` (a number and a unit) as a duration.
 pub fn parse_duration(text: &str) -> Result<Duration> {
     let text = text.trim();

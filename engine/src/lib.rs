@@ -34,6 +34,8 @@ mod pool;
 #[cfg(feature = "runtime")]
 pub mod sandbox;
 #[cfg(feature = "runtime")]
+pub mod secrets;
+#[cfg(feature = "runtime")]
 pub mod snapshot;
 #[cfg(feature = "runtime")]
 pub mod store;
@@ -46,7 +48,7 @@ pub use engine::{
     AuditCode, AuditSettings, BackendChoice, Engine, EngineConfig, Hook, Hooks,
     LINE_OVERHEAD_BYTES, Limits, MAX_HISTORY_LIST, NodeSettings, create_token_in_home,
     create_token_in_store, list_tokens_in_home, list_tokens_in_store, parse_memory_list,
-    read_audit_in_store, revoke_token_in_home, revoke_token_in_store,
+    read_audit_in_store, reseal_secrets_in_store, revoke_token_in_home, revoke_token_in_store,
 };
 pub use error::{Error, ErrorKind, Result};
 pub use files::{ByteStream, FileInfo, FileKind, FileList, FileRead, WriteFileOptions};

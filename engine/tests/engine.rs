@@ -513,6 +513,7 @@ async fn machines_expire_and_lists_page_through_a_thousand() {
                     history: 0,
                     parent: None,
                     forked_at: None,
+                    env_error: None,
                 })
                 .unwrap();
         }

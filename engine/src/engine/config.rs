@@ -269,6 +269,10 @@ pub struct EngineConfig {
     pub node: Option<super::node::NodeSettings>,
     /// What the audit log keeps, and for how long.
     pub audit: super::audit::AuditSettings,
+    /// The keys machines' secret environment values are sealed with in the store; `None`: the
+    /// keys `EVERVM_SECRET_KEY` (or `EVERVM_SECRET_KEY_FILE`) and `EVERVM_SECRET_KEY_PREVIOUS`
+    /// give, or none (kept as given).
+    pub secret_keys: Option<std::sync::Arc<crate::secrets::SecretKeys>>,
     #[doc(hidden)]
     pub hooks: Hooks,
 }
@@ -370,6 +374,7 @@ impl EngineConfig {
             snapshot_cache_mb: positive("EVERVM_SNAPSHOT_CACHE_MB").unwrap_or(10 * 1024),
             node: None,
             audit: super::audit::AuditSettings::from_env(),
+            secret_keys: None,
             hooks: Hooks::default(),
         }
     }

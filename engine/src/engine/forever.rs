@@ -55,6 +55,12 @@ impl Engine {
         request: ForkMachine,
     ) -> Result<MachineInfo> {
         let parent = self.record(account, name).await?;
+        if let Some(why) = &parent.env_error {
+            return Err(Error::new(
+                ErrorKind::PermissionDenied,
+                format!("machine {name} cannot be forked: {why}"),
+            ));
+        }
         let tags = request.tags.unwrap_or_else(|| parent.tags.clone());
         validate_tags(&tags)?;
         self.inner.check_disk_quota(account.id).await?;
@@ -70,6 +76,7 @@ impl Engine {
             snapshot_at: Some(Utc::now()),
             parent: Some(parent.name.to_string()),
             forked_at: None,
+            env_error: None,
             ..parent
         };
         let home = self.inner.config.home.clone();

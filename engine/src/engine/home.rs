@@ -302,6 +302,49 @@ pub async fn revoke_token_in_store(
     }
 }
 
+/// Seals every machine's secret environment values in a store anew with the current key of
+/// `keys` (PostgreSQL at `database` when given, else the home's SQLite database, also while a
+/// server runs there); how many machines changed. Recorded in the audit log.
+pub async fn reseal_secrets_in_store(
+    home: &Path,
+    database: Option<&crate::store::PostgresSettings>,
+    keys: std::sync::Arc<crate::secrets::SecretKeys>,
+) -> Result<usize> {
+    let entry = |changed: usize, key: &str| crate::store::AuditEntry {
+        detail: Some(format!("{changed} machines sealed with key {key}")),
+        ..crate::store::AuditEntry::now("cli", "secret-key.rotate", "ok")
+    };
+    match database {
+        Some(database) => {
+            let store = crate::store::PostgresStore::connect(database).await?;
+            let changed = store.reseal_secret_env(&keys).await?;
+            crate::store::Metadata::record_audit(&store, vec![entry(changed, keys.current_id())])
+                .await?;
+            Ok(changed)
+        }
+        None => {
+            let path = home.join("evervm.db");
+            if !path.exists() {
+                return Err(Error::new(
+                    crate::ErrorKind::NotFound,
+                    format!(
+                        "{} has no database (give --home or --database)",
+                        home.display()
+                    ),
+                ));
+            }
+            tokio::task::spawn_blocking(move || {
+                let mut store = Store::open(&path)?;
+                let changed = store.reseal_secret_env(&keys)?;
+                store.record_audit(&[entry(changed, keys.current_id())])?;
+                Ok(changed)
+            })
+            .await
+            .map_err(|e| Error::internal(format!("sealing secrets stopped: {e}")))?
+        }
+    }
+}
+
 /// The audit entries `query` asks for, newest first, from a store: PostgreSQL at `database`
 /// when given, else the home's SQLite database (also while a server runs there).
 pub async fn read_audit_in_store(

@@ -106,6 +106,7 @@ impl Engine {
             history,
             parent: None,
             forked_at: None,
+            env_error: None,
         };
         self.insert_machine(&record).await?;
         let handle = self.spawn_handle(&record, true);

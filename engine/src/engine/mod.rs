@@ -32,7 +32,7 @@ pub use self::config::{
 pub(crate) use self::home::gvisor_config;
 pub use self::home::{
     create_token_in_home, create_token_in_store, list_tokens_in_home, list_tokens_in_store,
-    read_audit_in_store, revoke_token_in_home, revoke_token_in_store,
+    read_audit_in_store, reseal_secrets_in_store, revoke_token_in_home, revoke_token_in_store,
 };
 pub(crate) use self::inner::EngineInner;
 pub use self::node::NodeSettings;
@@ -69,10 +69,15 @@ impl Engine {
             ));
         }
         // One server per database, unless the servers sharing it are nodes of one cluster.
+        let keys = match &config.secret_keys {
+            Some(keys) => Some(Arc::clone(keys)),
+            None => crate::secrets::SecretKeys::from_env()?,
+        };
         let store = crate::store::open(
             config.database.as_ref(),
             &config.home,
             config.node.is_none(),
+            keys,
         )
         .await?;
         let bucket = match &config.snapshots {

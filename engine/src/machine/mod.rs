@@ -153,6 +153,9 @@ pub(crate) struct MachineHandle {
     pub(crate) taking_point: tokio::sync::watch::Sender<bool>,
     /// The environment a fresh interpreter of this machine gets (secrets included).
     env: crate::types::Env,
+    /// Why its sealed secret environment could not be opened, if it could not: it then starts
+    /// no fresh interpreter (which would lack the secrets).
+    env_error: Option<String>,
     /// What its sandboxes may reach.
     network: crate::network::NetworkPolicy,
     /// Unbounded as a channel, bounded by [`crate::Limits::max_queued_instructions`]: an
@@ -224,6 +227,7 @@ impl MachineHandle {
             history: record.history,
             taking_point: tokio::sync::watch::Sender::new(false),
             env: record.env.clone(),
+            env_error: record.env_error.clone(),
             network: record.network.clone(),
             state: Mutex::new(state),
             jobs,

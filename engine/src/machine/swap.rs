@@ -211,6 +211,15 @@ async fn restore_snapshot(
 /// A fresh interpreter from the pool, made the machine's: its environment, its home. A machine
 /// with a network boots one of its own (pooled sandboxes have none).
 async fn fresh_interpreter(engine: &Arc<EngineInner>, machine: &MachineHandle) -> Result<Resident> {
+    if let Some(why) = &machine.env_error {
+        return Err(crate::Error::new(
+            crate::ErrorKind::PermissionDenied,
+            format!(
+                "machine {} cannot start a fresh interpreter: {why}",
+                machine.name
+            ),
+        ));
+    }
     let mut resident = match machine.sandbox_network() {
         None => Pool::take(engine, &machine.shape).await?,
         Some(network) => crate::pool::start_networked(engine, &machine.shape, network).await?,

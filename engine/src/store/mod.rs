@@ -30,6 +30,8 @@ mod suite;
 mod suite_audit;
 #[cfg(test)]
 mod suite_leases;
+#[cfg(test)]
+mod suite_secrets;
 
 pub(crate) use audit::PRUNE_BATCH;
 pub use audit::{AUDIT_PAGE_MAX, AuditEntry, AuditQuery};
@@ -75,9 +77,16 @@ pub struct MachineRecord {
     /// after (`None`: before any); `None` for a machine that was created, not forked.
     pub parent: Option<String>,
     pub forked_at: Option<i64>,
+    /// Why its sealed secret environment could not be opened (sealed with a key this server was
+    /// not given, or altered); those values are then empty in `env`, and the machine cannot
+    /// start a fresh interpreter or be forked until the key is given.
+    pub env_error: Option<String>,
 }
 
-/// An instruction as the history lists it.
+/// The context a secret environment variable's sealed value is bound to: its machine and name.
+fn secret_context(machine: &str, variable: &str) -> String {
+    format!("secret_env\0{machine}\0{variable}")
+}
 #[derive(Debug, Clone, PartialEq)]
 pub struct InstructionRow {
     pub seq: i64,
@@ -359,10 +368,13 @@ pub(crate) async fn open(
     database: Option<&PostgresSettings>,
     home: &std::path::Path,
     alone: bool,
+    keys: Option<std::sync::Arc<crate::secrets::SecretKeys>>,
 ) -> Result<std::sync::Arc<dyn Metadata>> {
     Ok(match database {
         Some(settings) => {
-            let store = PostgresStore::connect(settings).await?;
+            let store = PostgresStore::connect(settings)
+                .await?
+                .with_secret_keys(keys);
             if alone {
                 store.hold_for_this_server().await?;
             }
@@ -372,7 +384,8 @@ pub(crate) async fn open(
             let path = home.join("evervm.db");
             let store = tokio::task::spawn_blocking(move || Store::open(&path))
                 .await
-                .map_err(|e| Error::internal(format!("opening the store stopped: {e}")))??;
+                .map_err(|e| Error::internal(format!("opening the store stopped: {e}")))??
+                .with_secret_keys(keys);
             std::sync::Arc::new(StoreThread::start(store)?)
         }
     })
@@ -541,15 +554,95 @@ fn checkpoint_exists(machine: &str, name: &str) -> Error {
     )
 }
 
-/// A machine's JSON columns as stored: tags, environment, network policy.
-fn machine_json(record: &MachineRecord) -> Result<(String, String, String)> {
+/// A machine's JSON columns as stored: tags, environment (secret values sealed with `keys` when
+/// given), network policy.
+fn machine_json(
+    record: &MachineRecord,
+    keys: Option<&crate::secrets::SecretKeys>,
+) -> Result<(String, String, String)> {
     let tags = serde_json::to_string(&record.tags)
         .map_err(|e| Error::internal(format!("cannot encode tags: {e}")))?;
-    let env = serde_json::to_string(&record.env)
+    let env = seal_env(&record.env, record.name.as_str(), keys)?;
+    let env = serde_json::to_string(&env)
         .map_err(|e| Error::internal(format!("cannot encode the environment: {e}")))?;
     let network = serde_json::to_string(&record.network)
         .map_err(|e| Error::internal(format!("cannot encode the network policy: {e}")))?;
     Ok((tags, env, network))
+}
+
+/// `env` with its secret values sealed by `keys` (as it is without keys).
+pub(crate) fn seal_env(
+    env: &Env,
+    machine: &str,
+    keys: Option<&crate::secrets::SecretKeys>,
+) -> Result<Env> {
+    let Some(keys) = keys else {
+        return Ok(env.clone());
+    };
+    env.iter()
+        .map(|(name, var)| {
+            let mut var = var.clone();
+            if var.secret && !crate::secrets::is_sealed(&var.value) {
+                var.value = keys.seal(&var.value, &secret_context(machine, name))?;
+            }
+            Ok((name.clone(), var))
+        })
+        .collect()
+}
+
+/// `env` as stored with its sealed values opened, or why one would not open (the values that
+/// do not open are then empty: the machine starts no interpreter with them).
+pub(crate) fn open_env(
+    env: Env,
+    machine: &str,
+    keys: Option<&crate::secrets::SecretKeys>,
+) -> (Env, Option<String>) {
+    let mut error = None;
+    let opened = env
+        .into_iter()
+        .map(|(name, mut var)| {
+            if var.secret && crate::secrets::is_sealed(&var.value) {
+                let what = format!("the secret environment variable {name} of machine {machine}");
+                let context = secret_context(machine, &name);
+                match crate::secrets::open(keys, &var.value, &context, &what) {
+                    Ok(value) => var.value = value,
+                    Err(e) => {
+                        error.get_or_insert_with(|| e.message().to_owned());
+                        var.value = String::new();
+                    }
+                }
+            }
+            (name, var)
+        })
+        .collect();
+    (opened, error)
+}
+
+/// A machine's stored environment (`stored`, JSON) sealed anew with the current key of `keys`,
+/// or `None` when every secret in it is sealed with that key already. Refused when a sealed value
+/// does not open: rotating must never lose a secret.
+pub(crate) fn reseal_stored_env(
+    machine: &str,
+    stored: &str,
+    keys: &crate::secrets::SecretKeys,
+) -> Result<Option<String>> {
+    let env: Env = serde_json::from_str(stored).map_err(|_| {
+        Error::internal(format!("the stored environment of {machine} is unreadable"))
+    })?;
+    if env
+        .values()
+        .all(|var| !var.secret || keys.sealed_with_current(&var.value))
+    {
+        return Ok(None);
+    }
+    let (opened, error) = open_env(env, machine, Some(keys));
+    if let Some(why) = error {
+        return Err(Error::new(crate::ErrorKind::PermissionDenied, why));
+    }
+    let sealed = seal_env(&opened, machine, Some(keys))?;
+    serde_json::to_string(&sealed)
+        .map(Some)
+        .map_err(|e| Error::internal(format!("cannot encode the environment: {e}")))
 }
 
 /// A result as stored.
@@ -597,7 +690,11 @@ pub(super) struct RawMachine {
 }
 
 impl RawMachine {
-    pub(super) fn into_record(self) -> Result<MachineRecord> {
+    /// The record, its sealed secrets opened with `keys`.
+    pub(super) fn into_record(
+        self,
+        keys: Option<&crate::secrets::SecretKeys>,
+    ) -> Result<MachineRecord> {
         let tags: Tags = serde_json::from_str(&self.tags).map_err(|e| {
             Error::internal(format!("stored tags of {} are unreadable: {e}", self.name))
         })?;
@@ -608,6 +705,7 @@ impl RawMachine {
                 self.name
             ))
         })?;
+        let (env, env_error) = open_env(env, &self.name, keys);
         let network: NetworkPolicy = serde_json::from_str(&self.network).map_err(|e| {
             Error::internal(format!(
                 "the stored network policy of {} is unreadable: {e}",
@@ -641,6 +739,7 @@ impl RawMachine {
             })?,
             parent: self.parent,
             forked_at: self.forked_at,
+            env_error,
         })
     }
 }

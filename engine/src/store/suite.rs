@@ -49,6 +49,7 @@ pub(super) fn record(name: &str, account: &Account) -> MachineRecord {
         history: 5,
         parent: Some("m-parent".into()),
         forked_at: Some(3),
+        env_error: None,
     }
 }
 

@@ -223,8 +223,9 @@ async fn postgres_leases_hold() {
     database.drop_it().await;
 }
 
-/// What versions 7 and 8 added, taken away again: a store as version 6 left it.
+/// What versions 7 to 10 added, taken away again: a store as version 6 left it.
 const BACK_TO_6: &str = "
+DROP TABLE audit;
 ALTER TABLE machines DROP COLUMN history;
 ALTER TABLE machines DROP COLUMN parent;
 ALTER TABLE machines DROP COLUMN forked_at;
@@ -257,6 +258,14 @@ async fn upgraded_from_6(store: Arc<dyn Metadata>) {
     store.mark_saved_fenced(&lease, Some("ab")).await.unwrap();
     let machine = store.machine("m-old").await.unwrap().unwrap();
     assert_eq!(machine.snapshot_sha256.as_deref(), Some("ab"));
+    // Version 10's audit log.
+    let entry = crate::store::AuditEntry::now("api", "exec", "ok");
+    store.record_audit(vec![entry]).await.unwrap();
+    let query = crate::store::AuditQuery {
+        limit: 10,
+        ..Default::default()
+    };
+    assert_eq!(store.audit_entries(&query).await.unwrap().len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

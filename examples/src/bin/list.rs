@@ -74,6 +74,7 @@ fn populate(home: &std::path::Path, count: usize, runtime: &str) -> Result<Vec<S
             history: 0,
             parent: None,
             forked_at: None,
+            env_error: None,
         })?;
         let dir = evervm::engine::snapshot::snapshot_dir(home, &name);
         std::fs::create_dir_all(&dir)?;

@@ -104,6 +104,8 @@ pub struct PostgresStore {
     /// The connection that holds [`SERVER_LOCK`], taken out of the pool: the lock goes when it
     /// closes (the server stops, or dies and the database notices).
     held: std::sync::Mutex<Option<deadpool_postgres::ClientWrapper>>,
+    /// What seals and opens machines' secret environment values (none: kept as given).
+    keys: Option<std::sync::Arc<crate::secrets::SecretKeys>>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -219,6 +221,7 @@ impl PostgresStore {
             pool,
             database,
             held: std::sync::Mutex::new(None),
+            keys: None,
         };
         store.prepare().await.map_err(|e| {
             e.context(format!(
@@ -253,6 +256,45 @@ impl PostgresStore {
             *held = Some(deadpool_postgres::Object::take(client));
         }
         Ok(())
+    }
+
+    /// Seals every machine's secret environment values anew with the current key of `keys` (see
+    /// the SQLite store's), in one transaction; how many machines changed.
+    pub async fn reseal_secret_env(&self, keys: &crate::secrets::SecretKeys) -> Result<usize> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(failed)?;
+        let rows = tx
+            .query(
+                "SELECT name, env FROM machines ORDER BY position FOR UPDATE",
+                &[],
+            )
+            .await
+            .map_err(failed)?;
+        let mut changed = 0;
+        for row in &rows {
+            let name: String = column(row, 0)?;
+            let env: String = column(row, 1)?;
+            if let Some(sealed) = super::reseal_stored_env(&name, &env, keys)? {
+                tx.execute(
+                    "UPDATE machines SET env = $2 WHERE name = $1",
+                    &[&name, &sealed],
+                )
+                .await
+                .map_err(failed)?;
+                changed += 1;
+            }
+        }
+        tx.commit().await.map_err(failed)?;
+        Ok(changed)
+    }
+
+    /// The store, sealing and opening secret environment values with `keys`.
+    #[must_use]
+    pub fn with_secret_keys(
+        self,
+        keys: Option<std::sync::Arc<crate::secrets::SecretKeys>>,
+    ) -> Self {
+        Self { keys, ..self }
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object> {
@@ -316,6 +358,16 @@ impl PostgresStore {
             .await
             .map_err(failed)?;
         tx.commit().await.map_err(failed)
+    }
+
+    /// A machine's environment column as stored, for tests.
+    #[cfg(test)]
+    pub(crate) async fn stored_env(&self, machine: &str) -> Result<String> {
+        let row = self
+            .query_opt("SELECT env FROM machines WHERE name = $1", &[&machine])
+            .await?
+            .ok_or_else(|| Error::machine_not_found(machine))?;
+        column(&row, 0)
     }
 
     /// Runs statements as they are: for tests that take a database back to an older schema.
@@ -473,7 +525,7 @@ impl Metadata for PostgresStore {
     }
 
     async fn insert_machine(&self, record: &MachineRecord, limit: usize) -> Result<()> {
-        let (tags, env, network) = machine_json(record)?;
+        let (tags, env, network) = machine_json(record, self.keys.as_deref())?;
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(failed)?;
         // The account's row, locked: machines created at once for one account are counted one
@@ -538,7 +590,7 @@ impl Metadata for PostgresStore {
             &[&name],
         )
         .await?
-        .map(|row| raw_machine(&row)?.into_record())
+        .map(|row| raw_machine(&row)?.into_record(self.keys.as_deref()))
         .transpose()
     }
 
@@ -552,7 +604,7 @@ impl Metadata for PostgresStore {
         )
         .await?
         .iter()
-        .map(|row| raw_machine(row)?.into_record())
+        .map(|row| raw_machine(row)?.into_record(self.keys.as_deref()))
         .collect()
     }
 

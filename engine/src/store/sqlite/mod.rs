@@ -29,6 +29,8 @@ pub const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60)
 /// The database. Not `Sync`: the engine keeps it behind a mutex.
 pub struct Store {
     conn: Connection,
+    /// What seals and opens machines' secret environment values (none: kept as given).
+    keys: Option<std::sync::Arc<crate::secrets::SecretKeys>>,
 }
 
 /// Makes the database and its WAL files readable and writable by their owner only (tokens'
@@ -77,7 +79,40 @@ impl Store {
         conn.pragma_update(None, "foreign_keys", "ON")?;
         upgrade::prepare(&mut conn, path)?;
         owner_only(path);
-        Ok(Self { conn })
+        Ok(Self { conn, keys: None })
+    }
+
+    /// Seals every machine's secret environment values anew with the current key of `keys` (those
+    /// stored before a key was given, and those sealed with a previous one), in one transaction;
+    /// how many machines changed. Refused, changing nothing, if a sealed value does not open.
+    pub fn reseal_secret_env(&mut self, keys: &crate::secrets::SecretKeys) -> Result<usize> {
+        let tx = self.conn.transaction()?;
+        let rows: Vec<(String, String)> = {
+            let mut statement = tx.prepare("SELECT name, env FROM machines ORDER BY position")?;
+            let rows = statement.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            rows.collect::<std::result::Result<_, _>>()?
+        };
+        let mut changed = 0;
+        for (name, env) in rows {
+            if let Some(sealed) = super::reseal_stored_env(&name, &env, keys)? {
+                tx.execute(
+                    "UPDATE machines SET env = ?2 WHERE name = ?1",
+                    params![name, sealed],
+                )?;
+                changed += 1;
+            }
+        }
+        tx.commit()?;
+        Ok(changed)
+    }
+
+    /// The store, sealing and opening secret environment values with `keys`.
+    #[must_use]
+    pub fn with_secret_keys(
+        self,
+        keys: Option<std::sync::Arc<crate::secrets::SecretKeys>>,
+    ) -> Self {
+        Self { keys, ..self }
     }
 
     // --- accounts and tokens --------------------------------------------------------------
@@ -203,7 +238,7 @@ impl Store {
     }
 
     pub fn insert_machine(&mut self, record: &MachineRecord) -> Result<()> {
-        let (tags, env, network) = machine_json(record)?;
+        let (tags, env, network) = machine_json(record, self.keys.as_deref())?;
         self.conn.execute(
             "INSERT INTO machines (name, account_id, created_at, tags, memory_mb, image, backend,
              next_seq, durability, snapshot_at, env, expires_at, network, snapshot_sha256,
@@ -274,7 +309,8 @@ impl Store {
                 Self::machine_from_row,
             )
             .optional()?;
-        raw.map(RawMachine::into_record).transpose()
+        raw.map(|raw| raw.into_record(self.keys.as_deref()))
+            .transpose()
     }
 
     /// The account's machines, newest first.
@@ -285,7 +321,7 @@ impl Store {
         let rows = statement.query_map(params![account_id], Self::machine_from_row)?;
         let mut machines = Vec::new();
         for row in rows {
-            machines.push(row?.into_record()?);
+            machines.push(row?.into_record(self.keys.as_deref())?);
         }
         Ok(machines)
     }
