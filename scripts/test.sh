@@ -180,7 +180,7 @@ fi
 stage services "PostgreSQL (Debian's) and SeaweedFS (S3), on loopback, for the store's and bucket's tests"
 await go
 EVERVM_TEST_POSTGRES="$(scripts/postgres.sh start "$pg_dir" "${EVERVM_TEST_POSTGRES_PORT:-55432}")"
-export EVERVM_TEST_POSTGRES
+export EVERVM_TEST_POSTGRES EVERVM_TEST_POSTGRES_CA="$pg_dir/ca.pem"
 # The standard AWS environment reaches it, as it would reach any bucket.
 AWS_ENDPOINT_URL="$(scripts/seaweedfs.sh start "$s3_dir" "${EVERVM_TEST_S3_PORT:-58333}" evervm-test)"
 export AWS_ENDPOINT_URL AWS_ALLOW_HTTP=true AWS_ACCESS_KEY_ID=evervm-test

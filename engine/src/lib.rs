@@ -9,6 +9,7 @@
 
 #[cfg(feature = "runtime")]
 pub mod bucket;
+pub mod certificates;
 #[cfg(feature = "runtime")]
 pub mod chunks;
 #[cfg(feature = "runtime")]

@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject;
 
 use crate::error::{Error, Result};
 
@@ -48,27 +47,13 @@ impl Trust {
 
     /// A rustls configuration for this trust, the default roots being Mozilla's.
     pub fn rustls_config(&self) -> Result<Arc<rustls::ClientConfig>> {
-        let mut roots = rustls::RootCertStore::empty();
-        match self {
-            Trust::DefaultRoots => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
-            Trust::CaFile(path) => {
-                let expected = "a PEM file with BEGIN CERTIFICATE blocks";
-                for certificate in read_certificates(path, "the CA file", expected)? {
-                    roots.add(certificate).map_err(|e| {
-                        Error::invalid(format!(
-                            "the CA file {}: a certificate in it cannot be trusted: {e}",
-                            path.display()
-                        ))
-                    })?;
-                }
-            }
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| Error::transport(format!("TLS: {e}")))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+        let ca_file = match self {
+            Trust::DefaultRoots => None,
+            Trust::CaFile(path) => Some(path.as_path()),
+        };
+        let roots = evervm_engine::certificates::roots(ca_file, "the CA file")?;
+        let config = evervm_engine::certificates::client_config(roots)
+            .map_err(|e| Error::transport(e.message().to_owned()))?;
         Ok(Arc::new(config))
     }
 }
@@ -80,21 +65,9 @@ pub(crate) fn read_certificates(
     what: &str,
     expected: &str,
 ) -> Result<Vec<CertificateDer<'static>>> {
-    let certificates = CertificateDer::pem_file_iter(path)
-        .and_then(Iterator::collect::<std::result::Result<Vec<_>, _>>)
-        .map_err(|e| {
-            Error::invalid(format!(
-                "{what} {}: not PEM certificates ({e})",
-                path.display()
-            ))
-        })?;
-    if certificates.is_empty() {
-        return Err(Error::invalid(format!(
-            "{what} {}: no certificate in it ({expected})",
-            path.display()
-        )));
-    }
-    Ok(certificates)
+    Ok(evervm_engine::certificates::read_certificates(
+        path, what, expected,
+    )?)
 }
 
 #[cfg(test)]

@@ -589,6 +589,59 @@ async fn postgres_passes_the_suite() {
     database.drop_it().await;
 }
 
+/// TLS to PostgreSQL as `sslmode` says: `verify-full` against the server's CA is TLS (the server
+/// says so); other roots, or a name its certificate does not hold, are refused; `verify-ca`
+/// takes any name; `require` encrypts without checking; `disable` does not encrypt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_over_tls_is_verified_as_sslmode_says() {
+    let (Ok(url), Ok(ca)) = (
+        std::env::var("EVERVM_TEST_POSTGRES"),
+        std::env::var("EVERVM_TEST_POSTGRES_CA"),
+    ) else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must run the PostgreSQL TLS test: set EVERVM_TEST_POSTGRES and \
+             EVERVM_TEST_POSTGRES_CA (scripts/test.sh does)"
+        );
+        eprintln!("skipping: EVERVM_TEST_POSTGRES_CA is not set (scripts/test.sh sets it)");
+        return;
+    };
+    let reach = async |url: &str, query: String| {
+        let settings = PostgresSettings::parse(&format!("{url}?{query}"))?;
+        PostgresStore::reach(&settings).await
+    };
+    let verify_full = format!("sslmode=verify-full&sslrootcert={ca}");
+    let reached = reach(&url, verify_full.clone()).await.unwrap();
+    assert!(reached.contains(", over TLS"), "{reached}");
+    let plain = reach(&url, "sslmode=disable".into()).await.unwrap();
+    assert!(plain.ends_with("not encrypted"), "{plain}");
+    let unchecked = reach(&url, "sslmode=require".into()).await.unwrap();
+    assert!(unchecked.contains(", over TLS"), "{unchecked}");
+    // Roots that are not the server's CA.
+    let refused = reach(&url, "sslmode=verify-full&sslrootcert=system".into())
+        .await
+        .unwrap_err();
+    assert!(refused.message().contains("certificate"), "{refused}");
+    // A name the certificate (for 127.0.0.1) does not hold: refused by verify-full only.
+    let by_name = url.replacen("127.0.0.1", "localhost", 1);
+    assert_ne!(by_name, url);
+    let refused = reach(&by_name, verify_full).await.unwrap_err();
+    assert!(refused.message().contains("certificate"), "{refused}");
+    let chain_only = reach(&by_name, format!("sslmode=verify-ca&sslrootcert={ca}"))
+        .await
+        .unwrap();
+    assert!(chain_only.contains(", over TLS"), "{chain_only}");
+    // A root certificate file that is not there is an error at once, naming it.
+    let missing = PostgresSettings::parse(&format!(
+        "{url}?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem"
+    ))
+    .unwrap_err();
+    assert!(
+        missing.message().contains("/nonexistent/ca.pem"),
+        "{missing}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_server_per_database() {
     let Some(database) = ScratchDatabase::create().await else {

@@ -13,6 +13,7 @@ use tokio_postgres::types::ToSql;
 
 mod audit;
 mod leases;
+mod tls;
 
 use super::output::{StoredBatch, decode_output};
 use super::schema::{self, Dialect, VERSION};
@@ -36,6 +37,8 @@ const SCHEMA_LOCK: i64 = 0x6576_6572_766d;
 #[derive(Clone)]
 pub struct PostgresSettings {
     config: tokio_postgres::Config,
+    /// TLS to the server (`sslmode`, `sslrootcert`).
+    tls: tls::PgTls,
     /// Connections at most.
     pub pool_size: usize,
 }
@@ -52,16 +55,68 @@ impl std::fmt::Debug for PostgresSettings {
 impl PostgresSettings {
     /// From a connection URL (`postgres://user:password@host:port/database`, or the key=value
     /// form), with the default pool size.
+    /// `sslmode` (`disable`, the default; `prefer`, `require`, `verify-ca`, `verify-full`) and
+    /// `sslrootcert` (a PEM file, or `system`) say how to use TLS, as libpq's do.
     pub fn parse(url: &str) -> Result<Self> {
-        let config: tokio_postgres::Config = url.parse().map_err(|e| {
+        let (rest, tls) = tls::split_tls_options(url)?;
+        let mut config: tokio_postgres::Config = rest.parse().map_err(|e| {
             Error::invalid(format!(
                 "--database: not a PostgreSQL connection string ({e}); expected \
                  postgres://USER:PASSWORD@HOST:PORT/DATABASE"
             ))
         })?;
+        config.ssl_mode(tls.tokio_mode());
+        // The roots are read now: a missing file is an error at start, not at each connection.
+        tls.connector()?;
         Ok(Self {
             config,
+            tls,
             pool_size: DEFAULT_POOL_SIZE,
+        })
+    }
+
+    /// Whether every host is this machine (a Unix socket, or a loopback address or name).
+    fn on_loopback(&self) -> bool {
+        self.config.get_hosts().iter().all(|host| match host {
+            tokio_postgres::config::Host::Unix(_) => true,
+            tokio_postgres::config::Host::Tcp(name) => {
+                name == "localhost"
+                    || name
+                        .parse::<std::net::IpAddr>()
+                        .is_ok_and(|ip| ip.is_loopback())
+            }
+        })
+    }
+
+    /// The pool's manager, over TLS as the settings ask.
+    fn manager(&self) -> Result<Manager> {
+        let recycling = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        Ok(match self.tls.connector()? {
+            Some(tls) => Manager::from_config(self.config.clone(), tls, recycling),
+            None => Manager::from_config(self.config.clone(), tokio_postgres::NoTls, recycling),
+        })
+    }
+
+    /// One connection, its driver running on a task of its own.
+    async fn connect_once(&self) -> Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>)> {
+        let failed = |e: tokio_postgres::Error| {
+            Error::internal(format!("{}: {}", self.redacted(), with_causes(&e)))
+        };
+        Ok(match self.tls.connector()? {
+            Some(tls) => {
+                let (client, connection) = self.config.connect(tls).await.map_err(failed)?;
+                (client, tokio::spawn(async move { drop(connection.await) }))
+            }
+            None => {
+                let (client, connection) = self
+                    .config
+                    .connect(tokio_postgres::NoTls)
+                    .await
+                    .map_err(failed)?;
+                (client, tokio::spawn(async move { drop(connection.await) }))
+            }
         })
     }
 
@@ -124,8 +179,24 @@ fn failed(e: tokio_postgres::Error) -> Error {
             db.message(),
             db.code().code()
         )),
-        None => Error::internal(format!("PostgreSQL: {e}")),
+        None => Error::internal(format!("PostgreSQL: {}", with_causes(&e))),
     }
+}
+
+/// An error's text followed by its causes' (a TLS handshake's says why the certificate was
+/// refused only in its cause).
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(next) = cause {
+        let next_text = next.to_string();
+        if !text.contains(&next_text) {
+            text.push_str(": ");
+            text.push_str(&next_text);
+        }
+        cause = next.source();
+    }
+    text
 }
 
 /// The error for a write about a machine whose row is gone (deleted meanwhile).
@@ -178,20 +249,30 @@ fn raw_machine(row: &tokio_postgres::Row) -> Result<RawMachine> {
 }
 
 impl PostgresStore {
-    /// Connects once and asks the server's version, changing nothing (`evervm doctor`).
+    /// Connects once and asks the server's version and whether the connection is encrypted,
+    /// changing nothing (`evervm doctor`): `PostgreSQL 15.14, over TLSv1.3`.
     pub async fn reach(settings: &PostgresSettings) -> Result<String> {
         let database = settings.redacted();
         let ask = async {
-            let (client, connection) = settings.config.connect(tokio_postgres::NoTls).await?;
-            let connection = tokio::spawn(connection);
-            let row = client.query_one("SHOW server_version", &[]).await;
+            let (client, connection) = settings.connect_once().await?;
+            let row = client
+                .query_one(
+                    "SELECT current_setting('server_version'), \
+                     (SELECT version FROM pg_stat_ssl WHERE pid = pg_backend_pid() AND ssl)",
+                    &[],
+                )
+                .await;
             drop(client);
             let _ = connection.await;
-            row.map(|row| row.get::<_, String>(0))
+            let row = row.map_err(|e| Error::internal(format!("{database}: {e}")))?;
+            let version: String = column(&row, 0)?;
+            Ok(match column::<Option<String>>(&row, 1)? {
+                Some(tls) => format!("PostgreSQL {version}, over {tls}"),
+                None => format!("PostgreSQL {version}, not encrypted"),
+            })
         };
         match tokio::time::timeout(CONNECT_TIMEOUT, ask).await {
-            Ok(Ok(version)) => Ok(format!("PostgreSQL {version}")),
-            Ok(Err(e)) => Err(Error::internal(format!("{database}: {e}"))),
+            Ok(result) => result,
             Err(_) => Err(Error::internal(format!(
                 "{database} did not answer within {} s",
                 CONNECT_TIMEOUT.as_secs()
@@ -203,13 +284,14 @@ impl PostgresStore {
     /// schema.
     pub async fn connect(settings: &PostgresSettings) -> Result<Self> {
         let database = settings.redacted();
-        let manager = Manager::from_config(
-            settings.config.clone(),
-            tokio_postgres::NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        if !settings.tls.encrypts() && !settings.on_loopback() {
+            tracing::warn!(
+                "the PostgreSQL store {database} is reached without TLS: its traffic (tokens' \
+                 hashes, code, output, secrets) crosses the network in the clear; add \
+                 ?sslmode=verify-full&sslrootcert=CA.pem to --database"
+            );
+        }
+        let manager = settings.manager()?;
         let pool = Pool::builder(manager)
             .max_size(settings.pool_size.max(1))
             .runtime(Runtime::Tokio1)
