@@ -255,14 +255,36 @@ pub(crate) async fn read(
              (EVERVM_ADMIN_TOKEN on the server) reads every account's",
         ));
     }
-    let since = params.since.as_deref().map(parse_since).transpose()?;
+    let limit = params.limit.unwrap_or(100);
+    if !(1..=evervm_engine::store::AUDIT_PAGE_MAX).contains(&limit) {
+        return Err(ApiFailure::bad_request(format!(
+            "limit={limit} is out of range: 1 to {}",
+            evervm_engine::store::AUDIT_PAGE_MAX
+        )));
+    }
+    let since = params
+        .since
+        .as_deref()
+        .map(parse_since)
+        .transpose()?
+        .flatten();
+    // No entry names a NUL (and PostgreSQL takes no NUL in text): such a filter matches none.
+    let filters = [&params.account, &params.machine, &params.action];
+    if filters
+        .iter()
+        .any(|f| f.as_deref().is_some_and(|t| t.contains('\0')))
+    {
+        return Ok(Json(AuditResponse {
+            entries: Vec::new(),
+        }));
+    }
     let query = AuditQuery {
         account: own.or(params.account),
         machine: params.machine,
         action: params.action,
         since,
         before_id: params.before,
-        limit: params.limit.unwrap_or(100),
+        limit,
     };
     Ok(Json(AuditResponse {
         entries: state.engine.audit_entries(&query).await?,
@@ -280,20 +302,20 @@ fn is_admin(state: &AppState, headers: &HeaderMap) -> bool {
         .is_some_and(|given| super::constant_time_eq(given.as_bytes(), expected.as_bytes()))
 }
 
-/// A time given as RFC 3339 or as an age before now.
-fn parse_since(text: &str) -> Result<chrono::DateTime<chrono::Utc>, ApiFailure> {
+/// A time given as RFC 3339 or as an age before now (`None`: an age reaching past every
+/// time there is, so every entry).
+fn parse_since(text: &str) -> Result<Option<chrono::DateTime<chrono::Utc>>, ApiFailure> {
     if let Ok(time) = chrono::DateTime::parse_from_rfc3339(text) {
-        return Ok(time.with_timezone(&chrono::Utc));
+        return Ok(Some(time.with_timezone(&chrono::Utc)));
     }
-    crate::admin::parse_duration(text)
+    let age = crate::admin::parse_duration(text).map_err(|_| {
+        ApiFailure::bad_request(format!(
+            "since={text:?} is neither an RFC 3339 time nor an age such as 15m, 12h or 30d"
+        ))
+    })?;
+    Ok(chrono::Duration::from_std(age)
         .ok()
-        .and_then(|age| chrono::Duration::from_std(age).ok())
-        .and_then(|age| chrono::Utc::now().checked_sub_signed(age))
-        .ok_or_else(|| {
-            ApiFailure::bad_request(format!(
-                "since={text:?} is neither an RFC 3339 time nor an age such as 15m, 12h or 30d"
-            ))
-        })
+        .and_then(|age| chrono::Utc::now().checked_sub_signed(age)))
 }
 
 #[cfg(test)]

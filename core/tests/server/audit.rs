@@ -203,6 +203,12 @@ async fn every_state_changing_call_is_audited() {
     let execs = ok(server.req(GET, "/v1/audit?action=exec&since=1h")).await;
     assert_eq!(execs["entries"].as_array().unwrap().len(), 2);
     fails(
+        server.req(GET, "/v1/audit?limit=0"),
+        StatusCode::BAD_REQUEST,
+        "BadRequest",
+    )
+    .await;
+    fails(
         server.req(GET, "/v1/audit?since=yesterday"),
         StatusCode::BAD_REQUEST,
         "BadRequest",

@@ -7,16 +7,20 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::Pool;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
 mod audit;
 mod leases;
+mod open;
+mod settings;
 mod tls;
 
+pub use settings::PostgresSettings;
+
 use super::output::{StoredBatch, decode_output};
-use super::schema::{self, Dialect, VERSION};
+use super::schema;
 use super::{
     CheckpointRecord, InstructionRow, Lease, LeaseOutcome, MACHINE_COLUMNS, MachineRecord,
     Metadata, NodeRecord, OutputBatches, RawMachine, TokenRecord, Unfinished, checkpoint_exists,
@@ -32,121 +36,6 @@ pub const DEFAULT_POOL_SIZE: usize = 16;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The advisory lock nodes hold while they make or upgrade the schema (any constant; "evervm").
 const SCHEMA_LOCK: i64 = 0x6576_6572_766d;
-
-/// Where the PostgreSQL store is and how many connections it may hold.
-#[derive(Clone)]
-pub struct PostgresSettings {
-    config: tokio_postgres::Config,
-    /// TLS to the server (`sslmode`, `sslrootcert`).
-    tls: tls::PgTls,
-    /// Connections at most.
-    pub pool_size: usize,
-}
-
-impl std::fmt::Debug for PostgresSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PostgresSettings")
-            .field("database", &self.redacted())
-            .field("pool_size", &self.pool_size)
-            .finish_non_exhaustive()
-    }
-}
-
-impl PostgresSettings {
-    /// From a connection URL (`postgres://user:password@host:port/database`, or the key=value
-    /// form), with the default pool size.
-    /// `sslmode` (`disable`, the default; `prefer`, `require`, `verify-ca`, `verify-full`) and
-    /// `sslrootcert` (a PEM file, or `system`) say how to use TLS, as libpq's do.
-    pub fn parse(url: &str) -> Result<Self> {
-        let (rest, tls) = tls::split_tls_options(url)?;
-        let mut config: tokio_postgres::Config = rest.parse().map_err(|e| {
-            Error::invalid(format!(
-                "--database: not a PostgreSQL connection string ({e}); expected \
-                 postgres://USER:PASSWORD@HOST:PORT/DATABASE"
-            ))
-        })?;
-        config.ssl_mode(tls.tokio_mode());
-        // The roots are read now: a missing file is an error at start, not at each connection.
-        tls.connector()?;
-        Ok(Self {
-            config,
-            tls,
-            pool_size: DEFAULT_POOL_SIZE,
-        })
-    }
-
-    /// Whether every host is this machine (a Unix socket, or a loopback address or name).
-    fn on_loopback(&self) -> bool {
-        self.config.get_hosts().iter().all(|host| match host {
-            tokio_postgres::config::Host::Unix(_) => true,
-            tokio_postgres::config::Host::Tcp(name) => {
-                name == "localhost"
-                    || name
-                        .parse::<std::net::IpAddr>()
-                        .is_ok_and(|ip| ip.is_loopback())
-            }
-        })
-    }
-
-    /// The pool's manager, over TLS as the settings ask.
-    fn manager(&self) -> Result<Manager> {
-        let recycling = ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        };
-        Ok(match self.tls.connector()? {
-            Some(tls) => Manager::from_config(self.config.clone(), tls, recycling),
-            None => Manager::from_config(self.config.clone(), tokio_postgres::NoTls, recycling),
-        })
-    }
-
-    /// One connection, its driver running on a task of its own.
-    async fn connect_once(&self) -> Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>)> {
-        let failed = |e: tokio_postgres::Error| {
-            Error::internal(format!("{}: {}", self.redacted(), with_causes(&e)))
-        };
-        Ok(match self.tls.connector()? {
-            Some(tls) => {
-                let (client, connection) = self.config.connect(tls).await.map_err(failed)?;
-                (client, tokio::spawn(async move { drop(connection.await) }))
-            }
-            None => {
-                let (client, connection) = self
-                    .config
-                    .connect(tokio_postgres::NoTls)
-                    .await
-                    .map_err(failed)?;
-                (client, tokio::spawn(async move { drop(connection.await) }))
-            }
-        })
-    }
-
-    /// The database, without its password: for logs and errors.
-    pub fn redacted(&self) -> String {
-        let hosts: Vec<String> = self
-            .config
-            .get_hosts()
-            .iter()
-            .map(|host| match host {
-                tokio_postgres::config::Host::Tcp(name) => name.clone(),
-                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
-            })
-            .collect();
-        format!(
-            "postgres://{}@{}:{}/{}",
-            self.config.get_user().unwrap_or(""),
-            hosts.join(","),
-            self.config.get_ports().first().copied().unwrap_or(5432),
-            self.config.get_dbname().unwrap_or("")
-        )
-    }
-
-    /// The same server and user, another database.
-    #[must_use]
-    pub fn with_database(mut self, name: &str) -> Self {
-        self.config.dbname(name);
-        self
-    }
-}
 
 /// The lock a server holds on its database for as long as it runs (any constant; "evervm-1"):
 /// until nodes can share one (leases), a second server on the same database is refused.
@@ -249,97 +138,6 @@ fn raw_machine(row: &tokio_postgres::Row) -> Result<RawMachine> {
 }
 
 impl PostgresStore {
-    /// Connects once and asks the server's version and whether the connection is encrypted,
-    /// changing nothing (`evervm doctor`): `PostgreSQL 15.14, over TLSv1.3`.
-    pub async fn reach(settings: &PostgresSettings) -> Result<String> {
-        let database = settings.redacted();
-        let ask = async {
-            let (client, connection) = settings.connect_once().await?;
-            let row = client
-                .query_one(
-                    "SELECT current_setting('server_version'), \
-                     (SELECT version FROM pg_stat_ssl WHERE pid = pg_backend_pid() AND ssl)",
-                    &[],
-                )
-                .await;
-            drop(client);
-            let _ = connection.await;
-            let row = row.map_err(|e| Error::internal(format!("{database}: {e}")))?;
-            let version: String = column(&row, 0)?;
-            Ok(match column::<Option<String>>(&row, 1)? {
-                Some(tls) => format!("PostgreSQL {version}, over {tls}"),
-                None => format!("PostgreSQL {version}, not encrypted"),
-            })
-        };
-        match tokio::time::timeout(CONNECT_TIMEOUT, ask).await {
-            Ok(result) => result,
-            Err(_) => Err(Error::internal(format!(
-                "{database} did not answer within {} s",
-                CONNECT_TIMEOUT.as_secs()
-            ))),
-        }
-    }
-
-    /// Connects (a pool of up to `settings.pool_size` connections) and makes or upgrades the
-    /// schema.
-    pub async fn connect(settings: &PostgresSettings) -> Result<Self> {
-        let database = settings.redacted();
-        if !settings.tls.encrypts() && !settings.on_loopback() {
-            tracing::warn!(
-                "the PostgreSQL store {database} is reached without TLS: its traffic (tokens' \
-                 hashes, code, output, secrets) crosses the network in the clear; add \
-                 ?sslmode=verify-full&sslrootcert=CA.pem to --database"
-            );
-        }
-        let manager = settings.manager()?;
-        let pool = Pool::builder(manager)
-            .max_size(settings.pool_size.max(1))
-            .runtime(Runtime::Tokio1)
-            .create_timeout(Some(CONNECT_TIMEOUT))
-            .wait_timeout(Some(CONNECT_TIMEOUT))
-            .build()
-            .map_err(|e| Error::internal(format!("PostgreSQL pool for {database}: {e}")))?;
-        let store = Self {
-            pool,
-            database,
-            held: std::sync::Mutex::new(None),
-            keys: None,
-        };
-        store.prepare().await.map_err(|e| {
-            e.context(format!(
-                "opening the PostgreSQL store {} (is the server running, and may this user \
-                 create tables in that database?)",
-                store.database
-            ))
-        })?;
-        Ok(store)
-    }
-
-    /// Makes this the only server on the database while it lives: a second one is refused
-    /// (nodes sharing one database are still to come).
-    pub async fn hold_for_this_server(&self) -> Result<()> {
-        let client = self.client().await?;
-        let row = client
-            .query_one("SELECT pg_try_advisory_lock($1)", &[&SERVER_LOCK])
-            .await
-            .map_err(failed)?;
-        if !column::<bool>(&row, 0)? {
-            return Err(Error::new(
-                crate::ErrorKind::Conflict,
-                format!(
-                    "another evervm server uses the database {}: stop it, give this server a \
-                     database of its own, or run both as nodes of one cluster (--advertise, \
-                     with --snapshots)",
-                    self.database
-                ),
-            ));
-        }
-        if let Ok(mut held) = self.held.lock() {
-            *held = Some(deadpool_postgres::Object::take(client));
-        }
-        Ok(())
-    }
-
     /// Seals every machine's secret environment values anew with the current key of `keys` (see
     /// the SQLite store's), in one transaction; how many machines changed.
     pub async fn reseal_secret_env(&self, keys: &crate::secrets::SecretKeys) -> Result<usize> {
@@ -384,62 +182,6 @@ impl PostgresStore {
             .get()
             .await
             .map_err(|e| Error::internal(format!("PostgreSQL at {}: {e}", self.database)))
-    }
-
-    /// Makes the schema in a new database, upgrades an older one, refuses a newer one.
-    async fn prepare(&self) -> Result<()> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(failed)?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
-            .await
-            .map_err(failed)?;
-        tx.batch_execute(&schema::base(Dialect::Postgres))
-            .await
-            .map_err(failed)?;
-        let version = tx
-            .query_opt("SELECT value FROM meta WHERE key = 'schema_version'", &[])
-            .await
-            .map_err(failed)?
-            .map(|row| column::<String>(&row, 0))
-            .transpose()?;
-        match version {
-            None => {
-                tx.batch_execute(&schema::machine_rows(Dialect::Postgres))
-                    .await
-                    .map_err(failed)?;
-                tx.batch_execute(&schema::audit(Dialect::Postgres))
-                    .await
-                    .map_err(failed)?;
-                tx.execute(
-                    "INSERT INTO meta (key, value) VALUES ('schema_version', $1)",
-                    &[&VERSION.to_string()],
-                )
-                .await
-                .map_err(failed)?;
-            }
-            Some(text) => {
-                let version = text.parse::<i64>().unwrap_or(-1);
-                if !(6..=VERSION).contains(&version) {
-                    return Err(Error::internal(format!(
-                        "the database has schema version {text}, this engine knows version \
-                         {VERSION}: use the evervm release that wrote it"
-                    )));
-                }
-                for (_, statements) in schema::migrations_after(version, Dialect::Postgres) {
-                    tx.batch_execute(&statements).await.map_err(failed)?;
-                }
-                tx.execute(
-                    "UPDATE meta SET value = $1 WHERE key = 'schema_version'",
-                    &[&VERSION.to_string()],
-                )
-                .await
-                .map_err(failed)?;
-            }
-        }
-        tx.batch_execute(&schema::indexes(Dialect::Postgres))
-            .await
-            .map_err(failed)?;
-        tx.commit().await.map_err(failed)
     }
 
     /// A machine's environment column as stored, for tests.
