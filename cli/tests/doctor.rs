@@ -76,3 +76,37 @@ fn doctor_fails_naming_the_fix_when_runsc_is_missing() {
     let namespaces_ok = line(&report, "namespaces").starts_with("ok");
     assert_eq!(output.status.success(), namespaces_ok, "{report}");
 }
+
+/// The secret key is checked: a key that is not one fails naming the fix (never the text
+/// given), a good one is named by its id.
+#[test]
+fn doctor_checks_the_secret_key() {
+    let home = tempfile::tempdir().unwrap();
+    let run = |key: &str| {
+        let output = Command::new(EVERVM)
+            .arg("--home")
+            .arg(home.path())
+            .args(["--backend", "process", "doctor"])
+            .env("EVERVM_SECRET_KEY", key)
+            .env_remove("EVERVM_SECRET_KEY_FILE")
+            .env_remove("EVERVM_SECRET_KEY_PREVIOUS")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        )
+    };
+    let (passed, report) = run("hunter2-is-no-key");
+    assert!(!passed, "{report}");
+    assert!(line(&report, "secrets").starts_with("FAIL"), "{report}");
+    assert!(report.contains("secret-key generate"), "{report}");
+    assert!(!report.contains("hunter2"), "{report}");
+    let (_, report) = run(&"ab".repeat(32));
+    let secrets = line(&report, "secrets");
+    assert!(
+        secrets.starts_with("ok") && secrets.contains("sealed in the store with key"),
+        "{report}"
+    );
+}

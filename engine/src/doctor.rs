@@ -74,6 +74,7 @@ pub async fn doctor(config: &EngineConfig) -> Vec<Check> {
     if sandboxes_run || !process_only {
         checks.push(check_images(config));
     }
+    checks.push(check_secret_key(config));
     if let Some(database) = &config.database {
         checks.push(check_database(database).await);
     }
@@ -366,6 +367,35 @@ fn check_images(config: &EngineConfig) -> Check {
                 .collect::<Vec<_>>()
                 .join("; "),
         )
+    }
+}
+
+/// The key secrets are sealed with: given and usable, given and broken (the server would not
+/// start), or none (said, not failed: sealing is the operator's choice).
+fn check_secret_key(config: &EngineConfig) -> Check {
+    let keys = match &config.secret_keys {
+        Some(keys) => Ok(Some(std::sync::Arc::clone(keys))),
+        None => crate::secrets::SecretKeys::from_env(),
+    };
+    match keys {
+        Ok(Some(keys)) => Check::ok(
+            "secrets",
+            format!(
+                "secrets are sealed in the store with key {}",
+                keys.current_id()
+            ),
+        ),
+        Ok(None) => Check::ok(
+            "secrets",
+            "none given: machines' secret environment values are stored as given (set \
+             EVERVM_SECRET_KEY to seal them)",
+        ),
+        Err(e) => Check::not_ok(
+            "secrets",
+            Status::Fail,
+            e.message().to_owned(),
+            "set EVERVM_SECRET_KEY to 64 hex digits (`evervm secret-key generate`), or unset it",
+        ),
     }
 }
 

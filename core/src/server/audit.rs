@@ -124,28 +124,42 @@ pub(crate) fn action(method: &Method, route: &str) -> Option<&'static str> {
     })
 }
 
-/// The values of a route's parameters in `path` (`{name}` one segment, `{*name}` the rest),
-/// percent-decoded.
-pub(crate) fn parameters(route: &str, path: &str) -> Vec<(String, String)> {
-    let mut values = Vec::new();
-    let mut given = path.trim_start_matches('/').split('/');
-    for part in route.trim_start_matches('/').split('/') {
-        let Some(name) = part.strip_prefix('{').and_then(|p| p.strip_suffix('}')) else {
-            if given.next().is_none() {
-                break;
-            }
-            continue;
-        };
-        let value = match name.strip_prefix('*') {
-            Some(_) => given.by_ref().collect::<Vec<_>>().join("/"),
-            None => given.next().unwrap_or_default().to_owned(),
-        };
-        let decoded = percent_encoding::percent_decode_str(&value)
-            .decode_utf8_lossy()
-            .into_owned();
-        values.push((name.trim_start_matches('*').to_owned(), decoded));
+/// The values of a route's parameters in a request's path.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Parameters(Vec<(String, String)>);
+
+impl Parameters {
+    /// The values in `path` of `route`'s parameters (`{name}` one segment, `{*name}` the rest),
+    /// percent-decoded.
+    pub(crate) fn of(route: &str, path: &str) -> Self {
+        let mut values = Vec::new();
+        let mut given = path.trim_start_matches('/').split('/');
+        for part in route.trim_start_matches('/').split('/') {
+            let Some(name) = part.strip_prefix('{').and_then(|p| p.strip_suffix('}')) else {
+                if given.next().is_none() {
+                    break;
+                }
+                continue;
+            };
+            let value = match name.strip_prefix('*') {
+                Some(_) => given.by_ref().collect::<Vec<_>>().join("/"),
+                None => given.next().unwrap_or_default().to_owned(),
+            };
+            let decoded = percent_encoding::percent_decode_str(&value)
+                .decode_utf8_lossy()
+                .into_owned();
+            values.push((name.trim_start_matches('*').to_owned(), decoded));
+        }
+        Self(values)
     }
-    values
+
+    /// The value of the parameter `name`.
+    pub(crate) fn get(&self, name: &str) -> Option<String> {
+        self.0
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.clone())
+    }
 }
 
 /// Records the request's call in the audit log once it is answered, when its route changes
@@ -161,13 +175,8 @@ pub(crate) async fn record(
     else {
         return next.run(request).await;
     };
-    let found = parameters(&route, request.uri().path());
-    let named = |key: &str| {
-        found
-            .iter()
-            .find(|(name, _)| name == key)
-            .map(|(_, value)| value.clone())
-    };
+    let found = Parameters::of(&route, request.uri().path());
+    let named = |key: &str| found.get(key);
     let call = Call {
         door: "api",
         action,
@@ -324,21 +333,15 @@ mod tests {
 
     #[test]
     fn parameters_are_read_from_the_path_by_the_route() {
+        let file = Parameters::of(paths::FILE_ROUTE, "/v1/machine/m-1/files/a/b%20c.txt");
+        assert_eq!(file.get("machine_name").as_deref(), Some("m-1"));
+        assert_eq!(file.get("path").as_deref(), Some("a/b c.txt"));
+        let checkpoint = Parameters::of(paths::CHECKPOINT, "/v1/machine/m-2/checkpoints/before");
+        assert_eq!(checkpoint.get("checkpoint").as_deref(), Some("before"));
         assert_eq!(
-            parameters(paths::FILE_ROUTE, "/v1/machine/m-1/files/a/b%20c.txt"),
-            vec![
-                ("machine_name".to_owned(), "m-1".to_owned()),
-                ("path".to_owned(), "a/b c.txt".to_owned())
-            ]
+            Parameters::of(paths::MACHINE_NEW, "/v1/machine/new"),
+            Parameters::default()
         );
-        assert_eq!(
-            parameters(paths::CHECKPOINT, "/v1/machine/m-2/checkpoints/before"),
-            vec![
-                ("machine_name".to_owned(), "m-2".to_owned()),
-                ("checkpoint".to_owned(), "before".to_owned())
-            ]
-        );
-        assert!(parameters(paths::MACHINE_NEW, "/v1/machine/new").is_empty());
     }
 
     #[test]

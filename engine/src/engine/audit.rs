@@ -8,6 +8,7 @@
 //! its bounds: entries older than the retention and beyond the newest `max_entries` are removed,
 //! in batches, at start and every [`PRUNE_EVERY`].
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -97,6 +98,26 @@ impl AuditSettings {
     }
 }
 
+/// The most of a detail an entry keeps (kept code, a long list of requirements): the log's disk
+/// is bounded by its count of entries times this.
+pub(crate) const DETAIL_MAX_BYTES: usize = 16 * 1024;
+
+/// `detail` cut to [`DETAIL_MAX_BYTES`] (at a character's boundary) when longer, saying so and
+/// giving the whole text's SHA-256.
+fn bound_detail(detail: &mut String) {
+    if detail.len() <= DETAIL_MAX_BYTES {
+        return;
+    }
+    let digest = hex::encode(Sha256::digest(detail.as_bytes()));
+    let whole = detail.len();
+    let mut cut = DETAIL_MAX_BYTES;
+    while !detail.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    detail.truncate(cut);
+    let _ = write!(detail, "\n[cut: {whole} bytes in all, sha256:{digest}]");
+}
+
 /// Entries waiting for the writer at most; further callers wait for room.
 const QUEUE: usize = 4096;
 
@@ -134,7 +155,10 @@ impl AuditLog {
         }
     }
 
-    pub(crate) async fn record(&self, entry: AuditEntry) {
+    pub(crate) async fn record(&self, mut entry: AuditEntry) {
+        if let Some(detail) = &mut entry.detail {
+            bound_detail(detail);
+        }
         if self.queue.send(Job::Entry(Box::new(entry))).await.is_err() {
             tracing::error!("the audit log's writer has stopped: an entry is lost");
         }
@@ -249,5 +273,24 @@ impl Engine {
     pub async fn audit_entries(&self, query: &AuditQuery) -> Result<Vec<AuditEntry>> {
         self.inner.audit.flush().await;
         self.inner.store.audit_entries(query).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_details_are_cut_at_a_character_and_say_so() {
+        let mut short = "print(1)".to_owned();
+        bound_detail(&mut short);
+        assert_eq!(short, "print(1)");
+        let mut long = "é".repeat(DETAIL_MAX_BYTES);
+        bound_detail(&mut long);
+        assert!(long.len() < DETAIL_MAX_BYTES + 120, "{}", long.len());
+        assert!(long.contains(&format!(
+            "[cut: {} bytes in all, sha256:",
+            2 * DETAIL_MAX_BYTES
+        )));
     }
 }

@@ -323,16 +323,7 @@ pub async fn reseal_secrets_in_store(
             Ok(changed)
         }
         None => {
-            let path = home.join("evervm.db");
-            if !path.exists() {
-                return Err(Error::new(
-                    crate::ErrorKind::NotFound,
-                    format!(
-                        "{} has no database (give --home or --database)",
-                        home.display()
-                    ),
-                ));
-            }
+            let path = existing_database(home)?;
             tokio::task::spawn_blocking(move || {
                 let mut store = Store::open(&path)?;
                 let changed = store.reseal_secret_env(&keys)?;
@@ -343,6 +334,21 @@ pub async fn reseal_secrets_in_store(
             .map_err(|e| Error::internal(format!("sealing secrets stopped: {e}")))?
         }
     }
+}
+
+/// The home's database, refused when there is none (a command that reads it must not make one).
+fn existing_database(home: &Path) -> Result<std::path::PathBuf> {
+    let path = home.join("evervm.db");
+    if path.exists() {
+        return Ok(path);
+    }
+    Err(Error::new(
+        crate::ErrorKind::NotFound,
+        format!(
+            "{} has no database: no server has run on this home (give --home or --database)",
+            home.display()
+        ),
+    ))
 }
 
 /// The audit entries `query` asks for, newest first, from a store: PostgreSQL at `database`
@@ -358,17 +364,7 @@ pub async fn read_audit_in_store(
             crate::store::Metadata::audit_entries(&store, &query).await
         }
         None => {
-            let path = home.join("evervm.db");
-            if !path.exists() {
-                return Err(Error::new(
-                    crate::ErrorKind::NotFound,
-                    format!(
-                        "{} has no database: no server has run on this home (give --home or \
-                         --database)",
-                        home.display()
-                    ),
-                ));
-            }
+            let path = existing_database(home)?;
             tokio::task::spawn_blocking(move || Store::open(&path)?.audit_entries(&query))
                 .await
                 .map_err(|e| Error::internal(format!("reading the audit log stopped: {e}")))?

@@ -8,7 +8,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 
 use super::E2bState;
-use crate::server::audit::{Call, parameters};
+use crate::server::audit::{Call, Parameters};
 
 /// The action a route of the E2B door changes state by; `None` for one that only reads.
 /// `rpc` is the method a Connect route names (`Start`, `MakeDir`, ...).
@@ -65,13 +65,8 @@ pub(super) async fn record(
     let Some(route) = matched.map(|m| m.as_str().to_owned()) else {
         return next.run(request).await;
     };
-    let found = parameters(&route, request.uri().path());
-    let named = |key: &str| {
-        found
-            .iter()
-            .find(|(name, _)| name == key)
-            .map(|(_, value)| value.clone())
-    };
+    let found = Parameters::of(&route, request.uri().path());
+    let named = |key: &str| found.get(key);
     let Some(action) = action(request.method(), &route, named("method").as_deref()) else {
         return next.run(request).await;
     };
