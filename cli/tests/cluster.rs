@@ -265,6 +265,29 @@ async fn three_nodes_share_machines_forward_requests_and_survive_a_kill() {
     assert_eq!(run.result.value.as_deref(), Some("20"), "{run:?}");
     drop(session);
     assert_eq!(cluster.residents().await, [1, 0, 0]);
+    // The audit log, read through C, has each call once, recorded by A, which ran them (A
+    // writes its entries a moment after each call: read until all four are there).
+    let path = format!("/v1/audit?machine={name}");
+    let mut audit = serde_json::Value::Null;
+    for _ in 0..100 {
+        audit = serde_json::from_str(&cluster.nodes[2].get(&path, &token).await).unwrap();
+        if audit["entries"].as_array().is_some_and(|e| e.len() >= 4) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let entries = audit["entries"].as_array().unwrap();
+    assert!(entries.iter().all(|e| e["node"] == "node-a"), "{audit}");
+    let actions: Vec<&str> = entries
+        .iter()
+        .rev()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        actions,
+        ["machine.create", "exec", "exec", "exec"],
+        "{audit}"
+    );
 
     // A sandbox made through B's E2B listener runs on B (its timeout's clock is there); E2B
     // requests through the other nodes reach it there, however they name it.
