@@ -7,6 +7,7 @@
 //! limits, error kinds and the types of machines, instructions and files, which every transport
 //! checks. The remote-only client builds on that on any platform (the Swift package does).
 
+pub mod audit;
 #[cfg(feature = "runtime")]
 pub mod bucket;
 pub mod certificates;

@@ -3,10 +3,8 @@
 //! the certificates in it and no others, as `curl --cacert` does. The same TLS setup serves the
 //! client's HTTP requests and its WebSocket sessions, so both verify alike.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
-
-use rustls::pki_types::CertificateDer;
 
 use crate::error::{Error, Result};
 
@@ -56,18 +54,6 @@ impl Trust {
             .map_err(|e| Error::transport(e.message().to_owned()))?;
         Ok(Arc::new(config))
     }
-}
-
-/// The certificates in the PEM file at `path`, which `what` names in errors (`the CA file`,
-/// `--tls-cert`); `expected` says what it should hold.
-pub(crate) fn read_certificates(
-    path: &Path,
-    what: &str,
-    expected: &str,
-) -> Result<Vec<CertificateDer<'static>>> {
-    Ok(evervm_engine::certificates::read_certificates(
-        path, what, expected,
-    )?)
 }
 
 #[cfg(test)]

@@ -56,7 +56,7 @@ pub struct ApiError {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "server", derive(schemars::JsonSchema))]
 pub struct AuditResponse {
-    pub entries: Vec<evervm_engine::store::AuditEntry>,
+    pub entries: Vec<evervm_engine::audit::AuditEntry>,
 }
 
 /// The account of the token.

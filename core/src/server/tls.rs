@@ -114,7 +114,7 @@ impl Tls {
 }
 
 fn server_config(cert: &Path, key: &Path) -> Result<ServerConfig> {
-    let chain = crate::client::trust::read_certificates(
+    let chain = evervm_engine::certificates::read_certificates(
         cert,
         "--tls-cert",
         "a PEM file with BEGIN CERTIFICATE blocks, the server's own first",
